@@ -1,0 +1,1 @@
+"""TABED: batched ensemble speculative decoding for vision-language models."""

@@ -1,0 +1,42 @@
+"""The immutable unit of work: one prompt (with its images) of one dataset row and turn."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from PIL import Image
+
+IMAGE_PLACEHOLDER = "<image>"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One prompt as the target sees it.
+
+    `prompt` is the whole conversation text WITHOUT the BOS token (the tokenizer adds it),
+    e.g. ``"USER: <image>\\nWhat is shown? ASSISTANT:"``; each `<image>` stands for one entry
+    of `images`, in order. `error` is set (and `images` may be empty) when the row could not
+    be turned into a prompt: the caller records the sample as failed and goes on.
+    """
+
+    dataset: str
+    split: str
+    row: int
+    turn: str  # "first" or a second-turn task name: qaorg, captioning, summary, story, nq, gsm8k
+    prompt: str
+    images: tuple[Image.Image, ...] = field(default=(), compare=False, repr=False)
+    category: str = "benchmark"  # benchmark | ood | multi_image | text ...
+    error: str | None = None
+
+    @property
+    def sample_id(self) -> str:
+        """Stable id used in result keys: dataset/split/row/turn."""
+        return f"{self.dataset}/{self.split}/{self.row}/{self.turn}"
+
+    def check(self) -> None:
+        """Raise ValueError naming the sample when its placeholders and images disagree."""
+        n = self.prompt.count(IMAGE_PLACEHOLDER)
+        if n != len(self.images):
+            raise ValueError(
+                f"sample {self.sample_id}: prompt has {n} {IMAGE_PLACEHOLDER} placeholder(s) "
+                f"but {len(self.images)} image(s)"
+            )

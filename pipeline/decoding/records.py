@@ -1,0 +1,48 @@
+"""What one decoded sample produces: a plain row, the same for live runs and trace replay."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class SampleRecord:
+    """Outcome of decoding one sample under one configuration.
+
+    `accepted_per_block[b]` counts the draft proposals the target accepted in block b (only
+    those kept before EOS / max_new_tokens); `weights_per_block[b]` is the ensemble weight w*
+    used for block b (one float per drafting method). Timings are seconds, measured after
+    device synchronisation.
+    """
+
+    sample_id: str
+    mode: str = "live"  # live | replay | ar (plain autoregressive baseline)
+    output_ids: list[int] = field(default_factory=list)
+    output_text: str = ""
+    accepted_per_block: list[int] = field(default_factory=list)
+    weights_per_block: list[list[float]] = field(default_factory=list)
+    time_prefill_s: float = 0.0
+    time_draft_s: float = 0.0
+    time_verify_s: float = 0.0
+    time_total_s: float = 0.0
+    error: str | None = None
+
+    @property
+    def blocks(self) -> int:
+        return len(self.accepted_per_block)
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def tau(self) -> float:
+        """Block efficiency: 1 + mean accepted proposals per block (SPEC §1); NaN if no block."""
+        if not self.accepted_per_block:
+            return float("nan")
+        return 1.0 + sum(self.accepted_per_block) / len(self.accepted_per_block)
+
+    def to_row(self) -> dict:
+        """Flat dict for a Parquet row (derived fields included)."""
+        row = asdict(self)
+        row.update(blocks=self.blocks, new_tokens=self.new_tokens, tau=self.tau)
+        return row

@@ -1,0 +1,84 @@
+"""The one interface every model meets, so the decoding loop never asks which model it has.
+
+A model is driven through token ids and embeddings only: the engine tokenizes a prompt with
+each image as ONE placeholder id, asks the model for each image's feature rows, and splices
+them in itself. That keeps M/T/C/P drafting, left-padded batches and KV caches identical for
+transformers LLaVA-1.5, LLaVA-NeXT, plain causal LMs and the embedded CPU pair.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Sequence
+
+import torch
+from PIL import Image
+from transformers import DynamicCache, PreTrainedTokenizerBase
+
+
+class ModelInputError(ValueError):
+    """A prompt or image this model cannot take (clear message, raised before decoding)."""
+
+
+class LVLM(ABC):
+    """A language model that may also read images. Subclasses own the weights; no state lives
+    on the transformers modules themselves."""
+
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+    dtype: torch.dtype
+    #: Id of the single placeholder token that marks one image in a tokenized prompt
+    #: (None for a text-only model).
+    image_token_id: int | None
+    #: Human-readable name (hub id or directory) used in records and errors.
+    name: str
+
+    @property
+    def supports_images(self) -> bool:
+        return self.image_token_id is not None
+
+    @property
+    def supports_pooling(self) -> bool:
+        """Whether `image_features(..., pooled=True)` is available (drafting method P)."""
+        return False
+
+    @abstractmethod
+    def image_features(self, images: Sequence[Image.Image], pooled: bool = False) -> list[torch.Tensor]:
+        """Projected feature rows for each image, `[k_i, hidden]` on `self.device`, ready to
+        stand in for that image's placeholder. `pooled` averages the patch grid 2x2 before
+        the projector (SPEC §2, method P)."""
+
+    @abstractmethod
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """Input embeddings for token ids (any shape) -> `[..., hidden]`."""
+
+    @abstractmethod
+    def logits(
+        self,
+        *,
+        cache: DynamicCache,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        keep: int = 1,
+    ) -> torch.Tensor:
+        """One forward of the language model over new positions, extending `cache`.
+        Returns fp32 logits for the last `keep` positions: `[batch, keep, vocab]`."""
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        """Tokens that end generation (the tokenizer's EOS unless a subclass knows better)."""
+        eos = self.tokenizer.eos_token_id
+        return set() if eos is None else {eos}
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache()
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """Token ids of a prompt (BOS included), each `<image>` as one placeholder id."""
+        return self.tokenizer(text, add_special_tokens=True)["input_ids"]
+
+    def synchronize(self) -> None:
+        """Wait for queued device work, so timings measure compute and not launch."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)

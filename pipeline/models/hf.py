@@ -1,0 +1,116 @@
+"""Adapters for transformers models: LLaVA-1.5, LLaVA-NeXT and plain causal LMs.
+
+They call the library's own classes and caches; image features come from the model's own
+`get_image_features`, except pooling (method P), which needs the patch grid before the
+projector and so runs the vision tower and projector modules directly.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from pipeline.models.base import LVLM, ModelInputError
+
+
+class HFModel(LVLM):
+    """A transformers model driven through `inputs_embeds`/`input_ids` with a DynamicCache."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.device = model.device
+        self.dtype = model.dtype
+        self.image_token_id = None
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        """The ids `generate` stops at, so SD ends exactly where plain decoding does."""
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        if eos is None:
+            return super().eos_token_ids
+        return set(eos) if isinstance(eos, (list, tuple)) else {eos}
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(ids.to(self.device))
+
+    @torch.inference_mode()
+    def logits(
+        self,
+        *,
+        cache: DynamicCache,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        keep: int = 1,
+    ) -> torch.Tensor:
+        out = self.model(
+            input_ids=None if input_ids is None else input_ids.to(self.device),
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask.to(self.device),
+            position_ids=position_ids.to(self.device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        return out.logits[:, -keep:].float()
+
+    def image_features(self, images: Sequence[Image.Image], pooled: bool = False) -> list[torch.Tensor]:
+        raise ModelInputError(f"{self.name} is a text-only model: it cannot read images (use T or C drafting)")
+
+
+class HFLlava(HFModel):
+    """LLaVA-1.5 (`LlavaForConditionalGeneration`) or LLaVA-NeXT (`LlavaNextForConditionalGeneration`)."""
+
+    def __init__(self, model: PreTrainedModel, processor, name: str) -> None:
+        super().__init__(model, processor.tokenizer, name)
+        self.processor = processor
+        self.image_token_id = model.config.image_token_id
+        self.is_next = model.config.model_type == "llava_next"
+
+    @property
+    def supports_pooling(self) -> bool:
+        # NeXT's any-resolution tiles and newline tokens have no single patch grid to pool.
+        return not self.is_next
+
+    @torch.inference_mode()
+    def image_features(self, images: Sequence[Image.Image], pooled: bool = False) -> list[torch.Tensor]:
+        if not images:
+            return []
+        pixels = self.processor.image_processor(list(images), return_tensors="pt")
+        pixel_values = pixels["pixel_values"].to(self.device, self.dtype)
+        config = self.model.config
+        if pooled:
+            if not self.supports_pooling:
+                raise ModelInputError(f"{self.name}: pooled drafting (P) needs a LLaVA-1.5 style model, not LLaVA-NeXT")
+            return list(self._pooled_features(pixel_values))
+        extra = {"image_sizes": pixels["image_sizes"].to(self.device)} if self.is_next else {}
+        out = self.model.model.get_image_features(
+            pixel_values=pixel_values,
+            vision_feature_layer=config.vision_feature_layer,
+            vision_feature_select_strategy=config.vision_feature_select_strategy,
+            **extra,
+        )
+        return [f.reshape(-1, f.shape[-1]) for f in out.pooler_output]
+
+    def _pooled_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """SPEC §2 P: select layer(s), drop CLS, 2x2 average pool on the patch grid, project."""
+        config = self.model.config
+        hidden = self.model.model.vision_tower(pixel_values, output_hidden_states=True).hidden_states
+        layers = config.vision_feature_layer
+        layers = [layers] if isinstance(layers, int) else layers
+        feats = torch.cat([hidden[i] for i in layers], dim=-1)
+        if config.vision_feature_select_strategy == "default":
+            feats = feats[:, 1:]
+        side = math.isqrt(feats.shape[1])
+        if side * side != feats.shape[1]:
+            raise ModelInputError(f"{self.name}: {feats.shape[1]} patches do not form a square grid to pool")
+        grid = feats.transpose(1, 2).reshape(feats.shape[0], feats.shape[2], side, side)
+        pooled = F.avg_pool2d(grid, kernel_size=2, stride=2, ceil_mode=True)
+        return self.model.model.multi_modal_projector(pooled.flatten(2).transpose(1, 2))

@@ -1,0 +1,80 @@
+"""Load a target or draft by hub id or local directory, with the model class its config names.
+
+The reference code mapped every llava-hf id to the LLaVA-1.5 class, which breaks LLaVA-NeXT;
+here the config's `model_type` decides.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoProcessor,
+    AutoTokenizer,
+    LlavaForConditionalGeneration,
+    LlavaNextForConditionalGeneration,
+)
+
+from pipeline.models.base import LVLM
+from pipeline.models.hf import HFLlava, HFModel
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+LLAVA_CLASSES = {"llava": LlavaForConditionalGeneration, "llava_next": LlavaNextForConditionalGeneration}
+EMBEDDED_PREFIX = "embedded:"
+
+
+class ModelLoadError(RuntimeError):
+    """A model that cannot be loaded here (missing, unknown type, does not fit the device)."""
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def default_device() -> torch.device:
+    """`cuda` when this process was given a GPU (e.g. by Ray), else `cpu`."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_model(name_or_dir: str, *, dtype: str = "fp32", device: str | torch.device = "cpu") -> LVLM:
+    """A model ready for the engine, on `device`, in `dtype` (fp32 / fp16 / bf16)."""
+    torch_dtype = resolve_dtype(dtype)
+    device = torch.device(device)
+    if name_or_dir.startswith(EMBEDDED_PREFIX):
+        from pipeline.models.embedded import load_embedded
+
+        return load_embedded(name_or_dir[len(EMBEDDED_PREFIX):], dtype=dtype, device=device)
+    try:
+        config = AutoConfig.from_pretrained(name_or_dir)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"cannot load model {name_or_dir!r}: {err}") from err
+    try:
+        if config.model_type in LLAVA_CLASSES:
+            model = LLAVA_CLASSES[config.model_type].from_pretrained(name_or_dir, dtype=torch_dtype)
+            adapter: LVLM = HFLlava(model.to(device), AutoProcessor.from_pretrained(name_or_dir), name_or_dir)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(name_or_dir, dtype=torch_dtype)
+            adapter = HFModel(model.to(device), AutoTokenizer.from_pretrained(name_or_dir), name_or_dir)
+    except torch.OutOfMemoryError as err:
+        raise ModelLoadError(f"model {name_or_dir!r} does not fit on {device} in {dtype}: {err}") from err
+    return adapter
+
+
+def check_same_tokenizer(target: LVLM, draft: LVLM) -> None:
+    """SD compares token ids, so the draft must speak the target's vocabulary exactly."""
+    if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+        raise ValueError(
+            f"draft {draft.name!r} uses a different tokenizer from target {target.name!r} "
+            f"({len(draft.tokenizer)} vs {len(target.tokenizer)} tokens): speculative decoding needs the same vocabulary"
+        )
+
+
+def load_pair(
+    target: str, draft: str, *, dtype: str = "fp32", device: str | torch.device = "cpu"
+) -> tuple[LVLM, LVLM]:
+    """Target and draft on one device, checked to share a tokenizer."""
+    pair = load_model(target, dtype=dtype, device=device), load_model(draft, dtype=dtype, device=device)
+    check_same_tokenizer(*pair)
+    return pair

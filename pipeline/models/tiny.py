@@ -1,0 +1,187 @@
+"""Tiny random-weight LLaVA models built locally, for tests and the smoke grid (no downloads).
+
+`python -m pipeline.models.tiny OUT_DIR` writes OUT_DIR/target, OUT_DIR/draft (LLaVA-1.5 class)
+and OUT_DIR/next_target (LLaVA-NeXT class), all loadable by `from_pretrained`. The draft is the
+target with seeded noise on every weight, so it agrees with the target often but not always —
+the regime where speculative decoding has something to measure.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import (
+    CLIPImageProcessor,
+    CLIPVisionConfig,
+    LlamaConfig,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    LlavaNextConfig,
+    LlavaNextForConditionalGeneration,
+    LlavaNextImageProcessor,
+    LlavaNextProcessor,
+    LlavaProcessor,
+    PreTrainedTokenizerFast,
+)
+
+IMAGE_SIZE = 56  # 4x4 patches of 14 px: 16 image tokens, 4 after 2x2 pooling
+PATCH_SIZE = 14
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", "<image>"]
+_WORDS = (
+    "the a an image picture photo shows red blue green yellow circle square triangle cat dog man "
+    "woman street car tree sky table what is in this describe detail please explain why how many "
+    "user assistant question answer first second difference source target instruction story end "
+    "caption left right top bottom color shape small large there are and of on with to for it"
+).split()
+
+
+def build_tokenizer(vocab_size: int = 384) -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained on a fixed word list: deterministic, with BOS added and
+    `<image>` as one special token, like LLaVA's tokenizer."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = [" ".join(_WORDS[i:] + _WORDS[:i]) + "\nUSER: ASSISTANT: 0123456789." for i in range(len(_WORDS))]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer)
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        extra_special_tokens={"image_token": "<image>"},
+    )
+
+
+def _text_config(tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        initializer_range=0.3,  # peaked next-token distributions, so greedy outputs are stable
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+
+
+def _vision_config() -> CLIPVisionConfig:
+    return CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=IMAGE_SIZE,
+        patch_size=PATCH_SIZE,
+        projection_dim=32,
+    )
+
+
+def build_llava(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlavaForConditionalGeneration:
+    torch.manual_seed(seed)
+    config = LlavaConfig(
+        vision_config=_vision_config(),
+        text_config=_text_config(tokenizer),
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+    )
+    return LlavaForConditionalGeneration(config).eval()
+
+
+def build_llava_next(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlavaNextForConditionalGeneration:
+    torch.manual_seed(seed)
+    config = LlavaNextConfig(
+        vision_config=_vision_config(),
+        text_config=_text_config(tokenizer),
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        image_grid_pinpoints=[[IMAGE_SIZE, IMAGE_SIZE], [IMAGE_SIZE, 2 * IMAGE_SIZE], [2 * IMAGE_SIZE, IMAGE_SIZE]],
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+    )
+    return LlavaNextForConditionalGeneration(config).eval()
+
+
+def perturbed_copy(model: LlavaForConditionalGeneration, noise: float, seed: int) -> LlavaForConditionalGeneration:
+    """The same model with Gaussian noise (relative to each tensor's std) on every weight."""
+    copy = type(model)(model.config).eval()
+    copy.load_state_dict(model.state_dict())
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in copy.parameters():
+            scale = param.std() if param.numel() > 1 else param.abs()
+            param.add_(torch.randn(param.shape, generator=gen) * scale * noise)
+    return copy
+
+
+def _llava_processor(tokenizer: PreTrainedTokenizerFast) -> LlavaProcessor:
+    image_processor = CLIPImageProcessor(
+        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
+    )
+    return LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=PATCH_SIZE,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+    )
+
+
+def _llava_next_processor(tokenizer: PreTrainedTokenizerFast, model: LlavaNextForConditionalGeneration) -> LlavaNextProcessor:
+    image_processor = LlavaNextImageProcessor(
+        size={"shortest_edge": IMAGE_SIZE},
+        crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        image_grid_pinpoints=model.config.image_grid_pinpoints,
+    )
+    return LlavaNextProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=PATCH_SIZE,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+    )
+
+
+def build_tiny_pair(out_dir: str | Path, noise: float = 0.02) -> tuple[Path, Path]:
+    """Write tiny target, draft and LLaVA-NeXT target under `out_dir`; return (target, draft) dirs."""
+    out = Path(out_dir)
+    tokenizer = build_tokenizer()
+    target = build_llava(tokenizer, seed=0)
+    draft = perturbed_copy(target, noise=noise, seed=1)
+    next_target = build_llava_next(tokenizer, seed=2)
+    for name, model, processor in (
+        ("target", target, _llava_processor(tokenizer)),
+        ("draft", draft, _llava_processor(tokenizer)),
+        ("next_target", next_target, _llava_next_processor(tokenizer, next_target)),
+    ):
+        model.save_pretrained(out / name)
+        processor.save_pretrained(out / name)
+    return out / "target", out / "draft"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", help="directory to write target/, draft/ and next_target/ into")
+    parser.add_argument("--noise", type=float, default=0.02, help="relative weight noise of the draft")
+    args = parser.parse_args()
+    target, draft = build_tiny_pair(args.out_dir, noise=args.noise)
+    print(f"target={target}\ndraft={draft}\nnext_target={Path(args.out_dir) / 'next_target'}")
+
+
+if __name__ == "__main__":
+    main()

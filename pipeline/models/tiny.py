@@ -13,14 +13,14 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
-    CLIPImageProcessor,
+    CLIPImageProcessorPil,
     CLIPVisionConfig,
     LlamaConfig,
     LlavaConfig,
     LlavaForConditionalGeneration,
     LlavaNextConfig,
     LlavaNextForConditionalGeneration,
-    LlavaNextImageProcessor,
+    LlavaNextImageProcessorPil,
     LlavaNextProcessor,
     LlavaProcessor,
     PreTrainedTokenizerFast,
@@ -129,8 +129,8 @@ def perturbed_copy(model: LlavaForConditionalGeneration, noise: float, seed: int
     return copy
 
 
-def _llava_processor(tokenizer: PreTrainedTokenizerFast) -> LlavaProcessor:
-    image_processor = CLIPImageProcessor(
+def llava_processor(tokenizer: PreTrainedTokenizerFast) -> LlavaProcessor:
+    image_processor = CLIPImageProcessorPil(
         size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
     )
     return LlavaProcessor(
@@ -143,7 +143,7 @@ def _llava_processor(tokenizer: PreTrainedTokenizerFast) -> LlavaProcessor:
 
 
 def _llava_next_processor(tokenizer: PreTrainedTokenizerFast, model: LlavaNextForConditionalGeneration) -> LlavaNextProcessor:
-    image_processor = LlavaNextImageProcessor(
+    image_processor = LlavaNextImageProcessorPil(
         size={"shortest_edge": IMAGE_SIZE},
         crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
         image_grid_pinpoints=model.config.image_grid_pinpoints,
@@ -165,8 +165,8 @@ def build_tiny_pair(out_dir: str | Path, noise: float = 0.02) -> tuple[Path, Pat
     draft = perturbed_copy(target, noise=noise, seed=1)
     next_target = build_llava_next(tokenizer, seed=2)
     for name, model, processor in (
-        ("target", target, _llava_processor(tokenizer)),
-        ("draft", draft, _llava_processor(tokenizer)),
+        ("target", target, llava_processor(tokenizer)),
+        ("draft", draft, llava_processor(tokenizer)),
         ("next_target", next_target, _llava_next_processor(tokenizer, next_target)),
     ):
         model.save_pretrained(out / name)

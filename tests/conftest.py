@@ -1,0 +1,45 @@
+"""Shared fixtures: tiny locally built models (never a download)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from PIL import Image
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """Directories of the tiny target, draft and LLaVA-NeXT target, built once per session."""
+    from pipeline.models.tiny import build_tiny_pair
+
+    out = tmp_path_factory.mktemp("tiny_models")
+    target, draft = build_tiny_pair(out)
+    return {"target": str(target), "draft": str(draft), "next_target": str(out / "next_target")}
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tiny_dirs):
+    from pipeline.models.loading import load_pair
+
+    return load_pair(tiny_dirs["target"], tiny_dirs["draft"])
+
+
+def solid(rgb, size=(64, 48)) -> Image.Image:
+    """A plain test image; distinct colours give distinct image features."""
+    return Image.new("RGB", size, rgb)
+
+
+class FixedCaptioner:
+    """Test double for the caption model: the engine's C transform is what is under test."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def caption(self, image: Image.Image) -> str:
+        self.calls += 1
+        r, g, b = image.resize((1, 1)).getpixel((0, 0))
+        return "a red square" if r >= max(g, b) else "a blue circle"

@@ -1,0 +1,124 @@
+"""Weight policies on hand-computed cases (pure tensors, no model)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pipeline.decoding.config import PolicySpec
+from pipeline.drafting.policies import (
+    History,
+    choose_weights,
+    inverse_error_weights,
+    kl_divergence,
+    mix,
+    simplex_grid,
+    total_variation,
+)
+
+
+def dist(*values: float) -> torch.Tensor:
+    t = torch.tensor(values, dtype=torch.float32)
+    return t / t.sum()
+
+
+def history_of(pairs) -> History:
+    h = History()
+    for q_rows, p in pairs:
+        h.add(torch.stack(q_rows)[None], p[None])
+    return h
+
+
+def test_simplex_grid_counts_and_order():
+    assert simplex_grid(2, 10).shape == (11, 2)
+    assert simplex_grid(4, 10).shape == (286, 4)
+    assert torch.allclose(simplex_grid(2, 10)[:3], torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.8, 0.2]], dtype=torch.float64))
+    assert torch.allclose(simplex_grid(3, 10).sum(1), torch.ones(66, dtype=torch.float64))
+
+
+def test_mix_is_a_probability_mixture_not_logits():
+    q = torch.stack([dist(1, 0, 0), dist(0, 1, 0)])
+    assert torch.allclose(mix(q, torch.tensor([0.25, 0.75], dtype=torch.float64)), dist(0.25, 0.75, 0))
+
+
+def test_distances():
+    p, q = dist(0.5, 0.5), dist(0.25, 0.75)
+    assert kl_divergence(p, q).item() == pytest.approx(0.5 * math.log(2) + 0.5 * math.log(0.5 / 0.75), rel=1e-5)
+    assert total_variation(p, q).item() == pytest.approx(0.25)
+    # KL is target-first: KL(p||q) != KL(q||p)
+    assert kl_divergence(p, q).item() != pytest.approx(kl_divergence(q, p).item())
+
+
+def test_first_block_is_uniform_and_single_method_is_one():
+    for kind in ("static", "grid", "inverse"):
+        assert torch.equal(choose_weights(History(), 3, PolicySpec(kind=kind)), torch.full((3,), 1 / 3, dtype=torch.float64))
+    assert torch.equal(choose_weights(History(), 1, PolicySpec(kind="grid")), torch.ones(1, dtype=torch.float64))
+
+
+def test_grid_hard_picks_the_method_that_matches_argmax():
+    # method 0 always agrees with the target's argmax, method 1 never does
+    pairs = [([dist(8, 1, 1), dist(1, 8, 1)], dist(6, 3, 1)) for _ in range(3)]
+    w = choose_weights(history_of(pairs), 2, PolicySpec(kind="grid", measure="hard"))
+    # every candidate with w0 > 0.5 has full hits; ties resolve to the first: [1, 0]
+    assert w.tolist() == [1.0, 0.0]
+
+
+def test_grid_hard_plus_soft_breaks_hit_ties_by_kl():
+    # mixture (0.3 + 0.4 w0, 0.5 - 0.4 w0, 0.2): argmax agrees with p for every w0 > 0.25,
+    # and w0 = 0.5 reproduces p exactly (KL 0)
+    p = dist(0.5, 0.3, 0.2)
+    q0, q1 = dist(0.7, 0.1, 0.2), dist(0.3, 0.5, 0.2)
+    h = history_of([([q0, q1], p)])
+    assert choose_weights(h, 2, PolicySpec(kind="grid", measure="hard")).tolist() == [1.0, 0.0]
+    assert choose_weights(h, 2, PolicySpec(kind="grid", measure="hard+soft")).tolist() == [0.5, 0.5]
+
+
+def test_hard_plus_soft_never_trades_hits_for_kl():
+    # position 1 favours w0 = 0.5 by KL; position 2 needs w0 >= 0.7 for a hit
+    p1, q01, q11 = dist(0.5, 0.3, 0.2), dist(0.7, 0.1, 0.2), dist(0.3, 0.5, 0.2)
+    # target picks token 0 at position 2: 0.05 w0 + 0.9 (1 - w0) beats token 1 iff w0 < 0.47
+    p2, q02, q12 = dist(0.9, 0.1, 1e-6), dist(0.05, 0.95, 1e-6), dist(0.9, 0.1, 1e-6)
+    h = history_of([([q01, q11], p1), ([q02, q12], p2)])
+    w_hs = choose_weights(h, 2, PolicySpec(kind="grid", measure="hard+soft"))
+    # hits: w0 in (0.25, 0.47) hits both positions -> {0.3, 0.4}; KL then picks among them
+    assert w_hs.tolist()[0] in (0.3, 0.4)
+    w_soft = choose_weights(h, 2, PolicySpec(kind="grid", measure="soft"))
+    mixed = torch.einsum("hmv,cm->chv", torch.stack([torch.stack([q01, q11]), torch.stack([q02, q12])]).double(), simplex_grid(2, 10))
+    kl = kl_divergence(torch.stack([p1, p2]).double(), mixed).sum(-1)
+    assert w_soft.tolist() == simplex_grid(2, 10)[int(torch.argmin(kl))].tolist()
+
+
+def test_grid_soft_with_tvd_vs_kl_differ_by_hand():
+    # q0 = (1, 0), q1 = (0, 1): the mixture is (w0, 1 - w0). Targets (0.8, 0.2) twice, (0.3, 0.7) once.
+    # TVD sum = 2|0.8 - w0| + |0.3 - w0| is least at w0 = 0.8; summed KL is least at w0 = 1.9/3 -> grid 0.6.
+    q = [dist(1, 0), dist(0, 1)]
+    h = history_of([(q, dist(0.8, 0.2)), (q, dist(0.8, 0.2)), (q, dist(0.3, 0.7))])
+    assert choose_weights(h, 2, PolicySpec(kind="grid", measure="soft", distance="tvd")).tolist() == [0.8, 0.2]
+    assert choose_weights(h, 2, PolicySpec(kind="grid", measure="soft", distance="kl")).tolist() == [0.6, 0.4]
+
+
+def test_window_only_sees_the_last_h_positions():
+    good0 = ([dist(8, 1, 1), dist(1, 8, 1)], dist(6, 3, 1))  # method 0 right
+    good1 = ([dist(8, 1, 1), dist(1, 8, 1)], dist(1, 6, 3))  # method 1 right
+    h = history_of([good0, good0, good0, good1])
+    assert choose_weights(h, 2, PolicySpec(kind="grid", measure="hard", window=None)).tolist()[0] > 0.5
+    assert choose_weights(h, 2, PolicySpec(kind="grid", measure="hard", window=1)).tolist()[1] > 0.5
+
+
+def test_inverse_error_weights_by_hand():
+    p = dist(0.5, 0.5)
+    q0, q1 = dist(0.25, 0.75), dist(0.5 - 0.125, 0.5 + 0.125)  # TVD 0.25 and 0.125
+    q, pp = torch.stack([q0, q1])[None], p[None]
+    w = inverse_error_weights(q, pp, PolicySpec(kind="inverse", distance="tvd", temperature=1.0))
+    assert w.tolist() == pytest.approx([1 / 3, 2 / 3])  # (1/e) normalised: 4 : 8
+    w2 = inverse_error_weights(q, pp, PolicySpec(kind="inverse", distance="tvd", temperature=0.5))
+    assert w2.tolist() == pytest.approx([1 / 5, 4 / 5])  # (1/e)^2: 16 : 64
+
+
+def test_inverse_error_zero_errors():
+    p = dist(0.5, 0.5)
+    all_zero = torch.stack([p, p])[None]
+    assert inverse_error_weights(all_zero, p[None], PolicySpec(kind="inverse")).tolist() == [0.5, 0.5]
+    one_zero = torch.stack([p, dist(0.9, 0.1), p])[None]
+    assert inverse_error_weights(one_zero, p[None], PolicySpec(kind="inverse", distance="tvd")).tolist() == [0.5, 0.0, 0.5]

@@ -1,0 +1,45 @@
+"""Model names the grid accepts that need resolving on the node that loads them.
+
+`tiny:<name>` is a tiny random LLaVA built by `pipeline.models.tiny` into a per-node cache
+directory. The build is seeded, so every node builds identical weights and no file has to be
+shipped to workers; a lock keeps concurrent actors on one node from building twice.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+from pathlib import Path
+
+from pipeline.grid import TINY_PREFIX
+
+TINY_DIR_ENV = "TABED_TINY_DIR"
+
+
+def tiny_dir() -> Path:
+    return Path(os.environ.get(TINY_DIR_ENV, Path.home() / ".cache" / "tabed" / "tiny"))
+
+
+def ensure_tiny_models(root: Path | None = None) -> Path:
+    """Build the tiny models under `root` unless a complete build is already there."""
+    from pipeline.models.tiny import build_tiny_pair
+
+    root = root or tiny_dir()
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f".{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "complete").exists():
+            staging = root.parent / f".{root.name}.building"
+            shutil.rmtree(staging, ignore_errors=True)
+            build_tiny_pair(staging)
+            (staging / "complete").touch()
+            shutil.rmtree(root, ignore_errors=True)
+            os.replace(staging, root)
+    return root
+
+
+def resolve_model(name: str) -> str:
+    """What `load_model` should load for a grid model name."""
+    if name.startswith(TINY_PREFIX):
+        return str(ensure_tiny_models() / name[len(TINY_PREFIX):])
+    return name

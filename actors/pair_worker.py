@@ -1,0 +1,109 @@
+"""The Ray actor that owns one target+draft pair and turns shards into result rows.
+
+`PairEvaluator` is a plain class (testable without Ray); `remote_worker` wraps it as an actor
+that Ray restarts when it dies (reloading the pair) and whose interrupted calls Ray retries,
+so a lost worker costs time but never rows.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pyarrow as pa
+import torch
+from PIL import Image
+
+from actors.models import resolve_model
+from pipeline.data.sample import Sample
+from pipeline.decoding.live import autoregressive_decode, speculative_decode
+from pipeline.decoding.records import SampleRecord
+from pipeline.drafting.captioner import load_captioner
+from pipeline.grid import Pair, RunConfig, Shard
+from pipeline.models.loading import default_device, load_pair
+from pipeline.results import make_row, rows_to_table
+
+# What one bad sample may raise: a clear input error (ModelInputError is a ValueError), an
+# unreadable or oversized image, or a prompt too long for the device. Recorded, not fatal.
+SAMPLE_ERRORS = (ValueError, OSError, Image.DecompressionBombError, torch.OutOfMemoryError)
+
+
+def failed(sample_id: str, mode: str, err: BaseException) -> SampleRecord:
+    return SampleRecord(sample_id=sample_id, mode=mode, error=f"{type(err).__name__}: {err}")
+
+
+class PairEvaluator:
+    """Loads one pair (and the captioner, if any method set needs it) once per process."""
+
+    def __init__(self, pair: Pair, captioner: str | None = None) -> None:
+        self.pair = pair
+        self.device = default_device()
+        self.target, self.draft = load_pair(
+            resolve_model(pair.target), resolve_model(pair.draft), dtype=pair.dtype, device=self.device
+        )
+        self.captioner = load_captioner(captioner, self.device) if captioner else None
+
+    def device_name(self) -> str:
+        return str(self.device)
+
+    def run_shard(self, shard: Shard, samples: dict[str, Sample]) -> pa.Table:
+        """Rows for every item of the shard, in item order; one bad sample is one error row."""
+        if shard.pair != self.pair:
+            raise ValueError(f"shard {shard.shard_id} is for {shard.pair.label}, this worker holds {self.pair.label}")
+        records = self._replay(shard, samples) if shard.mode == "replay" else {}
+        rows = []
+        for config, sample_id in shard.items:
+            sample = samples[sample_id]
+            record = records.get((config, sample_id)) or self.decode(config, sample)
+            rows.append(make_row(shard.run, shard.shard_id, config, sample, record))
+        return rows_to_table(rows)
+
+    def decode(self, config: RunConfig, sample: Sample) -> SampleRecord:
+        """One live decode (SD or the AR baseline)."""
+        mode = "ar" if config.is_ar else "live"
+        try:
+            if config.is_ar:
+                return autoregressive_decode(
+                    self.target, sample, max_new_tokens=config.max_new_tokens,
+                    temperature=config.temperature, seed=config.seed,
+                )
+            return speculative_decode(self.target, self.draft, sample, config.decode_config(), self.captioner)
+        except SAMPLE_ERRORS as err:
+            return failed(sample.sample_id, mode, err)
+
+    def _replay(self, shard: Shard, samples: dict[str, Sample]) -> dict[tuple[RunConfig, str], SampleRecord]:
+        """Greedy SD items scored from one trace collection per sample (pipeline.decoding.replay)."""
+        from pipeline.decoding.replay import collect_traces, replay
+
+        by_sample: dict[str, list[RunConfig]] = defaultdict(list)
+        for config, sample_id in shard.items:
+            if not config.is_ar:
+                by_sample[sample_id].append(config)
+        records = {}
+        for sample_id, configs in by_sample.items():
+            letters = "".join(m for m in "MTCP" if any(m in c.methods for c in configs))
+            try:
+                traces = collect_traces(
+                    self.target, self.draft, samples[sample_id], letters, self.captioner,
+                    max_new_tokens=max(c.max_new_tokens for c in configs),
+                )
+            except SAMPLE_ERRORS as err:
+                records.update({(c, sample_id): failed(sample_id, "replay", err) for c in configs})
+                continue
+            for config in configs:
+                try:
+                    records[(config, sample_id)] = replay(traces, config.decode_config())
+                except SAMPLE_ERRORS as err:
+                    records[(config, sample_id)] = failed(sample_id, "replay", err)
+        return records
+
+
+def remote_worker(
+    pair: Pair, captioner: str | None, *, num_gpus: float, num_cpus: float, max_restarts: int = 2
+):
+    """Start a `PairEvaluator` actor. Ray restarts it up to `max_restarts` times and retries
+    calls that were in flight when it died; the scheduler re-dispatches beyond that."""
+    import ray
+
+    actor = ray.remote(PairEvaluator).options(
+        num_gpus=num_gpus, num_cpus=num_cpus, max_restarts=max_restarts, max_task_retries=max_restarts
+    )
+    return actor.remote(pair, captioner)

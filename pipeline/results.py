@@ -1,0 +1,205 @@
+"""The results dataset: one Parquet file per finished shard in a hive-partitioned directory.
+
+Layout: `OUT/run=<run>/target=<t>/draft=<d>/dataset=<ds>/part-<shard>.parquet` (partition
+values URI-encoded, so hub ids with '/' stay one directory level). Every file also carries
+every column, partition ones included (dictionary-typed, as hive discovery types them), so a
+single file is self-describing and `pandas.read_parquet(OUT)` reads the whole dataset. A shard
+is written under a dot-prefixed temporary name and renamed: readers (which skip dot files)
+never see half a file, and a file that exists is complete.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Iterable
+from urllib.parse import quote
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from pipeline.data.sample import Sample
+from pipeline.decoding.records import SampleRecord
+from pipeline.grid import RunConfig, row_key
+
+PARTITIONS = ("run", "target", "draft", "dataset")
+_dict = pa.dictionary(pa.int32(), pa.string())
+
+SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),  # hash of the configuration and the sample id
+        ("config_key", pa.string()),  # hash of the configuration alone
+        ("shard", pa.string()),
+        ("run", _dict),
+        ("target", _dict),
+        ("draft", _dict),
+        ("dataset", _dict),
+        ("dtype", pa.string()),
+        ("sample_id", pa.string()),
+        ("split", pa.string()),
+        ("row", pa.int64()),
+        ("turn", pa.string()),
+        ("category", pa.string()),
+        ("methods", pa.string()),  # letters of MTCP, or AR
+        ("method_label", pa.string()),  # paper notation: MT, MT*, MTCP* ...
+        ("policy", pa.string()),  # static | grid(<measure>) | inverse(T=<t>)
+        ("policy_kind", pa.string()),
+        ("measure", pa.string()),  # grid policy only
+        ("policy_temperature", pa.float64()),  # inverse policy only
+        ("window", pa.int32()),  # null = ALL history (or no dynamic policy)
+        ("distance", pa.string()),  # null without a dynamic policy
+        ("gamma", pa.int32()),  # null for AR
+        ("temperature", pa.float64()),
+        ("seed", pa.int64()),
+        ("max_new_tokens", pa.int32()),
+        ("captioner", pa.string()),
+        ("mode", pa.string()),  # live | replay | ar
+        ("accepted_per_block", pa.list_(pa.int32())),
+        ("weights_per_block", pa.list_(pa.list_(pa.float64()))),
+        ("blocks", pa.int32()),
+        ("tau", pa.float64()),  # per sample; aggregates pool blocks (pipeline.report)
+        ("new_tokens", pa.int32()),
+        ("output_ids", pa.list_(pa.int32())),
+        ("output_text", pa.string()),
+        ("time_prefill_s", pa.float64()),
+        ("time_draft_s", pa.float64()),
+        ("time_verify_s", pa.float64()),
+        ("time_total_s", pa.float64()),
+        ("error", pa.string()),  # null when the sample decoded fine
+    ]
+)
+
+
+def config_columns(config: RunConfig) -> dict:
+    """The grid fields of a row; fields a configuration does not use are null."""
+    dynamic = config.policy.kind != "static"
+    return {
+        "target": config.pair.target,
+        "draft": config.pair.draft,
+        "dtype": config.pair.dtype,
+        "methods": config.methods,
+        "method_label": config.method_label,
+        "policy": config.policy.label,
+        "policy_kind": config.policy.kind,
+        "measure": config.policy.measure if config.policy.kind == "grid" else None,
+        "policy_temperature": config.policy.temperature if config.policy.kind == "inverse" else None,
+        "window": config.policy.window if dynamic else None,
+        "distance": config.policy.distance if dynamic else None,
+        "gamma": config.gamma,
+        "temperature": config.temperature,
+        "seed": config.seed,
+        "max_new_tokens": config.max_new_tokens,
+        "captioner": config.captioner,
+    }
+
+
+def make_row(run: str, shard: str, config: RunConfig, sample: Sample, record: SampleRecord) -> dict:
+    """One result row: the grid fields, the sample's identity and the engine's record."""
+    outcome = record.to_row()
+    tau = outcome["tau"]
+    config_key = config.key()
+    return {
+        "key": row_key(config_key, sample.sample_id),
+        "config_key": config_key,
+        "shard": shard,
+        "run": run,
+        "dataset": sample.dataset,
+        "sample_id": sample.sample_id,
+        "split": sample.split,
+        "row": sample.row,
+        "turn": sample.turn,
+        "category": sample.category,
+        **config_columns(config),
+        "mode": outcome["mode"],
+        "accepted_per_block": outcome["accepted_per_block"],
+        "weights_per_block": outcome["weights_per_block"],
+        "blocks": outcome["blocks"],
+        "tau": None if math.isnan(tau) else tau,
+        "new_tokens": outcome["new_tokens"],
+        "output_ids": outcome["output_ids"],
+        "output_text": outcome["output_text"],
+        "time_prefill_s": outcome["time_prefill_s"],
+        "time_draft_s": outcome["time_draft_s"],
+        "time_verify_s": outcome["time_verify_s"],
+        "time_total_s": outcome["time_total_s"],
+        "error": outcome["error"],
+    }
+
+
+def rows_to_table(rows: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=SCHEMA)
+
+
+def run_dir(out: str | Path, run: str) -> Path:
+    return Path(out) / f"run={quote(run, safe='')}"
+
+
+def shard_path(out: str | Path, run: str, target: str, draft: str, dataset: str, shard: str) -> Path:
+    parts = [f"{name}={quote(value, safe='')}" for name, value in zip(PARTITIONS[1:], (target, draft, dataset))]
+    return run_dir(out, run).joinpath(*parts, f"part-{shard}.parquet")
+
+
+def write_shard(out: str | Path, table: pa.Table) -> Path:
+    """Write one shard's rows atomically (temporary dot file, then rename); returns the path.
+
+    All rows of a shard share run, target, draft, dataset and shard id.
+    """
+    first = table.slice(0, 1).to_pylist()[0]
+    path = shard_path(out, first["run"], first["target"], first["draft"], first["dataset"], first["shard"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pq.write_table(table.cast(SCHEMA), tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def _dataset(path: Path) -> ds.Dataset | None:
+    if not path.is_dir():
+        return None
+    files = [str(p) for p in path.rglob("part-*.parquet")]
+    return ds.dataset(files, schema=SCHEMA, format="parquet") if files else None
+
+
+def done_keys(out: str | Path, run: str) -> set[str]:
+    """Keys of every row already written for this run (the resume check)."""
+    dataset = _dataset(run_dir(out, run))
+    if dataset is None:
+        return set()
+    return set(dataset.to_table(columns=["key"]).column("key").to_pylist())
+
+
+def read_table(out: str | Path, run: str | None = None, columns: Iterable[str] | None = None) -> pa.Table:
+    """Every row under OUT (or of one run) as an Arrow table with the documented schema."""
+    dataset = _dataset(Path(out) if run is None else run_dir(out, run))
+    if dataset is None:
+        return SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(list(columns))
+    return dataset.to_table(columns=None if columns is None else list(columns))
+
+
+def read_results(out: str | Path, run: str | None = None) -> pd.DataFrame:
+    """The results as a DataFrame, partition columns as plain strings."""
+    table = read_table(out, run)
+    table = table.cast(pa.schema([pa.field(f.name, pa.string()) if f.type == _dict else f for f in SCHEMA]))
+    return table.to_pandas()
+
+
+def first_turn_answers(
+    out: str | Path, run: str, *, target: str, dtype: str, dataset: str, max_new_tokens: int
+) -> dict[str, str]:
+    """The target's greedy first-turn answer per first-turn sample id, from this run's rows.
+
+    Greedy SD is lossless, so every greedy row of the target (any draft or method) holds the
+    same answer; rows with an error are skipped.
+    """
+    table = read_table(out, run, columns=["target", "dtype", "dataset", "turn", "temperature", "max_new_tokens", "error", "sample_id", "output_text"])
+    mask = pc.and_(
+        pc.and_(pc.equal(pc.cast(table["target"], pa.string()), target), pc.equal(table["dtype"], dtype)),
+        pc.and_(pc.equal(pc.cast(table["dataset"], pa.string()), dataset), pc.equal(table["turn"], "first")),
+    )
+    mask = pc.and_(mask, pc.and_(pc.equal(table["temperature"], 0.0), pc.equal(table["max_new_tokens"], max_new_tokens)))
+    mask = pc.and_(mask, pc.is_null(table["error"]))
+    rows = table.filter(mask).select(["sample_id", "output_text"]).to_pylist()
+    return {row["sample_id"]: row["output_text"] for row in rows}

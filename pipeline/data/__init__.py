@@ -1,0 +1,37 @@
+"""Scenarios: the paper's datasets and the embedded offline set, as immutable Samples.
+
+API used by the grid and the scheduler:
+
+- ``DATASETS: dict[str, DatasetSpec]`` and ``get_dataset(name)`` (unknown name: ValueError
+  listing the known ones). Names: llava_bench, docvqa, pope, mmvet, iedit, magicbrush,
+  spot_the_diff, pororo_sv, vist (public sources) and embedded_vqa, embedded_describe,
+  embedded_compare, embedded_story (offline, on easy-VQA images).
+- ``load_samples(name, *, limit=None, source=None) -> list[Sample]``: first turn, the first
+  ``limit`` rows (default 100, 60 for LLaVA-Bench). ``source`` is a local copy (a
+  ``datasets.save_to_disk`` directory or Parquet files) used instead of the hub; an unreachable
+  or malformed source raises ``DataSourceError`` naming the dataset.
+- ``build_second_turn(first_samples, first_outputs, task, *, source=None) -> list[Sample]`` with
+  ``task`` in ``TURN_TASKS``; ``first_outputs`` maps first-turn sample ids to the target's
+  answers; ``source`` is a local copy of the NQ-open / GSM8K questions.
+- ``python -m pipeline.data.fetch OUT_DIR [NAME ...]`` (where the hub is reachable) writes
+  those local copies, one ``save_to_disk`` directory per dataset holding only the subset.
+
+A row that cannot become a prompt (missing or unreadable image, placeholder/image count
+mismatch, missing first-turn answer) yields a Sample with ``error`` set instead of raising.
+Prompts follow ``USER: ... ASSISTANT:``; see ``pipeline.data.prompts`` for the exact format.
+"""
+from pipeline.data.loading import DataSourceError, load_samples
+from pipeline.data.registry import DATASETS, DatasetSpec, get_dataset
+from pipeline.data.sample import Sample
+from pipeline.data.turns import TURN_TASKS, build_second_turn
+
+__all__ = [
+    "DATASETS",
+    "DataSourceError",
+    "DatasetSpec",
+    "Sample",
+    "TURN_TASKS",
+    "build_second_turn",
+    "get_dataset",
+    "load_samples",
+]

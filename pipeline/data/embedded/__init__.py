@@ -1,0 +1,1 @@
+"""Offline scenario data that ships with the project (see README.md in this folder)."""

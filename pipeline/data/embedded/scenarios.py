@@ -1,0 +1,125 @@
+"""Offline first-turn scenarios on the easy-VQA test images (64x64 shapes, shipped by `easy-vqa`).
+
+The prompts are open-ended on purpose: speculative decoding is only measurable on long
+answers (64-128 tokens), so every scenario asks for a description, a comparison or a story.
+The test split is used so that a model trained on easy-VQA's train split sees unseen images.
+Rows are plain dicts that `pipeline.data.registry` formats; image values are file paths.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from typing import Iterator
+
+import easy_vqa
+
+from pipeline.data.sample import IMAGE_PLACEHOLDER as IMG
+
+COLORS = frozenset({"red", "green", "blue", "yellow", "teal", "brown", "black", "gray"})
+SHAPES = frozenset({"circle", "rectangle", "triangle"})
+
+DESCRIBE_PROMPTS = (
+    f"{IMG}\nDescribe the image in detail.",
+    f"{IMG}\nWhat do you see in this picture? Explain.",
+    f"{IMG}\nWrite a short story about this picture.",
+    f"{IMG}\nDescribe the shape in this image, its color and where it is placed.",
+)
+
+# Wordings modelled on the paper's multi-image benchmarks (Spot-the-Diff, IEdit, Appendix I).
+COMPARE_PROMPTS = (
+    f"Compare the two images and describe how they differ. First image: {IMG} Second image: {IMG}",
+    f"Explain the disparities between the first and second image. {IMG} {IMG} Difference:",
+    f"{IMG}\n{IMG}\nWhat changed from the first picture to the second? Describe both pictures in detail.",
+    "Please provide instructions for editing the source image to match the target image. "
+    f"Source Image: {IMG} Target Image: {IMG} Instruction:",
+)
+
+# Five-image stories in the PororoSV / VIST format (Appendix I): four captioned images and a
+# fifth to end the story on; out of distribution for a model trained on single images.
+STORY_INSTRUCTIONS = (
+    "Given the progression of the story with the first few images, "
+    "can you write a fitting end considering the last image?",
+    "With the narratives paired with the initial images, "
+    "how would you conclude the story using the last picture?",
+)
+STORY_CAPTIONS = (
+    "First, a {color} {shape} appears.",
+    "Then a {color} {shape} comes along.",
+    "Next, a {color} {shape} joins them.",
+    "After that, a {color} {shape} shows up.",
+)
+STORY_LENGTH = len(STORY_CAPTIONS) + 1
+
+
+@functools.cache
+def image_paths() -> dict[int, str]:
+    """Paths of the easy-VQA test images by image id, in id order (do not mutate: cached)."""
+    return dict(sorted(easy_vqa.get_test_image_paths().items()))
+
+
+@functools.cache
+def _questions() -> tuple[tuple[str, str, int], ...]:
+    return tuple(zip(*easy_vqa.get_test_questions()))
+
+
+@functools.cache
+def shape_facts() -> dict[int, tuple[str, str]]:
+    """(color, shape) of each test image whose questions state both.
+
+    Each image holds one shape, so every color or shape word that a question asserts about
+    the image describes it: a "what ..." question and its answer always do; a yes/no question
+    does when it is answered "yes" without negation, or "no" with it.
+    """
+    words: dict[int, set[str]] = {}
+    for question, answer, image_id in _questions():
+        tokens = set(re.findall(r"[a-z]+", question))
+        if answer in ("yes", "no"):
+            negated = bool(tokens & {"not", "no"})
+            asserted = tokens if (answer == "yes") != negated else set()
+        else:
+            asserted = tokens | {answer}
+        words.setdefault(image_id, set()).update(asserted & (COLORS | SHAPES))
+    facts = {}
+    for image_id, found in words.items():
+        colors, shapes = found & COLORS, found & SHAPES
+        if len(colors) == 1 and len(shapes) == 1:
+            facts[image_id] = (next(iter(colors)), next(iter(shapes)))
+    return facts
+
+
+def vqa_rows() -> Iterator[dict]:
+    """One easy-VQA question per test image (its first), in image order."""
+    paths = image_paths()
+    seen: set[int] = set()
+    for question, _answer, image_id in _questions():
+        if image_id not in seen:
+            seen.add(image_id)
+            yield {"question": question, "image": paths[image_id]}
+
+
+def describe_rows() -> Iterator[dict]:
+    """Each test image with an open request, cycling through DESCRIBE_PROMPTS."""
+    for i, path in enumerate(image_paths().values()):
+        yield {"text": DESCRIBE_PROMPTS[i % len(DESCRIBE_PROMPTS)], "images": [path]}
+
+
+def compare_rows() -> Iterator[dict]:
+    """Consecutive pairs of test images (0-1, 2-3, ...) with a comparison request."""
+    paths = list(image_paths().values())
+    for i in range(len(paths) // 2):
+        yield {"text": COMPARE_PROMPTS[i % len(COMPARE_PROMPTS)], "images": paths[2 * i:2 * i + 2]}
+
+
+def story_rows() -> Iterator[dict]:
+    """Consecutive groups of five described test images as a story to finish."""
+    paths, facts = image_paths(), shape_facts()
+    described = [image_id for image_id in paths if image_id in facts]
+    for i in range(len(described) // STORY_LENGTH):
+        group = described[i * STORY_LENGTH:(i + 1) * STORY_LENGTH]
+        parts = [STORY_INSTRUCTIONS[i % len(STORY_INSTRUCTIONS)]]
+        for k, image_id in enumerate(group[:-1]):
+            color, shape = facts[image_id]
+            caption = STORY_CAPTIONS[k].format(color=color, shape=shape)
+            parts.append(f"{IMG} Caption #{k + 1}: {caption}")
+        parts.append(f"{IMG} Caption #{STORY_LENGTH}:")
+        yield {"text": " ".join(parts), "images": [paths[image_id] for image_id in group]}

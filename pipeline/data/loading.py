@@ -1,0 +1,188 @@
+"""Opening a scenario's rows (hub or local copy) and turning them into first-turn Samples.
+
+Rows are streamed, so only the subset's rows are read, and images are decoded here rather
+than by `datasets`: a missing or unreadable image then becomes that sample's `error` (the
+caller records it and goes on) instead of an exception that ends the whole run.
+
+A local copy (`source`) is either a directory written by `datasets.save_to_disk` (a Dataset,
+or a DatasetDict holding the registry's split or a single split of any name, as the authors'
+download script writes them), or Parquet: one file, or a directory searched recursively (files
+named after the split, e.g. `test-00000-of-00001.parquet`, are preferred when there are any).
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+from itertools import islice
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import datasets
+from PIL import Image
+
+from pipeline.data.prompts import PromptError
+from pipeline.data.registry import DatasetSpec, get_dataset
+from pipeline.data.sample import Sample
+
+FIRST_TURN = "first"
+
+
+class DataSourceError(RuntimeError):
+    """A dataset that cannot be opened: hub unreachable, local copy missing or malformed."""
+
+
+def load_samples(name: str, *, limit: int | None = None, source: str | os.PathLike | None = None) -> list[Sample]:
+    """First-turn Samples of dataset `name`: its first `limit` rows (default: the paper's subset).
+
+    `source` is a local copy overriding the hub id (see module doc). Rows that cannot become a
+    prompt come back with `error` set; a source that cannot be opened raises DataSourceError.
+    """
+    spec = get_dataset(name)
+    count = spec.default_limit if limit is None else limit
+    if count < 1:
+        raise ValueError(f"dataset {name!r}: limit must be at least 1, got {count}")
+    if spec.embedded:
+        if source is not None:
+            raise ValueError(f"dataset {name!r} ships with the project and takes no source (got {source!r})")
+        rows: Iterator[Mapping[str, Any]] = iter(spec.embedded_rows())
+    else:
+        rows = open_rows(name, spec.hub_id, spec.config, spec.split, source, spec.required_columns)
+        if spec.sub_task:
+            rows = (row for row in rows if row.get("sub_task") == spec.sub_task)
+    return [row_to_sample(spec, index, row) for index, row in enumerate(islice(rows, count))]
+
+
+def row_to_sample(spec: DatasetSpec, index: int, row: Mapping[str, Any]) -> Sample:
+    """One row as a first-turn Sample; a bad row gives a Sample whose `error` says why."""
+    sample = Sample(dataset=spec.name, split=spec.split, row=index, turn=FIRST_TURN, prompt="", category=spec.category)
+    try:
+        prompt, raw_images = spec.format_row(row)
+        sample = dataclasses.replace(sample, prompt=prompt)
+        images = tuple(decode_image(value, k) for k, value in enumerate(raw_images))
+        sample = dataclasses.replace(sample, images=images)
+        sample.check()
+    except ValueError as exc:  # PromptError, or Sample.check's placeholder/image mismatch
+        message = str(exc) if str(exc).startswith("sample ") else f"sample {sample.sample_id}: {exc}"
+        return dataclasses.replace(sample, images=(), error=message)
+    return sample
+
+
+def decode_image(value: Any, position: int) -> Image.Image:
+    """An RGB image from what a row holds: PIL image, {'bytes', 'path'} dict, or a file path."""
+    if value is None:
+        raise PromptError(f"image {position} is missing")
+    try:
+        if isinstance(value, Image.Image):
+            return value.convert("RGB")
+        if isinstance(value, Mapping):
+            if value.get("bytes"):
+                opened = Image.open(io.BytesIO(value["bytes"]))
+            elif value.get("path"):
+                opened = Image.open(value["path"])
+            else:
+                raise PromptError(f"image {position} has neither bytes nor a path")
+        elif isinstance(value, (str, os.PathLike)):
+            opened = Image.open(value)
+        else:
+            raise PromptError(f"image {position} is a {type(value).__name__}, not an image")
+        with opened:
+            return opened.convert("RGB")
+    except OSError as exc:  # PIL.UnidentifiedImageError, truncated data, missing file
+        raise PromptError(f"image {position} cannot be read: {exc}") from exc
+
+
+def open_rows(
+    label: str,
+    hub_id: str | None,
+    config: str | None,
+    split: str,
+    source: str | os.PathLike | None,
+    columns: Sequence[str],
+) -> Iterator[Mapping[str, Any]]:
+    """Rows of `hub_id` (config, split) from the hub, or of the local copy `source`, streamed,
+    with image columns left undecoded. `label` names the dataset in errors."""
+    dataset, where = open_dataset(label, hub_id, config, split, source, columns)
+    return iter_rows(label, where, dataset)
+
+
+def open_dataset(
+    label: str,
+    hub_id: str | None,
+    config: str | None,
+    split: str,
+    source: str | os.PathLike | None,
+    columns: Sequence[str],
+) -> tuple[datasets.IterableDataset, str]:
+    """The streamed dataset behind `open_rows` (image columns undecoded, `columns` checked)
+    and a description of where it came from."""
+    if source is not None:
+        dataset = _open_local(label, Path(source), split)
+        where = str(source)
+    else:
+        where = f"{hub_id} ({config or 'default'} config, split {split}) on the hub"
+        try:
+            dataset = datasets.load_dataset(hub_id, config, split=split, streaming=True)
+        except Exception as exc:  # network, auth and missing-repo errors all end here
+            raise DataSourceError(
+                f"dataset {label!r}: cannot open {where}: {exc}. Without hub access, pass a local "
+                "copy as source (a datasets.save_to_disk directory or Parquet files)."
+            ) from exc
+    dataset = _undecoded_images(dataset)
+    present = dataset.column_names
+    missing = [c for c in columns if present is not None and c not in present]
+    if missing:
+        raise DataSourceError(f"dataset {label!r}: {where} lacks column(s) {missing}; it has {present}")
+    return dataset, where
+
+
+def iter_rows(label: str, where: str, dataset: datasets.IterableDataset) -> Iterator[Mapping[str, Any]]:
+    """Iterate, naming the dataset when the stream itself fails (streams open lazily)."""
+    iterator = iter(dataset)
+    while True:
+        try:
+            row = next(iterator)
+        except StopIteration:
+            return
+        except Exception as exc:
+            raise DataSourceError(f"dataset {label!r}: reading {where} failed: {exc}") from exc
+        yield row
+
+
+def _undecoded_images(dataset: datasets.IterableDataset) -> datasets.IterableDataset:
+    for column, feature in (dataset.features or {}).items():
+        if isinstance(feature, datasets.Image) and feature.decode:
+            dataset = dataset.cast_column(column, datasets.Image(decode=False))
+    return dataset
+
+
+def _open_local(label: str, path: Path, split: str) -> datasets.IterableDataset:
+    if not path.exists():
+        raise DataSourceError(f"dataset {label!r}: local copy {path} does not exist")
+    if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
+        loaded = datasets.load_from_disk(str(path))
+        if isinstance(loaded, datasets.DatasetDict):
+            loaded = _pick_split(label, loaded, split, path)
+        return loaded.to_iterable_dataset()
+    files = _parquet_files(path, split)
+    if not files:
+        raise DataSourceError(
+            f"dataset {label!r}: {path} is neither a datasets.save_to_disk directory nor Parquet file(s)"
+        )
+    return datasets.load_dataset("parquet", data_files=[str(f) for f in files], split="train", streaming=True)
+
+
+def _pick_split(label: str, splits: datasets.DatasetDict, split: str, path: Path) -> datasets.Dataset:
+    if split in splits:
+        return splits[split]
+    if len(splits) == 1:
+        return next(iter(splits.values()))
+    raise DataSourceError(f"dataset {label!r}: {path} has splits {list(splits)}, none named {split!r}")
+
+
+def _parquet_files(path: Path, split: str) -> list[Path]:
+    if path.is_file():
+        return [path] if path.suffix == ".parquet" else []
+    found = sorted(path.rglob("*.parquet"))
+    named = [f for f in found if f.stem == split or f.stem.startswith(f"{split}-")]
+    return named or found

@@ -1,0 +1,144 @@
+"""The scenario registry: one entry per dataset the grid can name (SPEC §4, paper Appendix I/J).
+
+Each `DatasetSpec` says where the rows come from (a public `datasets` source, or rows built
+offline from a package), which rows form the subset (the first `default_limit` of the split,
+after the Interleave-Bench `sub_task` filter), how a row becomes a prompt, and the paper's
+category. Loading lives in `pipeline.data.loading`; this module is pure description.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+from pipeline.data.embedded import scenarios
+from pipeline.data.prompts import REASONING_INSTRUCTION, PromptError, image_question, user_turn
+
+IMAGE_COLUMN = re.compile(r"image_(\d+)")
+
+
+def _text(row: Mapping[str, Any], column: str) -> str:
+    value = row.get(column)
+    if value is None:
+        raise PromptError(f"column {column!r} is missing or empty")
+    if not isinstance(value, str):
+        raise PromptError(f"column {column!r} holds {type(value).__name__}, not text")
+    return value
+
+
+@dataclass(frozen=True)
+class SingleImage:
+    """Rows with one `image` and a `question`; the image comes first in the prompt."""
+
+    instruction: str | None = None
+    columns: tuple[str, ...] = ("question", "image")
+
+    def __call__(self, row: Mapping[str, Any]) -> tuple[str, list[Any]]:
+        return image_question(_text(row, "question"), self.instruction), [row.get("image")]
+
+
+@dataclass(frozen=True)
+class Interleaved:
+    """LLaVA-NeXT-Interleave-Bench rows: `question` already holds one `<image>` per image, and
+    the images sit in `image_0`, `image_1`, ... (None past the row's last image). The reference
+    sends the question verbatim as the user text; Appendix I shows what those questions read."""
+
+    columns: tuple[str, ...] = ("question",)
+
+    def __call__(self, row: Mapping[str, Any]) -> tuple[str, list[Any]]:
+        numbered = sorted(
+            (int(m.group(1)), column) for column in row if (m := IMAGE_COLUMN.fullmatch(column))
+        )
+        images = [row[column] for _, column in numbered if row[column] is not None]
+        return user_turn(_text(row, "question")), images
+
+
+@dataclass(frozen=True)
+class Prebuilt:
+    """Embedded rows that carry their user text (with placeholders) in `text` and image files in `images`."""
+
+    columns: tuple[str, ...] = ("text", "images")
+
+    def __call__(self, row: Mapping[str, Any]) -> tuple[str, list[Any]]:
+        return user_turn(_text(row, "text")), list(row["images"])
+
+
+RowFormat = SingleImage | Interleaved | Prebuilt
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """Everything needed to turn one scenario into first-turn Samples.
+
+    `split` is the public split and is what sample ids carry, whichever copy (hub or local)
+    the rows came from, so results of both key alike. Exactly one of `hub_id` and
+    `embedded_rows` is set.
+    """
+
+    name: str
+    title: str  # the paper's column name
+    category: str  # "benchmark" or "ood" (paper Table 1)
+    split: str
+    format_row: RowFormat
+    default_limit: int = 100
+    hub_id: str | None = None
+    config: str | None = None
+    sub_task: str | None = None
+    embedded_rows: Callable[[], Iterable[Mapping[str, Any]]] | None = None
+
+    @property
+    def embedded(self) -> bool:
+        """True when the rows ship with the project and need no network."""
+        return self.embedded_rows is not None
+
+    @property
+    def required_columns(self) -> tuple[str, ...]:
+        return self.format_row.columns + (("sub_task",) if self.sub_task else ())
+
+
+INTERLEAVE_BENCH = "lmms-lab/LLaVA-NeXT-Interleave-Bench"
+
+
+def _interleave(name: str, title: str, sub_task: str, category: str) -> DatasetSpec:
+    return DatasetSpec(
+        name, title, category, "test", Interleaved(),
+        hub_id=INTERLEAVE_BENCH, config="in_domain", sub_task=sub_task,
+    )
+
+
+_SPECS = (
+    # LLaVA-Bench: the paper's Appendix I shows the reasoning instruction, but SPEC §4 and the
+    # reference implementation send the bare question; SPEC wins.
+    DatasetSpec("llava_bench", "LLaVA-W", "benchmark", "train", SingleImage(), default_limit=60,
+                hub_id="lmms-lab/llava-bench-in-the-wild"),
+    DatasetSpec("docvqa", "DocVQA", "benchmark", "lite", SingleImage(REASONING_INSTRUCTION),
+                hub_id="lmms-lab/LMMs-Eval-Lite", config="docvqa_val"),
+    DatasetSpec("pope", "POPE", "benchmark", "test", SingleImage(REASONING_INSTRUCTION),
+                hub_id="lmms-lab/POPE"),
+    DatasetSpec("mmvet", "MMVet", "benchmark", "test", SingleImage(REASONING_INSTRUCTION),
+                hub_id="lmms-lab/MMVet"),
+    _interleave("iedit", "IEdit", "IEdit", "benchmark"),
+    _interleave("magicbrush", "MB", "MagicBrush", "benchmark"),
+    _interleave("spot_the_diff", "Spot", "Spot-the-Diff", "benchmark"),
+    _interleave("pororo_sv", "PSV", "PororoSV", "ood"),
+    _interleave("vist", "VIST", "VIST", "ood"),
+    # Offline scenarios on easy-VQA test images (pipeline/data/embedded/README.md).
+    DatasetSpec("embedded_vqa", "easyVQA-QA", "benchmark", "test", SingleImage(REASONING_INSTRUCTION),
+                embedded_rows=scenarios.vqa_rows),
+    DatasetSpec("embedded_describe", "easyVQA-Describe", "benchmark", "test", Prebuilt(),
+                embedded_rows=scenarios.describe_rows),
+    DatasetSpec("embedded_compare", "easyVQA-Compare", "benchmark", "test", Prebuilt(),
+                embedded_rows=scenarios.compare_rows),
+    DatasetSpec("embedded_story", "easyVQA-Story", "ood", "test", Prebuilt(),
+                embedded_rows=scenarios.story_rows),
+)
+
+DATASETS: dict[str, DatasetSpec] = {spec.name: spec for spec in _SPECS}
+
+
+def get_dataset(name: str) -> DatasetSpec:
+    """The spec registered under `name`; ValueError listing the known names otherwise."""
+    try:
+        return DATASETS[name]
+    except KeyError:
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}") from None

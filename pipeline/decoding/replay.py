@@ -1,0 +1,191 @@
+"""Exact trace replay (issue 5): score every greedy drafting configuration from one target pass.
+
+Under greedy decoding SD's output is the target's greedy output y whatever the draft does, and
+inside a block starting at position t the i-th proposal only matters if every earlier one
+matched y — in which case it was drafted from the true prefix y_<t+i. So the accepted count of
+every block, for any method set, policy, window, distance and gamma, is a function of the
+target's distributions p_s and each method's distributions q_i,s along y (s = 0..len(y)-1).
+TABED's history also only holds such positions. `collect_traces` computes them once per sample;
+`replay` re-runs the block loop of `pipeline.decoding.live` on them with the same policy code,
+without any model.
+
+Numerics: replay sees teacher-forced forwards, live sees the same positions in other chunk
+shapes, so in fp32 the two differ by float rounding (~1e-5 in logits on a CPU). Accepted counts
+and grid weights then agree except at near-ties; continuous weights (inverse-error) agree to
+about that precision. `tests/test_replay_tiny.py` measures both.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from pipeline.data.sample import Sample
+from pipeline.decoding.config import DecodeConfig
+from pipeline.decoding.live import autoregressive_decode, prefilled_rows, probabilities, tokenize
+from pipeline.decoding.records import SampleRecord
+from pipeline.drafting.captioner import Captioner
+from pipeline.drafting.policies import History, choose_weights, mix
+from pipeline.models.base import LVLM
+
+
+class ForwardCounter:
+    """An LVLM stand-in that counts forward passes (`logits` calls) and passes all else through.
+
+    Wrap a target with it to compare how many target forwards live runs and trace collection
+    cost; a prefill counts as one forward.
+    """
+
+    def __init__(self, model: LVLM) -> None:
+        self.model = model
+        self.forwards = 0
+
+    def logits(self, **kwargs: Any) -> torch.Tensor:
+        self.forwards += 1
+        return self.model.logits(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+
+@dataclass
+class Traces:
+    """Everything replay needs for one sample, on the CPU in fp32 (as the live engine sees it).
+
+    `target_probs[s]` is p(. | prompt, y_<s) `[n, V]`; `draft_probs[s, i]` is method
+    `methods[i]`'s q(. | its prompt, y_<s) `[n, M, V]`. Memory: 4 * n * (M + 1) * V bytes,
+    e.g. 82 MB for 128 tokens, 4 methods and a 32k vocabulary — keep one sample's traces at a
+    time, not a grid's.
+    """
+
+    sample_id: str
+    methods: str
+    output_ids: list[int]
+    target_probs: torch.Tensor
+    draft_probs: torch.Tensor
+    max_new_tokens: int
+    eos_token_ids: frozenset[int]
+    tokenizer: PreTrainedTokenizerBase = field(repr=False, compare=False)
+    target_forwards: int = 0  # greedy decoding (prefill + one per token) + teacher-forced pass
+    time_collect_s: float = 0.0
+
+    @property
+    def complete(self) -> bool:
+        """Whether y ended with EOS, so any longer budget would decode the same tokens."""
+        return bool(self.output_ids) and self.output_ids[-1] in self.eos_token_ids
+
+    def teacher_forced_disagreements(self) -> list[int]:
+        """Positions where the teacher-forced target argmax differs from y (numerical
+        near-ties between chunk shapes; replay trusts y, the target's own greedy output)."""
+        y = torch.tensor(self.output_ids)
+        return torch.nonzero(self.target_probs.argmax(-1) != y).flatten().tolist()
+
+    def to(self, device: str | torch.device) -> Traces:
+        """The same traces with the distributions on `device` (e.g. to run grid policies on a GPU)."""
+        return replace(self, target_probs=self.target_probs.to(device), draft_probs=self.draft_probs.to(device))
+
+
+def _teacher_forced_logits(
+    model: LVLM, sample: Sample, methods: str, captioner: Captioner | None, y: list[int]
+) -> torch.Tensor:
+    """Logits `[rows, n, V]` before each token of y, one row per method, in ONE forward after
+    the same prefill the live engine runs (same rows, padding and prompt cache)."""
+    prompt = tokenize(model, sample)
+    rows = prefilled_rows(model, prompt, methods, captioner)
+    sequence = [prompt.ids[-1]] + y[:-1]
+    return rows.feed(sequence, keep=len(sequence))
+
+
+@torch.inference_mode()
+def collect_traces(
+    target: LVLM,
+    draft: LVLM,
+    sample: Sample,
+    methods: str = "MTCP",
+    captioner: Captioner | None = None,
+    *,
+    max_new_tokens: int,
+) -> Traces:
+    """Traces of one sample: y from `autoregressive_decode` (the target alone, greedy), then one
+    teacher-forced target forward over prompt + y and one teacher-forced draft forward with all
+    `methods` as rows of one batch, exactly as the live engine batches them.
+
+    Target forwards: 1 + len(y) for y, 2 for the teacher-forced pass (prefill + forward).
+    """
+    DecodeConfig(methods=methods, max_new_tokens=max_new_tokens).validate()
+    start = time.perf_counter()
+    counted = ForwardCounter(target)
+    y = autoregressive_decode(counted, sample, max_new_tokens=max_new_tokens).output_ids
+    target_logits = _teacher_forced_logits(counted, sample, "M", None, y)[0]
+    draft_logits = _teacher_forced_logits(draft, sample, methods, captioner, y)
+    return Traces(
+        sample_id=sample.sample_id,
+        methods=methods,
+        output_ids=y,
+        target_probs=probabilities(target_logits, 0.0).cpu(),
+        draft_probs=probabilities(draft_logits, 0.0).transpose(0, 1).contiguous().cpu(),
+        max_new_tokens=max_new_tokens,
+        eos_token_ids=frozenset(target.eos_token_ids),
+        tokenizer=target.tokenizer,
+        target_forwards=counted.forwards,
+        time_collect_s=time.perf_counter() - start,
+    )
+
+
+def _check_replayable(traces: Traces, config: DecodeConfig) -> None:
+    config.validate()
+    if not config.greedy:
+        raise ValueError(
+            f"replay is exact only for greedy decoding, got temperature {config.temperature}: with "
+            "sampling the output depends on the draft's proposals, so run the live engine"
+        )
+    missing = [m for m in config.methods if m not in traces.methods]
+    if missing:
+        raise ValueError(
+            f"config methods {config.methods!r} need {missing}, but the traces of "
+            f"{traces.sample_id} hold only {traces.methods!r}: collect traces with a superset"
+        )
+    if config.max_new_tokens > traces.max_new_tokens and not traces.complete:
+        raise ValueError(
+            f"config max_new_tokens {config.max_new_tokens} exceeds the {traces.max_new_tokens} "
+            f"tokens traced for {traces.sample_id} (which did not end with EOS): collect longer traces"
+        )
+
+
+def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
+    """The record a live greedy run of `config` would produce, computed from traces.
+
+    Mirrors `live.speculative_decode` block by block: weights from `choose_weights`, proposal i
+    = argmax of the mixed distribution at position t+i (only reached while earlier proposals
+    matched y), history positions min(accepted + 1, gamma), EOS / max_new_tokens cuts. Timings
+    stay 0: replay decodes nothing, walltime comes from live runs.
+    """
+    _check_replayable(traces, config)
+    methods, gamma, policy = config.methods, config.gamma, config.policy
+    y = traces.output_ids[: config.max_new_tokens]
+    n = len(y)
+    rows = [traces.methods.index(m) for m in methods]
+    q = traces.draft_probs[:n, rows].contiguous()  # [n, m, V] in the config's method order
+    p = traces.target_probs
+    history = History()
+    track_history = policy.kind != "static" and len(methods) > 1
+    record = SampleRecord(sample_id=traces.sample_id, mode="replay")
+    t = 0  # tokens decoded so far = position of the block's first proposal
+    while t < n:
+        weights = choose_weights(history, len(methods), policy)
+        accepted = 0
+        while accepted < gamma and t + accepted < n and int(mix(q[t + accepted], weights).argmax()) == y[t + accepted]:
+            accepted += 1
+        record.accepted_per_block.append(accepted)
+        record.weights_per_block.append([round(float(w), 6) for w in weights])
+        kept = min(accepted + 1, n - t)  # accepted proposals + the target's token, cut at the end of y
+        if track_history and t + kept < n:  # the last block's history is never used
+            seen = min(accepted + 1, gamma)
+            history.add(q[t : t + seen], p[t : t + seen])
+        t += kept
+    record.output_ids = list(y)
+    record.output_text = traces.tokenizer.decode(record.output_ids, skip_special_tokens=True)
+    return record

@@ -92,6 +92,17 @@ def _vision_config() -> CLIPVisionConfig:
     )
 
 
+def _silence_special_tokens(model, tokenizer: PreTrainedTokenizerFast):
+    """Zero the output rows of special tokens other than EOS: their logit is then 0 while some
+    of the hundreds of random logits is almost surely larger, so a random model never emits
+    `<image>` (which a real LLaVA never does either, and transformers' assisted generation
+    cannot handle as a candidate)."""
+    silent = [tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS if t != tokenizer.eos_token]
+    with torch.no_grad():
+        model.lm_head.weight[silent] = 0
+    return model
+
+
 def build_llava(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlavaForConditionalGeneration:
     torch.manual_seed(seed)
     config = LlavaConfig(
@@ -101,7 +112,7 @@ def build_llava(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlavaForCo
         vision_feature_layer=-2,
         vision_feature_select_strategy="default",
     )
-    return LlavaForConditionalGeneration(config).eval()
+    return _silence_special_tokens(LlavaForConditionalGeneration(config).eval(), tokenizer)
 
 
 def build_llava_next(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlavaNextForConditionalGeneration:
@@ -114,7 +125,7 @@ def build_llava_next(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Llava
         vision_feature_layer=-2,
         vision_feature_select_strategy="default",
     )
-    return LlavaNextForConditionalGeneration(config).eval()
+    return _silence_special_tokens(LlavaNextForConditionalGeneration(config).eval(), tokenizer)
 
 
 def perturbed_copy(model: LlavaForConditionalGeneration, noise: float, seed: int) -> LlavaForConditionalGeneration:

@@ -1,0 +1,66 @@
+"""Measure draft/target latency ratios for every model pair of a grid (or one pair).
+
+    python jobs/calibrate.py --grid configs/embedded.yaml --out results/embedded
+    python jobs/calibrate.py --target llava-hf/llava-1.5-7b-hf --draft mjbooo/lvlm68m --out DIR --ray
+
+With --ray each pair is measured in a Ray task holding one GPU (on the hardware the grid runs
+on); without it, on this machine's device.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pipeline.calibration import Calibration, calibrate, write_calibration  # noqa: E402
+from pipeline.grid import load_grid  # noqa: E402
+from pipeline.models.loading import default_device, load_pair  # noqa: E402
+
+
+def measure(target: str, draft: str, dtype: str, gamma: int, repeats: int) -> Calibration:
+    from actors.models import resolve_model
+
+    pair = load_pair(resolve_model(target), resolve_model(draft), dtype=dtype, device=default_device())
+    result = calibrate(*pair, gamma=gamma, repeats=repeats)
+    result.target, result.draft = target, draft  # the grid's names, as in the results rows
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--grid", help="grid YAML: calibrate each of its (target, draft, dtype) pairs")
+    parser.add_argument("--target")
+    parser.add_argument("--draft")
+    parser.add_argument("--dtype", default="fp32")
+    parser.add_argument("--out", required=True, help="results directory to write _calibration/ into")
+    parser.add_argument("--gamma", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--ray", action="store_true", help="measure each pair in a Ray task with one GPU")
+    args = parser.parse_args()
+    if args.grid:
+        pairs = [(p.target, p.draft, p.dtype) for p in load_grid(args.grid).pairs]
+    elif args.target and args.draft:
+        pairs = [(args.target, args.draft, args.dtype)]
+    else:
+        parser.error("give --grid, or --target and --draft")
+    if args.ray:
+        import ray
+
+        ray.init(address="auto")
+        task = ray.remote(num_gpus=1)(measure)
+        results = ray.get([task.remote(t, d, dt, args.gamma, args.repeats) for t, d, dt in pairs])
+    else:
+        results = [measure(t, d, dt, args.gamma, args.repeats) for t, d, dt in pairs]
+    for result in results:
+        path = write_calibration(args.out, result)
+        print(
+            f"{result.target} / {result.draft} on {result.device}: Tq/Tp={result.ratio_draft_target:.3f} "
+            f"Tp(gamma+1)/Tp={result.ratio_verify:.3f} (Tp={result.target_token_s * 1e3:.1f} ms, "
+            f"Tq={result.draft_token_s * 1e3:.1f} ms) -> {path}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Grid files: validation names the bad entry, expansion normalises and dedupes, keys are stable,
+shard planning bundles replay configs and skips finished rows. No Ray, no model loads."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from pipeline.data.sample import Sample
+from pipeline.grid import AR, Catalog, GridError, RunConfig, load_grid, parse_grid, row_key
+from pipeline.scheduler import plan_shards, unit_counts
+
+CATALOG = Catalog(datasets=("toy", "other"), turn_tasks=("again",))
+BASE = {
+    "name": "t",
+    "datasets": ["toy"],
+    "turns": ["first", "again"],
+    "pairs": [{"target": "tiny:target", "draft": "tiny:draft"}],
+    "methods": ["AR", "M", "MT"],
+    "policies": ["static", {"kind": "grid", "measure": "hard+soft"}, {"kind": "inverse", "temperature": 0.5}],
+    "window": [None, 4],
+    "distance": ["kl", "tvd"],
+    "gamma": [3, 5],
+    "max_new_tokens": 16,
+    "shard_size": 2,
+}
+
+
+def grid(**changes):
+    raw = copy.deepcopy(BASE)
+    raw.update(changes)
+    return parse_grid(raw, CATALOG)
+
+
+def test_expansion_normalises_fields_that_cannot_change_a_result():
+    configs = grid().configs()
+    by_methods = {m: [c for c in configs if c.methods == m] for m in ("AR", "M", "MT")}
+    # AR ignores gamma/policy/window/distance; M (one method) ignores policy/window/distance
+    assert len(by_methods["AR"]) == 1 and by_methods["AR"][0].gamma is None
+    assert len(by_methods["M"]) == 2 and {c.gamma for c in by_methods["M"]} == {3, 5}
+    assert all(c.policy.kind == "static" for c in by_methods["M"])
+    # MT: static (1) + grid hard+soft ignores distance (2 windows) + inverse (2 windows x 2 distances), per gamma
+    assert len(by_methods["MT"]) == 2 * (1 + 2 + 4)
+    assert len(set(configs)) == len(configs)
+    assert len(grid().units()) == len(configs) * 2  # x turns x datasets
+
+
+def test_keys_are_stable_and_cover_result_fields_only():
+    first, again = grid().configs(), grid(mode="replay").configs()
+    assert [c.key() for c in first] == [c.key() for c in again]  # the decoding mode is not a result field
+    assert len({c.key() for c in first}) == len(first)
+    config = first[1]
+    assert RunConfig(**{**config.__dict__, "seed": 1}).key() != config.key()
+    assert row_key(config.key(), "toy/test/0/first") != row_key(config.key(), "toy/test/1/first")
+    assert row_key(config.key(), "toy/test/0/first") == row_key(config.key(), "toy/test/0/first")
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        ({"datasets": ["toy", "nope"]}, "datasets[1]"),
+        ({"turns": ["first", "later"]}, "turns[1]"),
+        ({"methods": ["M", "MX"]}, "methods[1]"),
+        ({"methods": ["MM"]}, "methods[0]"),
+        ({"policies": ["static", "best"]}, "policies[1]"),
+        ({"policies": [{"kind": "grid", "measure": "vibes"}]}, "policies[0]"),
+        ({"policies": [{"kind": "static", "temperature": 2}]}, "policies[0]"),
+        ({"pairs": [{"target": "tiny:target", "draft": "not a model"}]}, "pairs[0].draft"),
+        ({"pairs": [{"target": "/no/such/dir", "draft": "tiny:draft"}]}, "pairs[0].target"),
+        ({"pairs": [{"target": "embedded:huge", "draft": "tiny:draft"}]}, "pairs[0].target"),
+        ({"pairs": [{"target": "tiny:target", "draft": "tiny:draft", "dtype": "fp8"}]}, "pairs[0].dtype"),
+        ({"window": [None, 0]}, "window[1]"),
+        ({"distance": ["kl", "l2"]}, "distance[1]"),
+        ({"gamma": [0]}, "gamma[0]"),
+        ({"temperature": [-1]}, "temperature[0]"),
+        ({"methods": ["MTC"]}, "methods[0] 'MTC' uses caption drafting (C)"),
+        ({"methods": ["M", "MP"], "pairs": [{"target": "tiny:next_target", "draft": "tiny:next_target"}]},
+         "methods[1] 'MP' with pairs[0].draft"),
+        ({"turns": ["again"]}, "add 'first' to turns"),
+        ({"temperature": [0.7]}, "add 0 to temperature"),
+        ({"mode": "replay", "temperature": [0, 0.7]}, "mode 'replay'"),
+        ({"colour": "blue"}, "unknown grid field(s) ['colour']"),
+    ],
+)
+def test_invalid_entries_are_named(changes, named):
+    with pytest.raises(GridError) as err:
+        grid(**changes)
+    assert named in str(err.value)
+
+
+def test_pooled_drafting_rejected_for_a_local_llava_next_draft(tiny_dirs):
+    with pytest.raises(GridError, match=r"methods\[0\] 'MP' with pairs\[0\].draft"):
+        grid(methods=["MP"], pairs=[{"target": tiny_dirs["target"], "draft": tiny_dirs["next_target"]}])
+    assert grid(methods=["MP"], pairs=[{"target": tiny_dirs["target"], "draft": tiny_dirs["draft"]}]).configs()
+
+
+def test_repo_grids_validate():
+    catalog = Catalog.from_registry()
+    for name in ("smoke", "embedded", "paper_full"):
+        spec = load_grid(f"configs/{name}.yaml", catalog)
+        assert spec.name == name and spec.units()
+
+
+def sample(i: int, turn: str = "first") -> Sample:
+    return Sample("toy", "test", i, turn, "USER: hi ASSISTANT:")
+
+
+def test_plan_shards_bundles_replay_configs_and_skips_done_rows():
+    spec = grid(methods=["AR", "M", "MT"], gamma=[5], window=[None], distance=["kl"], turns=["first"])
+    units = spec.units()
+    samples = [sample(i) for i in range(5)]
+    live = plan_shards("r", units, lambda u: samples, shard_size=2)
+    n_configs = len(spec.configs())
+    assert len(live) == n_configs * 3  # one config per live shard, ceil(5 / 2) shards each
+    assert sum(len(s.items) for s in live) == n_configs * 5
+    replayed = plan_shards("r", units, lambda u: samples, shard_size=2, grid_mode="auto", can_replay=True)
+    assert [s.mode for s in replayed].count("replay") == 3  # every greedy SD config of a sample together
+    assert all(len({c for c, _ in s.items}) == n_configs - 1 for s in replayed if s.mode == "replay")
+    # finished rows are not planned again, and a shard planned twice has the same id
+    done = set(live[0].keys) | {live[1].keys[0]}
+    again = plan_shards("r", units, lambda u: samples, shard_size=2, done=done)
+    assert live[0].shard_id not in {s.shard_id for s in again}
+    assert sum(len(s.items) for s in again) == n_configs * 5 - len(done)
+    assert {s.shard_id for s in again} - {s.shard_id for s in live} == {again[0].shard_id}
+
+
+def test_dry_run_counts_without_loading_models_or_data(tmp_path, monkeypatch, capsys):
+    import jobs.full_grid as full_grid
+    import pipeline.data.loading
+    import pipeline.models.loading
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("--dry-run must not load models or data")
+
+    monkeypatch.setattr(pipeline.models.loading, "load_model", forbidden)
+    monkeypatch.setattr(pipeline.data.loading, "load_samples", forbidden)
+    assert full_grid.main(["--grid", "configs/smoke.yaml", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    spec = load_grid("configs/smoke.yaml")
+    assert f"{len(spec.units())} work units" in out
+    assert "embedded_vqa: 14" in out and "MT: 8" in out and "tiny:target <- tiny:draft (fp32): 28" in out
+    assert "\n".join(unit_counts(spec)) in out
+
+
+def test_invalid_grid_fails_before_ray_or_models(tmp_path, monkeypatch, capsys):
+    import ray
+
+    import jobs.full_grid as full_grid
+    import pipeline.models.loading
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("an invalid grid must fail before Ray starts or a model loads")
+
+    monkeypatch.setattr(ray, "init", forbidden)
+    monkeypatch.setattr(pipeline.models.loading, "load_model", forbidden)
+    raw = yaml.safe_load(open("configs/smoke.yaml"))
+    raw["methods"] = ["M", "MZ"]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert full_grid.main(["--grid", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "methods[1] 'MZ'" in err and "unknown drafting method" in err
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,99 @@
+"""`ray job submit` of jobs/full_grid.py with configs/smoke.yaml against a local `ray start --head`.
+
+The head runs as `ray start --block` in its own session on free ports, so the test never
+touches another Ray on the machine and stops exactly the processes it started.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import re
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from pipeline.grid import load_grid
+from pipeline.results import read_results
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(url: str, head: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if head.poll() is not None:
+            raise RuntimeError(f"ray start exited with {head.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(1)
+    raise TimeoutError(f"the Ray dashboard at {url} did not come up in {timeout} s")
+
+
+@pytest.fixture
+def ray_head(tmp_path):
+    if shutil.which("ray") is None:
+        pytest.skip("the ray CLI is not installed")
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    dashboard = free_port()
+    head = subprocess.Popen(
+        [
+            "ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
+            "--num-cpus=2", "--num-gpus=1", f"--port={free_port()}", f"--dashboard-port={dashboard}",
+            f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}", f"--metrics-export-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}",
+        ],
+        env=env, stdout=open(tmp_path / "head.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    address = f"http://127.0.0.1:{dashboard}"
+    try:
+        wait_for(f"{address}/api/version", head)
+        yield address, env
+    finally:
+        head.terminate()  # on SIGTERM, `ray start --block` drains and stops the processes it started
+        try:
+            head.wait(timeout=60)
+        finally:
+            try:  # anything of that session still alive
+                os.killpg(head.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            head.wait()
+
+
+def test_ray_job_submit_runs_the_smoke_grid(ray_head, tmp_path):
+    address, env = ray_head
+    out = tmp_path / "results"
+    runtime_env = {"env_vars": {"TABED_TINY_DIR": str(tmp_path / "tiny"), "HF_HUB_OFFLINE": "1",
+                                "TRANSFORMERS_VERBOSITY": "error"}}
+    job = subprocess.run(
+        [
+            "ray", "job", "submit", "--address", address, "--working-dir", ".",
+            "--runtime-env-json", json.dumps(runtime_env), "--",
+            "python", "jobs/full_grid.py", "--grid", "configs/smoke.yaml", "--out", str(out),
+        ],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=400,
+    )
+    log = job.stdout + job.stderr
+    assert job.returncode == 0 and "succeeded" in log, log[-3000:]
+    spec = load_grid(REPO / "configs" / "smoke.yaml")
+    df = read_results(out)
+    assert len(df) == len(spec.units()) * spec.limit and df.key.is_unique, log[-3000:]
+    assert df.error.isna().all() and set(df.turn) == {"first", "qaorg"}
+    assert f"run smoke: {len(df)} rows written" in log
+    assert re.search(r"\[second turn\] (\d+)/\1 shards, \d+ samples, [\d.]+ samples/s, ETA 0:00:00", log), log[-3000:]

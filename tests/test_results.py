@@ -1,0 +1,97 @@
+"""The Parquet results dataset: documented schema, atomic shard files, resume keys, and the
+first-turn answers that second turns are built from."""
+from __future__ import annotations
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from pipeline.data.sample import Sample
+from pipeline.decoding.config import PolicySpec
+from pipeline.decoding.records import SampleRecord
+from pipeline.grid import Pair, RunConfig, row_key
+from pipeline.results import (
+    SCHEMA,
+    done_keys,
+    first_turn_answers,
+    make_row,
+    read_results,
+    rows_to_table,
+    write_shard,
+)
+
+PAIR = Pair("llava-hf/llava-1.5-7b-hf", "mjbooo/lvlm68m", "fp16")
+DOCUMENTED = (
+    "key sample_id dataset turn target draft methods policy window distance gamma temperature seed mode "
+    "accepted_per_block weights_per_block blocks tau new_tokens output_ids output_text time_total_s error"
+).split()
+
+
+def record(sample_id: str, text: str = "a cat", error: str | None = None) -> SampleRecord:
+    if error:
+        return SampleRecord(sample_id=sample_id, error=error)
+    return SampleRecord(
+        sample_id=sample_id, output_ids=[5, 6, 7], output_text=text, accepted_per_block=[2, 0],
+        weights_per_block=[[0.5, 0.5], [0.7, 0.3]], time_total_s=0.25,
+    )
+
+
+def shard_rows(config: RunConfig, turn: str = "first", n: int = 3, shard: str = "s1", error_row: int | None = None) -> list[dict]:
+    rows = []
+    for i in range(n):
+        sample = Sample("pope", "test", i, turn, "USER: <image>\nq? ASSISTANT:")
+        rec = record(sample.sample_id, f"answer {i}", "ValueError: bad" if i == error_row else None)
+        rows.append(make_row("r", shard, config, sample, rec))
+    return rows
+
+
+def test_rows_follow_the_documented_schema(tmp_path):
+    config = RunConfig(PAIR, "MT", PolicySpec("grid", window=4), gamma=5, max_new_tokens=64)
+    path = write_shard(tmp_path, rows_to_table(shard_rows(config, error_row=2)))
+    assert path.name == "part-s1.parquet"
+    assert path.parent.relative_to(tmp_path).as_posix() == (
+        "run=r/target=llava-hf%2Fllava-1.5-7b-hf/draft=mjbooo%2Flvlm68m/dataset=pope"
+    )
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
+    table = pq.read_table(path)
+    assert table.schema.equals(SCHEMA)
+    assert set(DOCUMENTED) <= set(table.column_names)
+    df = read_results(tmp_path)
+    row = df.iloc[0]
+    assert row.target == PAIR.target and row.dataset == "pope" and row.method_label == "MT*"
+    assert row.policy == "grid(hard+soft)" and row.window == 4 and row.distance == "kl" and row.gamma == 5
+    assert list(row.accepted_per_block) == [2, 0] and row.tau == 2.0 and row.blocks == 2 and row.new_tokens == 3
+    assert [list(w) for w in row.weights_per_block] == [[0.5, 0.5], [0.7, 0.3]]
+    assert row.key == row_key(config.key(), "pope/test/0/first") and pd.isna(row.error)
+    failed = df.iloc[2]
+    assert failed.error == "ValueError: bad" and pd.isna(failed.tau) and failed.blocks == 0
+    # the whole directory is readable by plain pandas too (hive partitions match the columns)
+    assert len(pd.read_parquet(tmp_path)) == 3
+
+
+def test_unused_fields_are_null_for_ar_and_static():
+    ar = shard_rows(RunConfig(PAIR, "AR", gamma=None))[0]
+    assert ar["gamma"] is None and ar["window"] is None and ar["distance"] is None and ar["policy"] == "static"
+    static = shard_rows(RunConfig(PAIR, "MT"))[0]
+    assert static["method_label"] == "MT" and static["distance"] is None and static["measure"] is None
+
+
+def test_done_keys_ignore_unfinished_temporary_files(tmp_path):
+    config = RunConfig(PAIR, "M")
+    path = write_shard(tmp_path, rows_to_table(shard_rows(config)))
+    (path.parent / ".part-s2.parquet.123.tmp").write_bytes(b"half a file")
+    keys = done_keys(tmp_path, "r")
+    assert keys == {row_key(config.key(), f"pope/test/{i}/first") for i in range(3)}
+    assert done_keys(tmp_path, "other-run") == set()
+    assert len(read_results(tmp_path)) == 3
+
+
+def test_first_turn_answers_come_from_greedy_error_free_rows_of_the_target(tmp_path):
+    greedy = RunConfig(PAIR, "M", max_new_tokens=64)
+    write_shard(tmp_path, rows_to_table(shard_rows(greedy, shard="a", error_row=1)))
+    sampled = RunConfig(PAIR, "M", temperature=0.7, max_new_tokens=64)
+    write_shard(tmp_path, rows_to_table([{**r, "output_text": "sampled"} for r in shard_rows(sampled, shard="b")]))
+    other = RunConfig(Pair("llava-hf/llava-1.5-13b-hf", "mjbooo/lvlm68m", "fp16"), "M", max_new_tokens=64)
+    write_shard(tmp_path, rows_to_table([{**r, "output_text": "13b"} for r in shard_rows(other, shard="c")]))
+    answers = first_turn_answers(tmp_path, "r", target=PAIR.target, dtype="fp16", dataset="pope", max_new_tokens=64)
+    assert answers == {"pope/test/0/first": "answer 0", "pope/test/2/first": "answer 2"}
+    assert first_turn_answers(tmp_path, "r", target=PAIR.target, dtype="fp16", dataset="pope", max_new_tokens=32) == {}

@@ -180,10 +180,11 @@ def read_table(out: str | Path, run: str | None = None, columns: Iterable[str] |
 
 
 def read_results(out: str | Path, run: str | None = None) -> pd.DataFrame:
-    """The results as a DataFrame, partition columns as plain strings."""
+    """The results as a DataFrame: partition columns as plain strings, integer columns with
+    nulls (window, gamma) as Python ints or None rather than floats."""
     table = read_table(out, run)
     table = table.cast(pa.schema([pa.field(f.name, pa.string()) if f.type == _dict else f for f in SCHEMA]))
-    return table.to_pandas()
+    return table.to_pandas(integer_object_nulls=True)
 
 
 def first_turn_answers(

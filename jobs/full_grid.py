@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if os.environ.get("RAY_ADDRESS"):
         ray.init()
-    else:
-        ray.init(include_dashboard=False)
+    else:  # "local": a new Ray for this job, even when some `ray start` cluster is running
+        ray.init(address="local", include_dashboard=False)
     runner = GridRunner(
         spec, args.out, run=args.run, workers=args.workers,
         gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker,

@@ -103,7 +103,8 @@ def plan_shards(
 
 
 class Progress:
-    """One console line per finished shard: done/total shards, samples/s, ETA."""
+    """One console line per finished shard: done/total shards, samples/s, ETA. A sample here
+    is one row: a sample decoded (or replayed) under one configuration."""
 
     def __init__(self, label: str, total: int, stream: TextIO = sys.stdout) -> None:
         self.label, self.total, self.stream = label, total, stream
@@ -238,10 +239,9 @@ class GridRunner:
         per_worker = self.gpus_per_worker if self.gpus_per_worker is not None else (1.0 if gpus else 0.0)
         if per_worker > gpus:
             raise RuntimeError(f"workers need {per_worker} GPU each but the Ray cluster has {gpus:g}")
-        if self.requested_workers:
-            return self.requested_workers, per_worker
-        slots = gpus / per_worker if per_worker else resources.get("CPU", 1.0) / self.cpus_per_worker
-        return max(1, int(slots)), per_worker
+        slots = max(1, int(gpus / per_worker if per_worker else resources.get("CPU", 1.0) / self.cpus_per_worker))
+        # more actors than the cluster can place would hold shards that never run
+        return min(self.requested_workers or slots, slots), per_worker
 
     def _dispatch(self, shards: list[Shard], progress: Progress, ray) -> None:
         from actors.pair_worker import remote_worker
@@ -292,12 +292,14 @@ class GridRunner:
             try:
                 table = ray.get(ref)
             except ray.exceptions.RayActorError as err:
+                if err.actor_init_failed:  # loading the pair failed: deterministic, retrying cannot help
+                    raise RuntimeError(f"the worker for {worker.pair.label} could not start: {err}") from err
                 self._redispatch(worker, shard, err, pending, ray)
             else:
                 path = write_shard(self.out, table)
                 self.report.shards_written += 1
                 self.report.rows_written += table.num_rows
-                progress.advance(len(shard.sample_ids))
+                progress.advance(table.num_rows)
                 if self.on_shard_written:
                     self.on_shard_written(path, self)
             fill()

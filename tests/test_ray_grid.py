@@ -55,6 +55,7 @@ def ray_local(tmp_path_factory):
     os.environ["RAY_AUTH_MODE"] = "disabled"
     tiny_cache = str(tmp_path_factory.mktemp("tiny_cache"))
     ray.init(
+        address="local",  # a fresh Ray even if a `ray start` cluster is around
         num_cpus=2, num_gpus=2, _node_ip_address="127.0.0.1", include_dashboard=False,
         runtime_env={"env_vars": {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1", "TABED_TINY_DIR": tiny_cache}},
     )
@@ -62,13 +63,13 @@ def ray_local(tmp_path_factory):
     ray.shutdown()
 
 
-def spec(tiny_dirs, mode="live"):
+def spec(tiny_dirs, mode="live", draft=None):
     return parse_grid(
         {
             "name": "toy",
             "datasets": ["toy"],
             "turns": ["first", "again"],
-            "pairs": [{"target": tiny_dirs["target"], "draft": tiny_dirs["draft"]}],
+            "pairs": [{"target": tiny_dirs["target"], "draft": draft or tiny_dirs["draft"]}],
             "methods": ["AR", "M", "MT"],
             "policies": ["static", {"kind": "grid"}],
             "gamma": [3],
@@ -174,3 +175,11 @@ def test_auto_mode_replays_greedy_configs_with_live_results(ray_local, tiny_dirs
     assert set(df["mode"][df.methods != "AR"]) == {"replay"}
     assert report.shards_written < full_run[2].shards_written  # greedy configs share shards
     pd.testing.assert_frame_equal(comparable(df), comparable(results(full_run[0])))
+
+
+def test_a_pair_that_cannot_load_stops_the_run_with_its_error(ray_local, tiny_dirs, tmp_path):
+    bad = spec(tiny_dirs, draft="nobody/missing-draft")  # a well-formed hub id that is not there (offline)
+    runner = GridRunner(bad, tmp_path, source=ToySource(), workers=1, stream=io.StringIO())
+    with pytest.raises(RuntimeError, match="(?s)could not start.*nobody/missing-draft"):
+        runner.run()
+    assert not list(tmp_path.rglob("*.parquet"))

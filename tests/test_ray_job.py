@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from ray._common.utils import get_ray_address_file
 
 from pipeline.grid import load_grid
 from pipeline.results import read_results
@@ -49,11 +50,11 @@ def ray_head(tmp_path):
     if shutil.which("ray") is None:
         pytest.skip("the ray CLI is not installed")
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    dashboard = free_port()
+    dashboard, gcs_port = free_port(), free_port()
     head = subprocess.Popen(
         [
             "ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
-            "--num-cpus=2", "--num-gpus=1", f"--port={free_port()}", f"--dashboard-port={dashboard}",
+            "--num-cpus=2", "--num-gpus=1", f"--port={gcs_port}", f"--dashboard-port={dashboard}",
             f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
             f"--dashboard-agent-grpc-port={free_port()}", f"--metrics-export-port={free_port()}",
             f"--runtime-env-agent-port={free_port()}",
@@ -74,6 +75,18 @@ def ray_head(tmp_path):
             except ProcessLookupError:
                 pass
             head.wait()
+            forget_cluster(gcs_port)
+
+
+def forget_cluster(gcs_port: int) -> None:
+    """`ray start` records its address for later `ray.init()` calls to join; drop the record of
+    this (now stopped) head so they start their own Ray instead of failing to connect."""
+    record = Path(get_ray_address_file(None))
+    try:
+        if record.read_text().strip().endswith(f":{gcs_port}"):
+            record.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def test_ray_job_submit_runs_the_smoke_grid(ray_head, tmp_path):

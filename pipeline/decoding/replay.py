@@ -9,15 +9,16 @@ TABED's history also only holds such positions. `collect_traces` computes them o
 `replay` re-runs the block loop of `pipeline.decoding.live` on them with the same policy code,
 without any model.
 
-Numerics: replay sees teacher-forced forwards, live sees the same positions in other chunk
-shapes, so in fp32 the two differ by float rounding (~1e-5 in logits on a CPU). Accepted counts
-and grid weights then agree except at near-ties; continuous weights (inverse-error) agree to
-about that precision. `tests/test_replay_tiny.py` measures both.
+Numerics: replay sees teacher-forced forwards of all traced methods in one batch, live sees
+the same positions in other chunk shapes and batches, so in fp32 the two differ by float
+rounding (~1e-5 in logits on a CPU). Accepted counts and grid weights then agree except at
+near-ties; continuous inverse-error weights agree to ~1e-6 (one unit of the 6 decimals records
+keep). `tests/test_replay_tiny.py` measures both; with fp64 forwards everything is identical.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -82,10 +83,6 @@ class Traces:
         near-ties between chunk shapes; replay trusts y, the target's own greedy output)."""
         y = torch.tensor(self.output_ids)
         return torch.nonzero(self.target_probs.argmax(-1) != y).flatten().tolist()
-
-    def to(self, device: str | torch.device) -> Traces:
-        """The same traces with the distributions on `device` (e.g. to run grid policies on a GPU)."""
-        return replace(self, target_probs=self.target_probs.to(device), draft_probs=self.draft_probs.to(device))
 
 
 def _teacher_forced_logits(

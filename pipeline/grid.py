@@ -36,8 +36,9 @@ NEXT_HUB_NAME = re.compile(r"llava-v1\.6|llava-next|llava_next", re.IGNORECASE)
 AXES = ("window", "distance", "gamma", "temperature", "seed")
 FIELDS = {
     "name", "datasets", "turns", "pairs", "methods", "policies", *AXES,
-    "max_new_tokens", "limit", "captioner", "shard_size", "mode",
+    "max_new_tokens", "limit", "captioner", "shard_size", "mode", "sources",
 }
+QUESTION_TASKS = ("nq", "gsm8k")  # second-turn tasks that read a question dataset
 
 
 class GridError(ValueError):
@@ -176,6 +177,9 @@ class GridSpec:
     captioner: str | None = None
     shard_size: int = 8
     mode: str = "live"
+    #: local copies (save_to_disk dir or Parquet) by dataset or question-task name, for
+    #: clusters without hub access; (name, path) pairs so the spec stays hashable
+    sources: tuple[tuple[str, str], ...] = ()
 
     @property
     def second_turns(self) -> tuple[str, ...]:
@@ -283,9 +287,20 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None) -> GridSpec:
         captioner=_captioner(raw.get("captioner")),
         shard_size=_int(raw.get("shard_size", 8), "shard_size", minimum=1),
         mode=_choice(raw.get("mode", "live"), MODES, "mode"),
+        sources=_sources(raw.get("sources") or {}),
     )
     _check_combinations(spec)
     return spec
+
+
+def _sources(value: Any) -> tuple[tuple[str, str], ...]:
+    """`sources: {docvqa: /data/docvqa, nq: /data/nq.parquet}`; every path must exist here."""
+    if not isinstance(value, dict):
+        raise GridError("grid field 'sources' must map dataset or task names to local paths")
+    for name, path in value.items():
+        if not isinstance(path, str) or not Path(path).expanduser().exists():
+            raise GridError(f"sources.{name}: local copy {path!r} does not exist")
+    return tuple(sorted((str(name), str(Path(path).expanduser())) for name, path in value.items()))
 
 
 def _list(value: Any, where: str) -> list:
@@ -446,6 +461,9 @@ def _captioner(value: Any) -> str | None:
 
 def _check_combinations(spec: GridSpec) -> None:
     """Combinations no single field can rule out."""
+    for name, _ in spec.sources:
+        if name not in spec.datasets and not (name in QUESTION_TASKS and name in spec.turns):
+            raise GridError(f"sources.{name}: not a dataset or question task ({', '.join(QUESTION_TASKS)}) of this grid")
     for i, methods in enumerate(spec.methods):
         if "C" in methods and spec.captioner is None:
             raise GridError(f"methods[{i}] {methods!r} uses caption drafting (C) but the grid sets no captioner")

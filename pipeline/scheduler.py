@@ -30,22 +30,24 @@ class SampleSource(Protocol):
 
 
 class RegistrySource:
-    """Samples from `pipeline.data.registry`, loaded once per dataset."""
+    """Samples from `pipeline.data.registry`, loaded once per dataset, from the local copies
+    in `sources` (dataset or question-task name -> path) where given, else the hub."""
 
-    def __init__(self) -> None:
+    def __init__(self, sources: dict[str, str] | None = None) -> None:
+        self.sources = sources or {}
         self._cache: dict[tuple[str, int | None], list[Sample]] = {}
 
     def first_turn(self, dataset: str, limit: int | None) -> list[Sample]:
         from pipeline.data import load_samples
 
         if (dataset, limit) not in self._cache:
-            self._cache[(dataset, limit)] = load_samples(dataset, limit=limit)
+            self._cache[(dataset, limit)] = load_samples(dataset, limit=limit, source=self.sources.get(dataset))
         return self._cache[(dataset, limit)]
 
     def second_turn(self, first_samples: list[Sample], first_outputs: dict[str, str], task: str) -> list[Sample]:
         from pipeline.data import build_second_turn
 
-        return build_second_turn(first_samples, first_outputs, task)
+        return build_second_turn(first_samples, first_outputs, task, source=self.sources.get(task))
 
 
 def replay_available() -> bool:
@@ -164,7 +166,7 @@ class GridRunner:
         stream: TextIO = sys.stdout,
     ) -> None:
         self.spec, self.out = spec, Path(out)
-        self.source = source or RegistrySource()
+        self.source = source or RegistrySource(dict(spec.sources))
         self.run_name = run or spec.name
         self.requested_workers, self.gpus_per_worker, self.cpus_per_worker = workers, gpus_per_worker, cpus_per_worker
         self.max_attempts = max_attempts

@@ -81,6 +81,9 @@ def test_keys_are_stable_and_cover_result_fields_only():
         ({"temperature": [0.7]}, "add 0 to temperature"),
         ({"mode": "replay", "temperature": [0, 0.7]}, "mode 'replay'"),
         ({"colour": "blue"}, "unknown grid field(s) ['colour']"),
+        ({"sources": {"toy": "/no/such/copy"}}, "sources.toy"),
+        ({"sources": {"other": "."}}, "sources.other: not a dataset or question task"),
+        ({"sources": ["toy"]}, "grid field 'sources'"),
     ],
 )
 def test_invalid_entries_are_named(changes, named):
@@ -162,3 +165,19 @@ def test_invalid_grid_fails_before_ray_or_models(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "methods[1] 'MZ'" in err and "unknown drafting method" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_local_copies_reach_the_data_loaders(tmp_path, monkeypatch):
+    """`sources` in a grid is how a cluster without hub access points at its local copies."""
+    import pipeline.data
+    from pipeline.scheduler import RegistrySource
+
+    (tmp_path / "toy").mkdir()
+    spec = grid(sources={"toy": str(tmp_path / "toy")})
+    seen = {}
+    monkeypatch.setattr(pipeline.data, "load_samples", lambda name, *, limit, source: seen.setdefault(name, source) and [])
+    monkeypatch.setattr(pipeline.data, "build_second_turn", lambda first, outputs, task, *, source: seen.setdefault(task, source) and [])
+    source = RegistrySource(dict(spec.sources))
+    source.first_turn("toy", None)
+    source.second_turn([], {}, "nq")
+    assert seen == {"toy": str(tmp_path / "toy"), "nq": None}

@@ -36,7 +36,7 @@ NEXT_HUB_NAME = re.compile(r"llava-v1\.6|llava-next|llava_next", re.IGNORECASE)
 AXES = ("window", "distance", "gamma", "temperature", "seed")
 FIELDS = {
     "name", "datasets", "turns", "pairs", "methods", "policies", *AXES,
-    "max_new_tokens", "limit", "captioner", "shard_size", "mode", "sources",
+    "max_new_tokens", "limit", "captioner", "shard_size", "mode", "live_samples", "sources",
 }
 QUESTION_TASKS = ("nq", "gsm8k")  # second-turn tasks that read a question dataset
 
@@ -177,6 +177,8 @@ class GridSpec:
     captioner: str | None = None
     shard_size: int = 8
     mode: str = "live"
+    #: with mode auto: samples per dataset and turn whose greedy SD configs run live (walltime)
+    live_samples: int = 0
     #: local copies (save_to_disk dir or Parquet) by dataset or question-task name, for
     #: clusters without hub access; (name, path) pairs so the spec stays hashable
     sources: tuple[tuple[str, str], ...] = ()
@@ -287,6 +289,7 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None) -> GridSpec:
         captioner=_captioner(raw.get("captioner")),
         shard_size=_int(raw.get("shard_size", 8), "shard_size", minimum=1),
         mode=_choice(raw.get("mode", "live"), MODES, "mode"),
+        live_samples=_int(raw.get("live_samples", 0), "live_samples", minimum=0),
         sources=_sources(raw.get("sources") or {}),
     )
     _check_combinations(spec)
@@ -461,6 +464,8 @@ def _captioner(value: Any) -> str | None:
 
 def _check_combinations(spec: GridSpec) -> None:
     """Combinations no single field can rule out."""
+    if spec.live_samples and spec.mode != "auto":
+        raise GridError(f"live_samples: {spec.live_samples} only applies to mode 'auto' (mode is {spec.mode!r})")
     for name, _ in spec.sources:
         if name not in spec.datasets and not (name in QUESTION_TASKS and name in spec.turns):
             raise GridError(f"sources.{name}: not a dataset or question task ({', '.join(QUESTION_TASKS)}) of this grid")

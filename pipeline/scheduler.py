@@ -50,21 +50,11 @@ class RegistrySource:
         return build_second_turn(first_samples, first_outputs, task, source=self.sources.get(task))
 
 
-def replay_available() -> bool:
-    try:
-        import pipeline.decoding.replay  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def decode_mode(config: RunConfig, grid_mode: str, can_replay: bool) -> str:
-    """`replay` for greedy SD when the grid asks for it (or `auto` and replay is installed)."""
+def decode_mode(config: RunConfig, grid_mode: str) -> str:
+    """`replay` for greedy SD unless the grid forces live runs; AR and sampling always live."""
     if config.is_ar or not config.greedy or grid_mode == "live":
         return "live"
-    if grid_mode == "replay" and not can_replay:
-        raise RuntimeError("mode 'replay' needs pipeline.decoding.replay, which is not installed")
-    return "replay" if can_replay else "live"
+    return "replay"
 
 
 def plan_shards(
@@ -74,28 +64,36 @@ def plan_shards(
     *,
     shard_size: int,
     grid_mode: str = "live",
-    can_replay: bool = False,
+    live_samples: int = 0,
     done: set[str] = frozenset(),
 ) -> list[Shard]:
     """Shards of at most `shard_size` samples, one pair, dataset and turn each, without the
     rows in `done`. Replay shards carry every greedy configuration of their samples (one
-    trace collection scores them all); live shards carry one configuration."""
+    trace collection scores them all); live shards carry one configuration. In `auto` mode the
+    first `live_samples` samples of each group also run live, so walltime is measured on them
+    (replay and live give the same accepted counts, so each row is computed once either way)."""
     groups: dict[tuple[Pair, str, str], list[RunConfig]] = defaultdict(list)
     for unit in units:
         groups[(unit.config.pair, unit.dataset, unit.turn)].append(unit.config)
     shards = []
     for (pair, dataset, turn), configs in groups.items():
         sample_ids = [s.sample_id for s in samples_for(WorkUnit(configs[0], dataset, turn))]
-        bundles: dict[str, list[RunConfig]] = defaultdict(list)
+        timed = live_samples if grid_mode == "auto" else 0
+        bundles: dict[tuple[str, str], list[RunConfig]] = defaultdict(list)
         for config in configs:
-            mode = decode_mode(config, grid_mode, can_replay)
-            bundles["replay" if mode == "replay" else f"live:{config.key()}"].append(config)
-        for bundle_name, bundle in bundles.items():
-            mode = "replay" if bundle_name == "replay" else "live"
-            for start in range(0, len(sample_ids), shard_size):
+            if decode_mode(config, grid_mode) == "replay":
+                bundles[("replay", "")].append(config)
+                if timed:
+                    bundles[("live-timed", config.key())].append(config)
+            else:
+                bundles[("live", config.key())].append(config)
+        for (kind, _), bundle in bundles.items():
+            mode = "replay" if kind == "replay" else "live"
+            ids = sample_ids[timed:] if kind == "replay" else sample_ids[:timed] if kind == "live-timed" else sample_ids
+            for start in range(0, len(ids), shard_size):
                 items = tuple(
                     (config, sample_id)
-                    for sample_id in sample_ids[start:start + shard_size]
+                    for sample_id in ids[start:start + shard_size]
                     for config in bundle
                     if row_key(config.key(), sample_id) not in done
                 )
@@ -209,7 +207,6 @@ class GridRunner:
         import ray
 
         start = time.monotonic()
-        can_replay = replay_available()
         try:
             phases = [("first turn", [FIRST_TURN])] if FIRST_TURN in self.spec.turns else []
             if self.spec.second_turns:
@@ -219,7 +216,7 @@ class GridRunner:
                 done = done_keys(self.out, self.run_name)
                 planned = plan_shards(
                     self.run_name, units, self.samples_for, shard_size=self.spec.shard_size,
-                    grid_mode=self.spec.mode, can_replay=can_replay, done=done,
+                    grid_mode=self.spec.mode, live_samples=self.spec.live_samples, done=done,
                 )
                 self.report.rows_skipped += sum(
                     len(self.samples_for(u)) for u in units

@@ -84,6 +84,7 @@ def test_keys_are_stable_and_cover_result_fields_only():
         ({"sources": {"toy": "/no/such/copy"}}, "sources.toy"),
         ({"sources": {"other": "."}}, "sources.other: not a dataset or question task"),
         ({"sources": ["toy"]}, "grid field 'sources'"),
+        ({"live_samples": 2}, "live_samples: 2 only applies to mode 'auto'"),
     ],
 )
 def test_invalid_entries_are_named(changes, named):
@@ -117,9 +118,15 @@ def test_plan_shards_bundles_replay_configs_and_skips_done_rows():
     n_configs = len(spec.configs())
     assert len(live) == n_configs * 3  # one config per live shard, ceil(5 / 2) shards each
     assert sum(len(s.items) for s in live) == n_configs * 5
-    replayed = plan_shards("r", units, lambda u: samples, shard_size=2, grid_mode="auto", can_replay=True)
+    replayed = plan_shards("r", units, lambda u: samples, shard_size=2, grid_mode="auto")
     assert [s.mode for s in replayed].count("replay") == 3  # every greedy SD config of a sample together
     assert all(len({c for c, _ in s.items}) == n_configs - 1 for s in replayed if s.mode == "replay")
+    # live_samples: the first samples of each group run live (walltime), the rest replay, each row once
+    timed = plan_shards("r", units, lambda u: samples, shard_size=2, grid_mode="auto", live_samples=2)
+    keys = [k for s in timed for k in s.keys]
+    assert len(keys) == len(set(keys)) == n_configs * 5
+    live_sd = [s for s in timed if s.mode == "live" and any(c.methods != "AR" for c, _ in s.items)]
+    assert {sid for s in live_sd for _, sid in s.items} == {"toy/test/0/first", "toy/test/1/first"}
     # finished rows are not planned again, and a shard planned twice has the same id
     done = set(live[0].keys) | {live[1].keys[0]}
     again = plan_shards("r", units, lambda u: samples, shard_size=2, done=done)

@@ -122,3 +122,13 @@ def test_inverse_error_zero_errors():
     assert inverse_error_weights(all_zero, p[None], PolicySpec(kind="inverse")).tolist() == [0.5, 0.5]
     one_zero = torch.stack([p, dist(0.9, 0.1), p])[None]
     assert inverse_error_weights(one_zero, p[None], PolicySpec(kind="inverse", distance="tvd")).tolist() == [0.5, 0.0, 0.5]
+
+
+def test_equal_mixtures_tie_to_the_first_candidate_despite_rounding():
+    # identical methods: every candidate mixes to the same distribution; rounding noise in the
+    # scores must not pick the winner
+    q = dist(0.3, 0.2, 0.5)
+    noisy = q + torch.tensor([1e-8, -1e-8, 0.0])
+    h = history_of([([q, noisy], dist(0.2, 0.3, 0.5))])
+    for measure in ("soft", "hard+soft"):
+        assert choose_weights(h, 2, PolicySpec(kind="grid", measure=measure)).tolist() == [1.0, 0.0]

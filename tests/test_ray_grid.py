@@ -15,7 +15,7 @@ from pipeline.data.sample import Sample
 from pipeline.decoding.live import autoregressive_decode, speculative_decode
 from pipeline.grid import Catalog, parse_grid
 from pipeline.results import read_results
-from pipeline.scheduler import GridRunner, replay_available
+from pipeline.scheduler import GridRunner
 
 pytestmark = pytest.mark.slow
 
@@ -168,7 +168,6 @@ def test_interrupted_run_resumes_with_only_the_missing_shards(ray_local, tiny_di
     assert again.shards_written == 0 and len(results(tmp_path)) == len(results(full_run[0]))
 
 
-@pytest.mark.skipif(not replay_available(), reason="trace replay not installed")
 def test_auto_mode_replays_greedy_configs_with_live_results(ray_local, tiny_dirs, full_run, tmp_path):
     _, report = run(tiny_dirs, tmp_path, mode="auto")
     df = results(tmp_path)

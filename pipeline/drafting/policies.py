@@ -17,6 +17,7 @@ from pipeline.decoding.config import PolicySpec
 
 _EPS = 1e-12  # keeps log() finite where a probability underflows to 0
 _MAX_MIXED_ELEMENTS = 2**25  # bound on candidate-mixture elements held at once
+_TIE_RTOL, _TIE_ATOL = 1e-5, 1e-7  # scores closer than this are ties (fp32 rounding, ~1e-7 relative)
 
 
 @dataclass
@@ -107,12 +108,24 @@ def grid_weights(q: torch.Tensor, p: torch.Tensor, spec: PolicySpec) -> torch.Te
     distance = "kl" if spec.measure == "hard+soft" else spec.distance
     hits, dist = _score_candidates(q, p, candidates, distance)
     if spec.measure == "soft":
-        return candidates[int(torch.argmin(dist))]
+        return candidates[_first_least(dist)]
     best = hits == hits.max()
     if spec.measure == "hard":
         return candidates[int(torch.nonzero(best)[0])]
     dist = torch.where(best, dist, torch.full_like(dist, float("inf")))
-    return candidates[int(torch.argmin(dist))]
+    return candidates[_first_least(dist)]
+
+
+def _first_least(scores: torch.Tensor) -> int:
+    """Index of the earliest candidate within float noise of the least score.
+
+    Mixtures that are mathematically equal (e.g. M and T rows of a prompt with no image) score
+    equal up to rounding, which differs with tensor shapes; without a tolerance the winner
+    would depend on that noise, and trace replay could not reproduce live runs.
+    """
+    least = scores.min()
+    tolerance = _TIE_RTOL * least.abs() + _TIE_ATOL
+    return int(torch.nonzero(scores <= least + tolerance)[0])
 
 
 def inverse_error_weights(q: torch.Tensor, p: torch.Tensor, spec: PolicySpec) -> torch.Tensor:

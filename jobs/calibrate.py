@@ -28,6 +28,27 @@ def measure(target: str, draft: str, dtype: str, gamma: int, repeats: int) -> Ca
     return result
 
 
+def calibrate_pairs(pairs: list[tuple[str, str, str]], out: str, *, gamma: int, repeats: int, ray_tasks: bool) -> list[Calibration]:
+    """Measure each (target, draft, dtype) and write it under OUT; with `ray_tasks`, each pair in
+    a Ray task holding one GPU when the cluster has GPUs (Ray must be initialised)."""
+    if ray_tasks:
+        import ray
+
+        gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
+        task = ray.remote(num_gpus=gpus, num_cpus=1)(measure)
+        results = ray.get([task.remote(t, d, dt, gamma, repeats) for t, d, dt in pairs])
+    else:
+        results = [measure(t, d, dt, gamma, repeats) for t, d, dt in pairs]
+    for result in results:
+        path = write_calibration(out, result)
+        print(
+            f"calibration {result.target} / {result.draft} on {result.device}: Tq/Tp={result.ratio_draft_target:.3f} "
+            f"Tp(gamma+1)/Tp={result.ratio_verify:.3f} (Tp={result.target_token_s * 1e3:.1f} ms, "
+            f"Tq={result.draft_token_s * 1e3:.1f} ms) -> {path}"
+        )
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grid", help="grid YAML: calibrate each of its (target, draft, dtype) pairs")
@@ -49,17 +70,7 @@ def main() -> None:
         import ray
 
         ray.init(address="auto")
-        task = ray.remote(num_gpus=1)(measure)
-        results = ray.get([task.remote(t, d, dt, args.gamma, args.repeats) for t, d, dt in pairs])
-    else:
-        results = [measure(t, d, dt, args.gamma, args.repeats) for t, d, dt in pairs]
-    for result in results:
-        path = write_calibration(args.out, result)
-        print(
-            f"{result.target} / {result.draft} on {result.device}: Tq/Tp={result.ratio_draft_target:.3f} "
-            f"Tp(gamma+1)/Tp={result.ratio_verify:.3f} (Tp={result.target_token_s * 1e3:.1f} ms, "
-            f"Tq={result.draft_token_s * 1e3:.1f} ms) -> {path}"
-        )
+    calibrate_pairs(pairs, args.out, gamma=args.gamma, repeats=args.repeats, ray_tasks=args.ray)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,11 @@ from pathlib import Path
 # from there (not from wherever it happens to be installed on the head node).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from jobs.calibrate import calibrate_pairs  # noqa: E402
 from pipeline.grid import GridError, load_grid  # noqa: E402
+from pipeline.results import read_results  # noqa: E402
 from pipeline.scheduler import GridRunner, unit_counts  # noqa: E402
+from pipeline.summary import write_summary  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("RAY_ADDRESS"):
         ray.init()
     else:  # "local": a new Ray for this job, even when some `ray start` cluster is running
-        ray.init(address="local", include_dashboard=False)
+        ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1")
     runner = GridRunner(
         spec, args.out, run=args.run, workers=args.workers,
         gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker,
@@ -61,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{report.rows_skipped} already present, {report.redispatched} re-dispatched, "
         f"{report.seconds:.1f} s -> {Path(args.out).resolve()}"
     )
+    if spec.calibrate:
+        pairs = [(p.target, p.draft, p.dtype) for p in spec.pairs]
+        calibrate_pairs(pairs, args.out, gamma=max(spec.gamma), repeats=20, ray_tasks=True)
+    print(write_summary(args.out, runner.run_name, read_results(args.out, runner.run_name)))
+    print(f"tables and plots: {Path(args.out).resolve() / f'report-{runner.run_name}'}")
     return 0
 
 

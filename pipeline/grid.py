@@ -36,7 +36,7 @@ NEXT_HUB_NAME = re.compile(r"llava-v1\.6|llava-next|llava_next", re.IGNORECASE)
 AXES = ("window", "distance", "gamma", "temperature", "seed")
 FIELDS = {
     "name", "datasets", "turns", "pairs", "methods", "policies", *AXES,
-    "max_new_tokens", "limit", "captioner", "shard_size", "mode", "live_samples", "sources",
+    "max_new_tokens", "limit", "captioner", "shard_size", "mode", "live_samples", "sources", "calibrate",
 }
 QUESTION_TASKS = ("nq", "gsm8k")  # second-turn tasks that read a question dataset
 
@@ -179,6 +179,8 @@ class GridSpec:
     mode: str = "live"
     #: with mode auto: samples per dataset and turn whose greedy SD configs run live (walltime)
     live_samples: int = 0
+    #: measure each pair's latency ratios after the run (jobs/calibrate.py) for the speedup table
+    calibrate: bool = False
     #: local copies (save_to_disk dir or Parquet) by dataset or question-task name, for
     #: clusters without hub access; (name, path) pairs so the spec stays hashable
     sources: tuple[tuple[str, str], ...] = ()
@@ -291,6 +293,7 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None) -> GridSpec:
         mode=_choice(raw.get("mode", "live"), MODES, "mode"),
         live_samples=_int(raw.get("live_samples", 0), "live_samples", minimum=0),
         sources=_sources(raw.get("sources") or {}),
+        calibrate=_bool(raw.get("calibrate", False), "calibrate"),
     )
     _check_combinations(spec)
     return spec
@@ -304,6 +307,12 @@ def _sources(value: Any) -> tuple[tuple[str, str], ...]:
         if not isinstance(path, str) or not Path(path).expanduser().exists():
             raise GridError(f"sources.{name}: local copy {path!r} does not exist")
     return tuple(sorted((str(name), str(Path(path).expanduser())) for name, path in value.items()))
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise GridError(f"{where}: expected true or false, got {value!r}")
+    return value
 
 
 def _list(value: Any, where: str) -> list:

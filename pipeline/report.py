@@ -57,3 +57,86 @@ def error_counts(df: pd.DataFrame) -> pd.DataFrame:
     """Failed samples per dataset and turn (rows left out of `tau_table`)."""
     failed = df[df["error"].notna()]
     return failed.groupby(["dataset", "turn"]).size().rename("errors").reset_index()
+
+
+# ------------------------------------------------------------ paper-style summaries on disk
+
+SUMMARY_INDEX = ["target", "draft", "method_label"]
+
+
+def category_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Paper Table 2: mean of per-dataset pooled tau within each category and turn group
+    (benchmark first turn, benchmark second turn, OOD first turn)."""
+    ok = df[df["error"].isna()]
+    cells = ok.groupby(SUMMARY_INDEX + ["category", "turn", "dataset"]).apply(pooled_tau, include_groups=False)
+    cells = cells.rename("tau").reset_index()
+    cells["group"] = cells["category"].str.capitalize() + " " + cells["turn"].where(cells["turn"] == "first", "second")
+    table = cells.groupby(SUMMARY_INDEX + ["group"])["tau"].mean().unstack("group")
+    order = sorted(table.columns, key=lambda c: (not c.startswith("Benchmark"), c.endswith("second"), c))
+    table = table[order]
+    return table.iloc[sorted(range(len(table)), key=lambda i: (table.index[i][:2], method_order(table.index[i][2])))]
+
+
+def speedup_table(df: pd.DataFrame, calibrations: pd.DataFrame) -> pd.DataFrame:
+    """Expected speedup from pooled first-turn tau and measured latency ratios, beside the
+    measured walltime speedup of live runs (AR time / SD time over the samples both ran).
+
+    `eq1` is the paper's tau / (gamma Tq/Tp + 1); `corrected` uses the draft latency of an
+    m-row batch and the measured cost of a (gamma+1)-token verify, which is not 1 on a CPU.
+    """
+    ok = df[df["error"].isna() & (df["turn"] == "first")]
+    rows = []
+    for (target, draft, label), group in ok.groupby(SUMMARY_INDEX):
+        gamma = group["gamma"].dropna()
+        row = {"target": target, "draft": draft, "method_label": label, "tau": pooled_tau(group)}
+        calib = calibrations[(calibrations["target"] == target) & (calibrations["draft"] == draft)] if not calibrations.empty else calibrations
+        if label != "AR" and len(gamma) and not calib.empty:
+            c, g, m = calib.iloc[0], int(gamma.iloc[0]), len(label.rstrip("*"))
+            rows_ratio = list(c["draft_rows_token_s"])[min(m, len(c["draft_rows_token_s"])) - 1] / c["target_token_s"]
+            row["eq1"] = row["tau"] / (g * c["ratio_draft_target"] + 1)
+            row["corrected"] = row["tau"] / (g * rows_ratio + c["ratio_verify"])
+        row["measured"] = _measured_speedup(ok, target, draft, label)
+        rows.append(row)
+    table = pd.DataFrame(rows).reindex(columns=SUMMARY_INDEX + ["tau", "eq1", "corrected", "measured"])
+    table = table.set_index(SUMMARY_INDEX)
+    return table.iloc[sorted(range(len(table)), key=lambda i: (table.index[i][:2], method_order(table.index[i][2])))]
+
+
+def _measured_speedup(ok: pd.DataFrame, target: str, draft: str, label: str) -> float:
+    pair = ok[(ok["target"] == target) & (ok["draft"] == draft)]
+    ar = pair[pair["mode"] == "ar"].groupby("sample_id")["time_total_s"].mean()
+    live = pair[(pair["method_label"] == label) & (pair["mode"].isin(["live", "ar"]))]
+    sd = live.groupby("sample_id")["time_total_s"].mean()
+    both = ar.index.intersection(sd.index)
+    if label == "AR":
+        return 1.0 if not ar.empty else float("nan")
+    if both.empty or sd[both].sum() <= 0:
+        return float("nan")
+    return float(ar[both].sum() / sd[both].sum())
+
+
+def markdown_table(table: pd.DataFrame, mark_best: bool = True) -> str:
+    """Markdown with the best value of each column in bold and the second best in italics
+    (AR rows and the index left unmarked), as the paper marks its tables."""
+    flat = table.reset_index()
+    index_columns = list(table.index.names)
+    marks: dict[tuple[int, str], str] = {}
+    if mark_best:
+        candidates = flat[flat["method_label"] != "AR"] if "method_label" in flat else flat
+        for column in table.columns:
+            values = candidates[column].dropna().round(2)
+            ranked = sorted(values.unique(), reverse=True)
+            for rank, mark in zip(ranked[:2], ("**", "*")):
+                for i in values[values == rank].index:
+                    marks[(i, column)] = mark
+    header = "| " + " | ".join(map(str, index_columns + list(table.columns))) + " |"
+    lines = [header, "|" + "---|" * (len(index_columns) + len(table.columns))]
+    for i, row in flat.iterrows():
+        cells = [str(row[c]) for c in index_columns]
+        for column in table.columns:
+            value = row[column]
+            text = "-" if pd.isna(value) else f"{value:.2f}"
+            mark = marks.get((i, column), "")
+            cells.append(f"{mark}{text}{mark}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -9,7 +9,7 @@ from pipeline.data.sample import Sample
 from pipeline.decoding.config import PolicySpec
 from pipeline.decoding.records import SampleRecord
 from pipeline.grid import Pair, RunConfig
-from pipeline.report import AVERAGE, tau_table
+from pipeline.report import AVERAGE, markdown_table, tau_table
 from pipeline.results import make_row, read_results, rows_to_table, write_shard
 
 PAIR = Pair("tiny:target", "tiny:draft")
@@ -20,7 +20,9 @@ def rows(config, dataset, category, accepted, error_row=None):
     for i, blocks in enumerate(accepted):
         blocks = [0] * len(blocks) if config.is_ar else blocks  # AR: one token per block
         sample = Sample(dataset, "test", i, "first", "USER: hi ASSISTANT:", category=category)
+        weights = [] if config.is_ar else [[0.5, 0.5]] * len(blocks)
         rec = SampleRecord(sample.sample_id, mode="ar" if config.is_ar else "live", accepted_per_block=blocks,
+                           weights_per_block=weights,
                            output_ids=[1] * (len(blocks) + sum(blocks)), error="boom" if i == error_row else None)
         out.append(make_row("r", f"{dataset}-{config.key()}", config, sample, rec))
     return out
@@ -53,10 +55,45 @@ def test_tau_is_pooled_over_blocks_without_error_rows(results_dir):
     assert star_all["pope"].item() == pytest.approx(1 + 8 / 3)
 
 
-def test_summarize_prints_the_table(results_dir, capsys, tmp_path):
-    csv = tmp_path / "table.csv"
-    assert summarize.main([str(results_dir), "--csv", str(csv)]) == 0
+def test_summarize_writes_marked_tables_and_plots(results_dir, capsys):
+    assert summarize.main([str(results_dir)]) == 0
     out = capsys.readouterr().out
-    assert "run r: block efficiency tau" in out and "MT*" in out and "failed samples" in out
-    assert len(pd.read_csv(csv)) == 4
-    assert summarize.main([str(tmp_path / "empty")]) == 1
+    assert "Block efficiency tau" in out and "MT*" in out and "Failed samples" in out
+    report = results_dir / "report-r"
+    for name in ("summary.md", "tau.csv", "categories.csv", "speedup.csv", "tau.png", "weights.png"):
+        assert (report / name).stat().st_size > 0, name
+    categories = pd.read_csv(report / "categories.csv", index_col=[0, 1, 2])
+    # benchmark first turn = mean of the per-dataset pooled tau of pope and mmvet
+    assert categories.loc[("tiny:target", "tiny:draft", "MT"), "Benchmark first"] == pytest.approx((3.0 + 2.0) / 2)
+    assert categories.loc[("tiny:target", "tiny:draft", "MT"), "Ood first"] == pytest.approx(1.5)
+
+
+def test_markdown_marks_best_bold_and_second_italic():
+    table = pd.DataFrame(
+        {"method_label": ["AR", "M", "T", "MT*"], "pope": [1.0, 2.5, 2.1, 2.6]}
+    ).set_index("method_label")
+    text = markdown_table(table)
+    assert "| MT* | **2.60** |" in text and "| M | *2.50* |" in text and "| T | 2.10 |" in text
+    assert "| AR | 1.00 |" in text  # the baseline is never marked
+
+
+def test_speedup_uses_calibration_and_live_walltime():
+    from pipeline.report import speedup_table
+
+    base = {"target": "t", "draft": "d", "turn": "first", "error": None, "gamma": 5.0, "blocks": 2}
+    df = pd.DataFrame([
+        {**base, "method_label": "AR", "mode": "ar", "sample_id": "s0", "accepted_per_block": [0, 0], "time_total_s": 4.0, "gamma": None},
+        {**base, "method_label": "M", "mode": "live", "sample_id": "s0", "accepted_per_block": [3, 1], "time_total_s": 2.0},
+        {**base, "method_label": "MT", "mode": "replay", "sample_id": "s1", "accepted_per_block": [2, 2], "time_total_s": 0.0},
+    ])
+    calibrations = pd.DataFrame([{"target": "t", "draft": "d", "ratio_draft_target": 0.1, "ratio_verify": 1.5,
+                                  "target_token_s": 0.01, "draft_rows_token_s": [0.001, 0.0015, 0.002, 0.0025]}])
+    table = speedup_table(df, calibrations)
+    m = table.loc[("t", "d", "M")]
+    assert m["tau"] == pytest.approx(3.0)
+    assert m["eq1"] == pytest.approx(3.0 / (5 * 0.1 + 1))
+    assert m["corrected"] == pytest.approx(3.0 / (5 * 0.1 + 1.5))
+    assert m["measured"] == pytest.approx(2.0)
+    mt = table.loc[("t", "d", "MT")]
+    assert mt["corrected"] == pytest.approx(3.0 / (5 * 0.15 + 1.5))  # a two-row draft batch
+    assert pd.isna(mt["measured"])  # replayed rows carry no walltime

@@ -1,0 +1,42 @@
+"""Write a run's reports next to its results: Markdown and CSV tables, PNG plots.
+
+`OUT/report-<run>/`: `summary.md` (tau per dataset, category averages, expected and measured
+speedup, failed samples), one CSV per table, `tau.png` and `weights.png`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from pipeline.calibration import read_calibrations
+from pipeline.plots import plot_tau_bars, plot_weight_trajectories
+from pipeline.report import category_table, error_counts, markdown_table, speedup_table, tau_table
+
+
+def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
+    """Write every table and plot of one run; return the Markdown that was written."""
+    folder = Path(out) / f"report-{run}"
+    folder.mkdir(parents=True, exist_ok=True)
+    tables = {
+        "tau": ("Block efficiency tau per dataset (pooled over blocks; Avg. = benchmark datasets)", tau_table(rows)),
+        "categories": ("Category averages (paper Table 2)", category_table(rows)),
+        "speedup": (
+            "Speedup: expected from tau and measured latency ratios (Eq. 1 and its CPU-corrected form), "
+            "measured = AR walltime / SD walltime on the samples run live",
+            speedup_table(rows, read_calibrations(out)),
+        ),
+    }
+    sections = [f"# Run {run}: {len(rows)} rows, {rows['error'].notna().sum()} failed"]
+    for name, (title, table) in tables.items():
+        table.to_csv(folder / f"{name}.csv")
+        sections.append(f"## {title}\n\n{markdown_table(table)}")
+    errors = error_counts(rows)
+    if not errors.empty:
+        lines = [f"| {r.dataset} | {r.turn} | {r.errors} |" for r in errors.itertuples()]
+        sections.append("## Failed samples (left out of every table)\n\n| dataset | turn | errors |\n|---|---|---|\n" + "\n".join(lines))
+    plots = [plot_tau_bars(rows, folder / "tau.png"), plot_weight_trajectories(rows, folder / "weights.png")]
+    sections.append("## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots if p is not None))
+    text = "\n\n".join(sections) + "\n"
+    (folder / "summary.md").write_text(text)
+    return text

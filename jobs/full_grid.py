@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         pairs = [(p.target, p.draft, p.dtype) for p in spec.pairs]
         calibrate_pairs(pairs, args.out, gamma=max(spec.gamma), repeats=20, ray_tasks=True)
     print(write_summary(args.out, runner.run_name, read_results(args.out, runner.run_name)))
-    print(f"tables and plots: {Path(args.out).resolve() / f'report-{runner.run_name}'}")
+    print(f"tables and plots: {Path(args.out).resolve() / f'_report-{runner.run_name}'}")
     return 0
 
 

@@ -2,7 +2,7 @@
 
     python jobs/summarize.py results [--run embedded]
 
-Writes OUT/report-<run>/summary.md, tau.csv, categories.csv, speedup.csv, tau.png,
+Writes OUT/_report-<run>/summary.md, tau.csv, categories.csv, speedup.csv, tau.png,
 weights.png, and prints the Markdown.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for run, rows in df.groupby("run", sort=False, observed=True):
         print(write_summary(args.out, str(run), rows))
-        print(f"reports written to {Path(args.out).resolve() / f'report-{run}'}")
+        print(f"reports written to {Path(args.out).resolve() / f'_report-{run}'}")
     return 0
 
 

@@ -12,7 +12,8 @@ from pipeline.decoding.config import METHOD_LETTERS
 
 TABLE_INDEX = ["target", "draft", "turn", "method_label"]
 # Grid fields shown as extra index levels only where rows of one method and dataset differ in them.
-VARYING = ["policy", "window", "distance", "gamma", "temperature", "seed", "max_new_tokens", "mode"]
+# `mode` is not among them: live and replay rows of one configuration give the same accepted counts.
+VARYING = ["policy", "window", "distance", "gamma", "temperature", "seed", "max_new_tokens"]
 AVERAGE = "Avg."
 
 

@@ -1,6 +1,6 @@
 """Write a run's reports next to its results: Markdown and CSV tables, PNG plots.
 
-`OUT/report-<run>/`: `summary.md` (tau per dataset, category averages, expected and measured
+`OUT/_report-<run>/` (underscore: Parquet readers of OUT skip it): `summary.md` (tau per dataset, category averages, expected and measured
 speedup, failed samples), one CSV per table, `tau.png` and `weights.png`.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pipeline.report import category_table, error_counts, markdown_table, speedu
 
 def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
     """Write every table and plot of one run; return the Markdown that was written."""
-    folder = Path(out) / f"report-{run}"
+    folder = Path(out) / f"_report-{run}"
     folder.mkdir(parents=True, exist_ok=True)
     tables = {
         "tau": ("Block efficiency tau per dataset (pooled over blocks; Avg. = benchmark datasets)", tau_table(rows)),

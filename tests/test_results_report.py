@@ -59,7 +59,7 @@ def test_summarize_writes_marked_tables_and_plots(results_dir, capsys):
     assert summarize.main([str(results_dir)]) == 0
     out = capsys.readouterr().out
     assert "Block efficiency tau" in out and "MT*" in out and "Failed samples" in out
-    report = results_dir / "report-r"
+    report = results_dir / "_report-r"
     for name in ("summary.md", "tau.csv", "categories.csv", "speedup.csv", "tau.png", "weights.png"):
         assert (report / name).stat().st_size > 0, name
     categories = pd.read_csv(report / "categories.csv", index_col=[0, 1, 2])

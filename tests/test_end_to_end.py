@@ -1,0 +1,57 @@
+"""The main job end to end on the smoke grid (tiny models, local Ray), then the notebook on
+its results, headless."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def smoke_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke")
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, "jobs/full_grid.py", "--grid", "configs/smoke.yaml", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out, done.stdout
+
+
+@pytest.mark.slow
+def test_full_grid_job_writes_results_tables_and_plots(smoke_results):
+    out, stdout = smoke_results
+    assert "Block efficiency tau" in stdout and "MT*" in stdout
+    report = out / "_report-smoke"
+    for name in ("summary.md", "tau.csv", "categories.csv", "speedup.csv", "tau.png", "weights.png"):
+        assert (report / name).stat().st_size > 0, name
+    assert list((out / "_calibration").glob("*.parquet"))
+    import pandas as pd
+
+    speedup = pd.read_csv(report / "speedup.csv")
+    sd = speedup[speedup["method_label"] != "AR"]
+    assert sd["eq1"].notna().all() and sd["measured"].notna().all()  # calibrated and timed live
+
+
+@pytest.mark.slow
+def test_notebook_runs_headless_on_smoke_results(smoke_results):
+    import nbformat
+    from nbclient import NotebookClient
+
+    out, _ = smoke_results
+    notebook = nbformat.read(ROOT / "notebooks" / "analysis.ipynb", as_version=4)
+    os.environ["TABED_RESULTS"] = str(out)
+    try:
+        NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    finally:
+        del os.environ["TABED_RESULTS"]
+    outputs = "".join(o.get("text", "") for cell in notebook.cells for o in cell.get("outputs", []))
+    assert "matches pipeline.report.tau_table" in outputs
+    assert (out / "_notebook_weights.png").stat().st_size > 0

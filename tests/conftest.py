@@ -11,6 +11,17 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    """Tiny tensors: OpenMP start-up dominates and stalls on a busy 2-core machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
     """Directories of the tiny target, draft and LLaVA-NeXT target, built once per session."""

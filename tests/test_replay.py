@@ -96,15 +96,6 @@ class FakeLVLM(LVLM):
         return FakeCache()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: OpenMP start-up dominates and stalls on a busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def fake_pair():
     tokenizer = build_tokenizer()

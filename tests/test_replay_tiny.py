@@ -140,15 +140,6 @@ def compare(trace: Traces, config: DecodeConfig, live: SampleRecord, replayed: S
     return result
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: OpenMP start-up dominates and stalls on a busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.slow
 def test_replay_matches_live_on_tiny_fp32_models(tiny_pair):
     """Each prompt is traced once; 12 (config, gamma) combos per prompt rotate so that every

@@ -7,6 +7,7 @@ shipped to workers; a lock keeps concurrent actors on one node from building twi
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -17,7 +18,13 @@ TINY_DIR_ENV = "TABED_TINY_DIR"
 
 
 def tiny_dir() -> Path:
-    return Path(os.environ.get(TINY_DIR_ENV, Path.home() / ".cache" / "tabed" / "tiny"))
+    """The cache directory, named after the builder's source so a changed builder never
+    reuses models an older one built."""
+    import pipeline.models.tiny as builder
+
+    version = hashlib.sha256(Path(builder.__file__).read_bytes()).hexdigest()[:10]
+    default = Path.home() / ".cache" / "tabed" / f"tiny-{version}"
+    return Path(os.environ.get(TINY_DIR_ENV, default))
 
 
 def ensure_tiny_models(root: Path | None = None) -> Path:

@@ -75,11 +75,12 @@ class PairEvaluator:
 
         by_sample: dict[str, list[RunConfig]] = defaultdict(list)
         for config, sample_id in shard.items:
-            if not config.is_ar:
-                by_sample[sample_id].append(config)
+            by_sample[sample_id].append(config)
         records = {}
         for sample_id, configs in by_sample.items():
-            letters = "".join(m for m in "MTCP" if any(m in c.methods for c in configs))
+            letters = "".join(m for m in "MTCP" if any(m in c.methods for c in configs if not c.is_ar))
+            if not letters:  # only the AR baseline for this sample: decoded live by run_shard
+                continue
             try:
                 traces = collect_traces(
                     self.target, self.draft, samples[sample_id], letters, self.captioner,
@@ -89,6 +90,10 @@ class PairEvaluator:
                 records.update({(c, sample_id): failed(sample_id, "replay", err) for c in configs})
                 continue
             for config in configs:
+                if config.is_ar:  # the decode that produced y is the baseline row, when budgets match
+                    if config.max_new_tokens == traces.max_new_tokens:
+                        records[(config, sample_id)] = traces.baseline
+                    continue
                 try:
                     records[(config, sample_id)] = replay(traces, config.decode_config())
                 except SAMPLE_ERRORS as err:

@@ -51,8 +51,10 @@ class RegistrySource:
 
 
 def decode_mode(config: RunConfig, grid_mode: str) -> str:
-    """`replay` for greedy SD unless the grid forces live runs; AR and sampling always live."""
-    if config.is_ar or not config.greedy or grid_mode == "live":
+    """`replay` for greedy configurations unless the grid forces live runs; sampling is always
+    live. Greedy AR rides along with replay: trace collection decodes y with the plain AR loop,
+    and that decode (timings included) is the AR row."""
+    if not config.greedy or grid_mode == "live":
         return "live"
     return "replay"
 
@@ -78,24 +80,22 @@ def plan_shards(
     shards = []
     for (pair, dataset, turn), configs in groups.items():
         sample_ids = [s.sample_id for s in samples_for(WorkUnit(configs[0], dataset, turn))]
-        timed = live_samples if grid_mode == "auto" else 0
-        bundles: dict[tuple[str, str], list[RunConfig]] = defaultdict(list)
-        for config in configs:
-            if decode_mode(config, grid_mode) == "replay":
-                bundles[("replay", "")].append(config)
-                if timed:
-                    bundles[("live-timed", config.key())].append(config)
-            else:
-                bundles[("live", config.key())].append(config)
-        for (kind, _), bundle in bundles.items():
-            mode = "replay" if kind == "replay" else "live"
-            ids = sample_ids[timed:] if kind == "replay" else sample_ids[:timed] if kind == "live-timed" else sample_ids
+        timed = set(sample_ids[:live_samples]) if grid_mode == "auto" else set()
+        replayed = [c for c in configs if decode_mode(c, grid_mode) == "replay"]
+        # (mode, configs, sample ids): one replay bundle, then one live bundle per configuration
+        bundles = [("replay", replayed, sample_ids)] + [
+            ("live", [c], sample_ids if decode_mode(c, grid_mode) == "live" else [s for s in sample_ids if s in timed])
+            for c in configs
+            if decode_mode(c, grid_mode) == "live" or (timed and not c.is_ar)
+        ]
+        for mode, bundle, ids in bundles:
             for start in range(0, len(ids), shard_size):
                 items = tuple(
                     (config, sample_id)
                     for sample_id in ids[start:start + shard_size]
                     for config in bundle
                     if row_key(config.key(), sample_id) not in done
+                    and not (mode == "replay" and sample_id in timed and not config.is_ar)
                 )
                 if items:
                     shards.append(Shard(run, pair, dataset, turn, mode, items))

@@ -119,8 +119,8 @@ def test_plan_shards_bundles_replay_configs_and_skips_done_rows():
     assert len(live) == n_configs * 3  # one config per live shard, ceil(5 / 2) shards each
     assert sum(len(s.items) for s in live) == n_configs * 5
     replayed = plan_shards("r", units, lambda u: samples, shard_size=2, grid_mode="auto")
-    assert [s.mode for s in replayed].count("replay") == 3  # every greedy SD config of a sample together
-    assert all(len({c for c, _ in s.items}) == n_configs - 1 for s in replayed if s.mode == "replay")
+    assert [s.mode for s in replayed] == ["replay"] * 3  # every greedy config of a sample together, AR too
+    assert all(len({c for c, _ in s.items}) == n_configs for s in replayed)
     # live_samples: the first samples of each group run live (walltime), the rest replay, each row once
     timed = plan_shards("r", units, lambda u: samples, shard_size=2, grid_mode="auto", live_samples=2)
     keys = [k for s in timed for k in s.keys]

@@ -72,6 +72,8 @@ class Traces:
     tokenizer: PreTrainedTokenizerBase = field(repr=False, compare=False)
     target_forwards: int = 0  # greedy decoding (prefill + one per token) + teacher-forced pass
     time_collect_s: float = 0.0
+    #: the plain greedy decode that produced y: a real AR baseline row, timings included
+    baseline: SampleRecord | None = field(default=None, repr=False, compare=False)
 
     @property
     def complete(self) -> bool:
@@ -115,7 +117,8 @@ def collect_traces(
     DecodeConfig(methods=methods, max_new_tokens=max_new_tokens).validate()
     start = time.perf_counter()
     counted = ForwardCounter(target)
-    y = autoregressive_decode(counted, sample, max_new_tokens=max_new_tokens).output_ids
+    baseline = autoregressive_decode(counted, sample, max_new_tokens=max_new_tokens)
+    y = baseline.output_ids
     target_logits = _teacher_forced_logits(counted, sample, "M", None, y)[0]
     draft_logits = _teacher_forced_logits(draft, sample, methods, captioner, y)
     return Traces(
@@ -129,6 +132,7 @@ def collect_traces(
         tokenizer=target.tokenizer,
         target_forwards=counted.forwards,
         time_collect_s=time.perf_counter() - start,
+        baseline=baseline,
     )
 
 

@@ -177,7 +177,7 @@ class GridSpec:
     captioner: str | None = None
     shard_size: int = 8
     mode: str = "live"
-    #: with mode auto: samples per dataset and turn whose greedy SD configs run live (walltime)
+    #: with mode auto: first-turn samples per dataset whose greedy SD configs run live (walltime)
     live_samples: int = 0
     #: measure each pair's latency ratios after the run (jobs/calibrate.py) for the speedup table
     calibrate: bool = False

@@ -72,7 +72,8 @@ def plan_shards(
     """Shards of at most `shard_size` samples, one pair, dataset and turn each, without the
     rows in `done`. Replay shards carry every greedy configuration of their samples (one
     trace collection scores them all); live shards carry one configuration. In `auto` mode the
-    first `live_samples` samples of each group also run live, so walltime is measured on them
+    greedy SD configs of the first `live_samples` first-turn samples of each dataset run live
+    instead, so walltime is measured on them
     (replay and live give the same accepted counts, so each row is computed once either way)."""
     groups: dict[tuple[Pair, str, str], list[RunConfig]] = defaultdict(list)
     for unit in units:
@@ -80,7 +81,7 @@ def plan_shards(
     shards = []
     for (pair, dataset, turn), configs in groups.items():
         sample_ids = [s.sample_id for s in samples_for(WorkUnit(configs[0], dataset, turn))]
-        timed = set(sample_ids[:live_samples]) if grid_mode == "auto" else set()
+        timed = set(sample_ids[:live_samples]) if grid_mode == "auto" and turn == FIRST_TURN else set()
         replayed = [c for c in configs if decode_mode(c, grid_mode) == "replay"]
         # (mode, configs, sample ids): one replay bundle, then one live bundle per configuration
         bundles = [("replay", replayed, sample_ids)] + [

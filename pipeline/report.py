@@ -62,7 +62,8 @@ def error_counts(df: pd.DataFrame) -> pd.DataFrame:
 
 # ------------------------------------------------------------ paper-style summaries on disk
 
-SUMMARY_INDEX = ["target", "draft", "method_label"]
+# policy too: MT with the grid policy and MT with inverse-error weights are both "MT*"
+SUMMARY_INDEX = ["target", "draft", "method_label", "policy"]
 
 
 def category_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -87,26 +88,27 @@ def speedup_table(df: pd.DataFrame, calibrations: pd.DataFrame) -> pd.DataFrame:
     """
     ok = df[df["error"].isna() & (df["turn"] == "first")]
     rows = []
-    for (target, draft, label), group in ok.groupby(SUMMARY_INDEX):
+    for (target, draft, label, policy), group in ok.groupby(SUMMARY_INDEX):
         gamma = group["gamma"].dropna()
-        row = {"target": target, "draft": draft, "method_label": label, "tau": pooled_tau(group)}
+        row = {"target": target, "draft": draft, "method_label": label, "policy": policy, "tau": pooled_tau(group)}
         calib = calibrations[(calibrations["target"] == target) & (calibrations["draft"] == draft)] if not calibrations.empty else calibrations
         if label != "AR" and len(gamma) and not calib.empty:
             c, g, m = calib.iloc[0], int(gamma.iloc[0]), len(label.rstrip("*"))
             rows_ratio = list(c["draft_rows_token_s"])[min(m, len(c["draft_rows_token_s"])) - 1] / c["target_token_s"]
             row["eq1"] = row["tau"] / (g * c["ratio_draft_target"] + 1)
             row["corrected"] = row["tau"] / (g * rows_ratio + c["ratio_verify"])
-        row["measured"] = _measured_speedup(ok, target, draft, label)
+        row["measured"] = _measured_speedup(ok[ok["policy"] == policy], ok, target, draft, label)
         rows.append(row)
     table = pd.DataFrame(rows).reindex(columns=SUMMARY_INDEX + ["tau", "eq1", "corrected", "measured"])
     table = table.set_index(SUMMARY_INDEX)
     return table.iloc[sorted(range(len(table)), key=lambda i: (table.index[i][:2], method_order(table.index[i][2])))]
 
 
-def _measured_speedup(ok: pd.DataFrame, target: str, draft: str, label: str) -> float:
-    pair = ok[(ok["target"] == target) & (ok["draft"] == draft)]
-    ar = pair[pair["mode"] == "ar"].groupby("sample_id")["time_total_s"].mean()
-    live = pair[(pair["method_label"] == label) & (pair["mode"].isin(["live", "ar"]))]
+def _measured_speedup(rows: pd.DataFrame, ok: pd.DataFrame, target: str, draft: str, label: str) -> float:
+    """AR walltime / SD walltime of `rows` (one policy), over the samples both ran live."""
+    in_pair = lambda df: df[(df["target"] == target) & (df["draft"] == draft)]
+    ar = in_pair(ok)[in_pair(ok)["mode"] == "ar"].groupby("sample_id")["time_total_s"].mean()
+    live = in_pair(rows)[(in_pair(rows)["method_label"] == label) & (in_pair(rows)["mode"].isin(["live", "ar"]))]
     sd = live.groupby("sample_id")["time_total_s"].mean()
     both = ar.index.intersection(sd.index)
     if label == "AR":

@@ -62,10 +62,10 @@ def test_summarize_writes_marked_tables_and_plots(results_dir, capsys):
     report = results_dir / "_report-r"
     for name in ("summary.md", "tau.csv", "categories.csv", "speedup.csv", "tau.png", "weights.png"):
         assert (report / name).stat().st_size > 0, name
-    categories = pd.read_csv(report / "categories.csv", index_col=[0, 1, 2])
+    categories = pd.read_csv(report / "categories.csv", index_col=[0, 1, 2, 3])
     # benchmark first turn = mean of the per-dataset pooled tau of pope and mmvet
-    assert categories.loc[("tiny:target", "tiny:draft", "MT"), "Benchmark first"] == pytest.approx((3.0 + 2.0) / 2)
-    assert categories.loc[("tiny:target", "tiny:draft", "MT"), "Ood first"] == pytest.approx(1.5)
+    assert categories.loc[("tiny:target", "tiny:draft", "MT", "static"), "Benchmark first"] == pytest.approx((3.0 + 2.0) / 2)
+    assert categories.loc[("tiny:target", "tiny:draft", "MT", "static"), "Ood first"] == pytest.approx(1.5)
 
 
 def test_markdown_marks_best_bold_and_second_italic():
@@ -80,7 +80,7 @@ def test_markdown_marks_best_bold_and_second_italic():
 def test_speedup_uses_calibration_and_live_walltime():
     from pipeline.report import speedup_table
 
-    base = {"target": "t", "draft": "d", "turn": "first", "error": None, "gamma": 5.0, "blocks": 2}
+    base = {"target": "t", "draft": "d", "turn": "first", "error": None, "gamma": 5.0, "blocks": 2, "policy": "static"}
     df = pd.DataFrame([
         {**base, "method_label": "AR", "mode": "ar", "sample_id": "s0", "accepted_per_block": [0, 0], "time_total_s": 4.0, "gamma": None},
         {**base, "method_label": "M", "mode": "live", "sample_id": "s0", "accepted_per_block": [3, 1], "time_total_s": 2.0},
@@ -89,11 +89,11 @@ def test_speedup_uses_calibration_and_live_walltime():
     calibrations = pd.DataFrame([{"target": "t", "draft": "d", "ratio_draft_target": 0.1, "ratio_verify": 1.5,
                                   "target_token_s": 0.01, "draft_rows_token_s": [0.001, 0.0015, 0.002, 0.0025]}])
     table = speedup_table(df, calibrations)
-    m = table.loc[("t", "d", "M")]
+    m = table.loc[("t", "d", "M", "static")]
     assert m["tau"] == pytest.approx(3.0)
     assert m["eq1"] == pytest.approx(3.0 / (5 * 0.1 + 1))
     assert m["corrected"] == pytest.approx(3.0 / (5 * 0.1 + 1.5))
     assert m["measured"] == pytest.approx(2.0)
-    mt = table.loc[("t", "d", "MT")]
+    mt = table.loc[("t", "d", "MT", "static")]
     assert mt["corrected"] == pytest.approx(3.0 / (5 * 0.15 + 1.5))  # a two-row draft batch
     assert pd.isna(mt["measured"])  # replayed rows carry no walltime

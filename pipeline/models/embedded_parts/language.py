@@ -57,7 +57,8 @@ def _convert_gguf(path: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=GGUF_FILE)
     tokenizer.add_tokens([AddedToken(IMAGE_TOKEN, special=True, normalized=False)], special_tokens=True)
     model = AutoModelForCausalLM.from_pretrained(source, gguf_file=GGUF_FILE, dtype=torch.float32)
-    # The GGUF quantization config would make from_pretrained look for a GGUF file again.
+    # The weights are plain fp32 now: drop the GGUF quantizer and its config, with which
+    # from_pretrained would look for a GGUF file again.
     del model.config.quantization_config
     model.hf_quantizer = None
     path.parent.mkdir(parents=True, exist_ok=True)

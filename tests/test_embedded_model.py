@@ -114,12 +114,12 @@ def test_left_padded_batch_rows_equal_single_rows(pair, test_images, variant):
 
 def test_draft_is_a_4bit_weight_copy_of_the_target(pair):
     target, draft = pair
-    t_layer, d_layer = target.lm.model.layers[0], draft.lm.model.layers[0]
+    t_layer, d_layer = target.model.model.layers[0], draft.model.model.layers[0]
     groups = d_layer.self_attn.q_proj.weight.reshape(-1, GROUP)
     assert max(len(g.unique()) for g in groups[:64]) <= 2**BITS - 1  # symmetric: -7..7 times a scale
     assert not torch.equal(t_layer.self_attn.q_proj.weight, d_layer.self_attn.q_proj.weight)
     assert torch.equal(t_layer.mlp.down_proj.weight, d_layer.mlp.down_proj.weight)  # kept
-    assert torch.equal(target.lm.lm_head.weight, draft.lm.lm_head.weight)
+    assert torch.equal(target.model.lm_head.weight, draft.model.lm_head.weight)
     ids = torch.tensor([target.tokenize_prompt("USER: Name three colours. ASSISTANT:")])
     logits = [m.logits(cache=m.new_cache(), attention_mask=torch.ones_like(ids),
                        position_ids=torch.arange(ids.shape[1])[None], input_ids=ids, keep=ids.shape[1])[0]
@@ -178,6 +178,6 @@ def test_cached_language_model_equals_the_gguf(pair):
 
     target, _ = pair
     reference = AutoModelForCausalLM.from_pretrained(gguf_dir(), gguf_file=GGUF_FILE, dtype=torch.float32)
-    cached = target.lm.state_dict()
+    cached = target.model.state_dict()
     for name, tensor in reference.state_dict().items():
         assert torch.equal(cached[name], tensor), name

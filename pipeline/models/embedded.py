@@ -15,15 +15,16 @@ from typing import Sequence
 
 import torch
 from PIL import Image
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from pipeline.models.base import LVLM, ModelInputError
+from pipeline.models.base import ModelInputError
 from pipeline.models.embedded_parts.captioner import EmbeddedCaptioner, ShapeHeads
 from pipeline.models.embedded_parts.chat import to_chatml
 from pipeline.models.embedded_parts.language import IMAGE_TOKEN, load_language_model
 from pipeline.models.embedded_parts.projector import Projector
 from pipeline.models.embedded_parts.quant import quantize_weights
 from pipeline.models.embedded_parts.vision import VisionEncoder
+from pipeline.models.hf import HFModel
 from pipeline.models.loading import resolve_dtype
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "embedded"
@@ -34,8 +35,9 @@ DRAFT_FULL_PRECISION = ("down_proj", "lm_head")
 END_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 
-class EmbeddedLVLM(LVLM):
-    """SmolLM2 + EfficientNet-Lite0 + projector behind the engine's LVLM interface."""
+class EmbeddedLVLM(HFModel):
+    """SmolLM2 + EfficientNet-Lite0 + projector behind the engine's LVLM interface; the
+    language model runs through the same transformers path as every other model."""
 
     def __init__(
         self,
@@ -45,13 +47,9 @@ class EmbeddedLVLM(LVLM):
         projector: Projector,
         name: str,
     ) -> None:
-        self.lm = lm.eval()
-        self.tokenizer = tokenizer
+        super().__init__(lm, tokenizer, name)
         self.vision = vision
         self.projector = projector
-        self.name = name
-        self.device = lm.device
-        self.dtype = lm.dtype
         self.image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
         self.vocab_size = lm.get_input_embeddings().num_embeddings
 
@@ -83,32 +81,13 @@ class EmbeddedLVLM(LVLM):
         """Token embeddings; the `<image>` placeholder (not in the LM's vocabulary) embeds as zeros."""
         ids = ids.to(self.device)
         placeholder = ids == self.image_token_id
-        embeds = self.lm.get_input_embeddings()(ids.masked_fill(placeholder, 0))
+        embeds = self.model.get_input_embeddings()(ids.masked_fill(placeholder, 0))
         return embeds.masked_fill(placeholder[..., None], 0.0)
 
-    @torch.inference_mode()
-    def logits(
-        self,
-        *,
-        cache: DynamicCache,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        input_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        keep: int = 1,
-    ) -> torch.Tensor:
+    def logits(self, *, input_ids: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         if input_ids is not None and bool((input_ids >= self.vocab_size).any()):
             raise ModelInputError(f"{self.name}: input_ids hold an image placeholder; splice image features instead")
-        out = self.lm(
-            input_ids=None if input_ids is None else input_ids.to(self.device),
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask.to(self.device),
-            position_ids=position_ids.to(self.device),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=keep,
-        )
-        return out.logits[:, -keep:].float()
+        return super().logits(input_ids=input_ids, **kwargs)
 
 
 def load_embedded(variant: str, *, dtype: str = "fp32", device: str | torch.device = "cpu") -> EmbeddedLVLM:

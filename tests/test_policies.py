@@ -10,7 +10,6 @@ from pipeline.decoding.config import PolicySpec
 from pipeline.drafting.policies import (
     History,
     choose_weights,
-    inverse_error_weights,
     kl_divergence,
     mix,
     simplex_grid,
@@ -23,11 +22,12 @@ def dist(*values: float) -> torch.Tensor:
     return t / t.sum()
 
 
-def history_of(pairs) -> History:
-    h = History()
+def weights_after(pairs, spec: PolicySpec) -> torch.Tensor:
+    """w* after a history of (per-method q rows, p) positions, added one block per position."""
+    h = History(len(pairs[0][0]), spec)
     for q_rows, p in pairs:
         h.add(torch.stack(q_rows)[None], p[None])
-    return h
+    return choose_weights(h)
 
 
 def test_simplex_grid_counts_and_order():
@@ -52,14 +52,14 @@ def test_distances():
 
 def test_first_block_is_uniform_and_single_method_is_one():
     for kind in ("static", "grid", "inverse"):
-        assert torch.equal(choose_weights(History(), 3, PolicySpec(kind=kind)), torch.full((3,), 1 / 3, dtype=torch.float64))
-    assert torch.equal(choose_weights(History(), 1, PolicySpec(kind="grid")), torch.ones(1, dtype=torch.float64))
+        assert torch.equal(choose_weights(History(3, PolicySpec(kind=kind))), torch.full((3,), 1 / 3, dtype=torch.float64))
+    assert torch.equal(choose_weights(History(1, PolicySpec(kind="grid"))), torch.ones(1, dtype=torch.float64))
 
 
 def test_grid_hard_picks_the_method_that_matches_argmax():
     # method 0 always agrees with the target's argmax, method 1 never does
     pairs = [([dist(8, 1, 1), dist(1, 8, 1)], dist(6, 3, 1)) for _ in range(3)]
-    w = choose_weights(history_of(pairs), 2, PolicySpec(kind="grid", measure="hard"))
+    w = weights_after(pairs, PolicySpec(kind="grid", measure="hard"))
     # every candidate with w0 > 0.5 has full hits; ties resolve to the first: [1, 0]
     assert w.tolist() == [1.0, 0.0]
 
@@ -69,9 +69,9 @@ def test_grid_hard_plus_soft_breaks_hit_ties_by_kl():
     # and w0 = 0.5 reproduces p exactly (KL 0)
     p = dist(0.5, 0.3, 0.2)
     q0, q1 = dist(0.7, 0.1, 0.2), dist(0.3, 0.5, 0.2)
-    h = history_of([([q0, q1], p)])
-    assert choose_weights(h, 2, PolicySpec(kind="grid", measure="hard")).tolist() == [1.0, 0.0]
-    assert choose_weights(h, 2, PolicySpec(kind="grid", measure="hard+soft")).tolist() == [0.5, 0.5]
+    positions = [([q0, q1], p)]
+    assert weights_after(positions, PolicySpec(kind="grid", measure="hard")).tolist() == [1.0, 0.0]
+    assert weights_after(positions, PolicySpec(kind="grid", measure="hard+soft")).tolist() == [0.5, 0.5]
 
 
 def test_hard_plus_soft_never_trades_hits_for_kl():
@@ -79,11 +79,11 @@ def test_hard_plus_soft_never_trades_hits_for_kl():
     p1, q01, q11 = dist(0.5, 0.3, 0.2), dist(0.7, 0.1, 0.2), dist(0.3, 0.5, 0.2)
     # target picks token 0 at position 2: 0.05 w0 + 0.9 (1 - w0) beats token 1 iff w0 < 0.47
     p2, q02, q12 = dist(0.9, 0.1, 1e-6), dist(0.05, 0.95, 1e-6), dist(0.9, 0.1, 1e-6)
-    h = history_of([([q01, q11], p1), ([q02, q12], p2)])
-    w_hs = choose_weights(h, 2, PolicySpec(kind="grid", measure="hard+soft"))
+    positions = [([q01, q11], p1), ([q02, q12], p2)]
+    w_hs = weights_after(positions, PolicySpec(kind="grid", measure="hard+soft"))
     # hits: w0 in (0.25, 0.47) hits both positions -> {0.3, 0.4}; KL then picks among them
     assert w_hs.tolist()[0] in (0.3, 0.4)
-    w_soft = choose_weights(h, 2, PolicySpec(kind="grid", measure="soft"))
+    w_soft = weights_after(positions, PolicySpec(kind="grid", measure="soft"))
     mixed = torch.einsum("hmv,cm->chv", torch.stack([torch.stack([q01, q11]), torch.stack([q02, q12])]).double(), simplex_grid(2, 10))
     kl = kl_divergence(torch.stack([p1, p2]).double(), mixed).sum(-1)
     assert w_soft.tolist() == simplex_grid(2, 10)[int(torch.argmin(kl))].tolist()
@@ -93,35 +93,33 @@ def test_grid_soft_with_tvd_vs_kl_differ_by_hand():
     # q0 = (1, 0), q1 = (0, 1): the mixture is (w0, 1 - w0). Targets (0.8, 0.2) twice, (0.3, 0.7) once.
     # TVD sum = 2|0.8 - w0| + |0.3 - w0| is least at w0 = 0.8; summed KL is least at w0 = 1.9/3 -> grid 0.6.
     q = [dist(1, 0), dist(0, 1)]
-    h = history_of([(q, dist(0.8, 0.2)), (q, dist(0.8, 0.2)), (q, dist(0.3, 0.7))])
-    assert choose_weights(h, 2, PolicySpec(kind="grid", measure="soft", distance="tvd")).tolist() == [0.8, 0.2]
-    assert choose_weights(h, 2, PolicySpec(kind="grid", measure="soft", distance="kl")).tolist() == [0.6, 0.4]
+    positions = [(q, dist(0.8, 0.2)), (q, dist(0.8, 0.2)), (q, dist(0.3, 0.7))]
+    assert weights_after(positions, PolicySpec(kind="grid", measure="soft", distance="tvd")).tolist() == [0.8, 0.2]
+    assert weights_after(positions, PolicySpec(kind="grid", measure="soft", distance="kl")).tolist() == [0.6, 0.4]
 
 
 def test_window_only_sees_the_last_h_positions():
     good0 = ([dist(8, 1, 1), dist(1, 8, 1)], dist(6, 3, 1))  # method 0 right
     good1 = ([dist(8, 1, 1), dist(1, 8, 1)], dist(1, 6, 3))  # method 1 right
-    h = history_of([good0, good0, good0, good1])
-    assert choose_weights(h, 2, PolicySpec(kind="grid", measure="hard", window=None)).tolist()[0] > 0.5
-    assert choose_weights(h, 2, PolicySpec(kind="grid", measure="hard", window=1)).tolist()[1] > 0.5
+    positions = [good0, good0, good0, good1]
+    assert weights_after(positions, PolicySpec(kind="grid", measure="hard", window=None)).tolist()[0] > 0.5
+    assert weights_after(positions, PolicySpec(kind="grid", measure="hard", window=1)).tolist()[1] > 0.5
 
 
 def test_inverse_error_weights_by_hand():
     p = dist(0.5, 0.5)
     q0, q1 = dist(0.25, 0.75), dist(0.5 - 0.125, 0.5 + 0.125)  # TVD 0.25 and 0.125
-    q, pp = torch.stack([q0, q1])[None], p[None]
-    w = inverse_error_weights(q, pp, PolicySpec(kind="inverse", distance="tvd", temperature=1.0))
+    w = weights_after([([q0, q1], p)], PolicySpec(kind="inverse", distance="tvd", temperature=1.0))
     assert w.tolist() == pytest.approx([1 / 3, 2 / 3])  # (1/e) normalised: 4 : 8
-    w2 = inverse_error_weights(q, pp, PolicySpec(kind="inverse", distance="tvd", temperature=0.5))
+    w2 = weights_after([([q0, q1], p)], PolicySpec(kind="inverse", distance="tvd", temperature=0.5))
     assert w2.tolist() == pytest.approx([1 / 5, 4 / 5])  # (1/e)^2: 16 : 64
 
 
 def test_inverse_error_zero_errors():
     p = dist(0.5, 0.5)
-    all_zero = torch.stack([p, p])[None]
-    assert inverse_error_weights(all_zero, p[None], PolicySpec(kind="inverse")).tolist() == [0.5, 0.5]
-    one_zero = torch.stack([p, dist(0.9, 0.1), p])[None]
-    assert inverse_error_weights(one_zero, p[None], PolicySpec(kind="inverse", distance="tvd")).tolist() == [0.5, 0.0, 0.5]
+    assert weights_after([([p, p], p)], PolicySpec(kind="inverse")).tolist() == [0.5, 0.5]
+    one_zero = [([p, dist(0.9, 0.1), p], p)]
+    assert weights_after(one_zero, PolicySpec(kind="inverse", distance="tvd")).tolist() == [0.5, 0.0, 0.5]
 
 
 def test_equal_mixtures_tie_to_the_first_candidate_despite_rounding():
@@ -129,6 +127,45 @@ def test_equal_mixtures_tie_to_the_first_candidate_despite_rounding():
     # scores must not pick the winner
     q = dist(0.3, 0.2, 0.5)
     noisy = q + torch.tensor([1e-8, -1e-8, 0.0])
-    h = history_of([([q, noisy], dist(0.2, 0.3, 0.5))])
+    positions = [([q, noisy], dist(0.2, 0.3, 0.5))]
     for measure in ("soft", "hard+soft"):
-        assert choose_weights(h, 2, PolicySpec(kind="grid", measure=measure)).tolist() == [1.0, 0.0]
+        assert weights_after(positions, PolicySpec(kind="grid", measure=measure)).tolist() == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("spec", [
+    PolicySpec(kind="grid", measure="hard+soft"),
+    PolicySpec(kind="grid", measure="soft", distance="tvd", window=4),
+    PolicySpec(kind="grid", measure="hard", window=1),
+    PolicySpec(kind="inverse", temperature=0.5, window=6),
+])
+def test_incremental_history_equals_scoring_the_whole_window(spec):
+    # The history scores each position once as blocks arrive; the weights must be those of
+    # scoring the whole window at once (the definition in SPEC §3), for m = 4 (286 candidates).
+    gen = torch.Generator().manual_seed(0)
+    m, vocab, blocks = 4, 50, [3, 1, 5, 2, 4]
+    q = torch.softmax(3 * torch.randn(sum(blocks), m, vocab, generator=gen), -1)
+    p = torch.softmax(3 * torch.randn(sum(blocks), vocab, generator=gen), -1)
+    history, start = History(m, spec), 0
+    for n in blocks:
+        history.add(q[start:start + n], p[start:start + n])
+        start += n
+        lo = 0 if spec.window is None else max(0, start - spec.window)
+        qw, pw = q[lo:start].double(), p[lo:start].double()
+        if spec.kind == "grid":
+            candidates = simplex_grid(m, 10)
+            mixed = torch.einsum("hmv,cm->chv", qw, candidates)
+            hits = (mixed.argmax(-1) == pw.argmax(-1)).sum(-1)
+            distance = kl_divergence if spec.measure == "hard+soft" or spec.distance == "kl" else total_variation
+            dist = distance(pw, mixed).sum(-1)
+            if spec.measure == "hard":
+                expected = candidates[int(torch.nonzero(hits == hits.max())[0])]
+            else:
+                eligible = hits == hits.max() if spec.measure == "hard+soft" else torch.ones_like(hits, dtype=torch.bool)
+                dist = torch.where(eligible, dist, torch.inf)
+                # ties within float noise (relative 1e-5) go to the earliest candidate
+                expected = candidates[int(torch.nonzero(dist <= dist.min() * (1 + 1e-5) + 1e-7)[0])]
+            assert choose_weights(history).tolist() == expected.tolist()
+        else:
+            errors = kl_divergence(pw[:, None], qw).sum(0)
+            expected = (1 / errors) ** (1 / spec.temperature)
+            assert choose_weights(history).tolist() == pytest.approx((expected / expected.sum()).tolist(), rel=1e-5)

@@ -22,7 +22,7 @@ from pipeline.decoding.config import DecodeConfig, PolicySpec
 from pipeline.decoding.live import speculative_decode
 from pipeline.decoding.records import SampleRecord
 from pipeline.decoding.replay import Traces, collect_traces, replay
-from pipeline.drafting.policies import DISTANCE_FUNCTIONS, History, mix
+from pipeline.drafting.policies import DISTANCE_FUNCTIONS, mix
 from pipeline.models.loading import load_pair
 from tests.conftest import FixedCaptioner, solid
 
@@ -81,20 +81,22 @@ class Comparison:
     near_tie: bool = True
 
 
-def history_before(trace: Traces, config: DecodeConfig, accepted: list[int]) -> History:
-    """The TABED history the engine holds after blocks with these accepted counts."""
+def history_window(trace: Traces, config: DecodeConfig, accepted: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`q [H, m, V]`, `p [H, V]` at the history positions the policy's window sees after
+    blocks with these accepted counts."""
     rows = [trace.methods.index(m) for m in config.methods]
-    history, t = History(), 0
+    positions, t = [], 0
     for a in accepted:
-        seen = min(a + 1, config.gamma)
-        history.add(trace.draft_probs[t : t + seen, rows], trace.target_probs[t : t + seen])
+        positions.extend(range(t, t + min(a + 1, config.gamma)))
         t += a + 1
-    return history
+    if config.policy.window is not None:
+        positions = positions[-config.policy.window:]
+    return trace.draft_probs[positions][:, rows], trace.target_probs[positions]
 
 
 def explain_grid_flip(trace, config, accepted, w_live, w_replay) -> tuple[str, bool]:
     """Two grid candidates swapped: compare their hit counts and summed distances."""
-    q, p = history_before(trace, config, accepted).window(config.policy.window)
+    q, p = history_window(trace, config, accepted)
     distance = "kl" if config.policy.measure == "hard+soft" else config.policy.distance
     scores = []
     for w in (w_live, w_replay):

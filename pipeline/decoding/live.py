@@ -120,11 +120,10 @@ def speculative_decode(
         target_rows = prefilled_rows(target, target_prompt, "M", None)
         draft_rows = prefilled_rows(draft, draft_prompt, methods, captioner)
     shared = [target_prompt.ids[-1]]  # the continuation every row shares; output = shared[1:]
-    history = History()
-    track_history = policy.kind != "static" and len(methods) > 1
+    history = History(len(methods), policy)
     while True:
         with timer.phase("draft"):
-            weights = choose_weights(history, len(methods), policy)
+            weights = choose_weights(history)
             logits = draft_rows.feed(shared[draft_rows.fed:])[:, -1]
             proposals, method_probs, mixed_probs = [], [], []
             for i in range(gamma):
@@ -144,7 +143,7 @@ def speculative_decode(
                 accepted, next_token = verify_greedy(proposed, target_logits)
             else:
                 accepted, next_token = verify_sampling(proposed, p, torch.stack(mixed_probs), generator)
-            if track_history:  # positions where q_i and p both saw the true prefix
+            if history.tracks:  # positions where q_i and p both saw the true prefix
                 seen = min(accepted + 1, gamma)
                 history.add(torch.stack(method_probs[:seen]), p[:seen])
             before = len(shared)

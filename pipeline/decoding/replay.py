@@ -171,19 +171,18 @@ def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
     rows = [traces.methods.index(m) for m in methods]
     q = traces.draft_probs[:n, rows].contiguous()  # [n, m, V] in the config's method order
     p = traces.target_probs
-    history = History()
-    track_history = policy.kind != "static" and len(methods) > 1
+    history = History(len(methods), policy)
     record = SampleRecord(sample_id=traces.sample_id, mode="replay")
     t = 0  # tokens decoded so far = position of the block's first proposal
     while t < n:
-        weights = choose_weights(history, len(methods), policy)
+        weights = choose_weights(history)
         accepted = 0
         while accepted < gamma and t + accepted < n and int(mix(q[t + accepted], weights).argmax()) == y[t + accepted]:
             accepted += 1
         record.accepted_per_block.append(accepted)
         record.weights_per_block.append([round(float(w), 6) for w in weights])
         kept = min(accepted + 1, n - t)  # accepted proposals + the target's token, cut at the end of y
-        if track_history and t + kept < n:  # the last block's history is never used
+        if history.tracks and t + kept < n:  # the last block's history is never used
             seen = min(accepted + 1, gamma)
             history.add(q[t : t + seen], p[t : t + seen])
         t += kept

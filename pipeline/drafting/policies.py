@@ -8,7 +8,6 @@ the live engine and trace replay, which is what makes replay exact.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
 from functools import lru_cache
 
 import torch
@@ -18,31 +17,6 @@ from pipeline.decoding.config import PolicySpec
 _EPS = 1e-12  # keeps log() finite where a probability underflows to 0
 _MAX_MIXED_ELEMENTS = 2**25  # bound on candidate-mixture elements held at once
 _TIE_RTOL, _TIE_ATOL = 1e-5, 1e-7  # scores closer than this are ties (fp32 rounding, ~1e-7 relative)
-
-
-@dataclass
-class History:
-    """Past (q_1..q_m, p) pairs, one per verified position, oldest first.
-
-    `q`: list of `[m, V]` tensors (per-method distributions), `p`: list of `[V]` tensors.
-    Kept per position so a window is a slice; stacked lazily when a policy needs them.
-    """
-
-    q: list[torch.Tensor] = field(default_factory=list)
-    p: list[torch.Tensor] = field(default_factory=list)
-
-    def add(self, q_methods: torch.Tensor, p_target: torch.Tensor) -> None:
-        """Append positions: `q_methods` `[n, m, V]`, `p_target` `[n, V]`."""
-        self.q.extend(q_methods.unbind(0))
-        self.p.extend(p_target.unbind(0))
-
-    def __len__(self) -> int:
-        return len(self.p)
-
-    def window(self, h: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The last `h` positions (all when None) as `q [H, m, V]`, `p [H, V]`."""
-        start = 0 if h is None else max(0, len(self.p) - h)
-        return torch.stack(self.q[start:]), torch.stack(self.p[start:])
 
 
 def kl_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -83,34 +57,35 @@ def mix(q_methods: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return torch.einsum("...mv,m->...v", q_methods, weights.to(q_methods.device, q_methods.dtype))
 
 
-def _score_candidates(
+def grid_position_scores(
     q: torch.Tensor, p: torch.Tensor, candidates: torch.Tensor, distance: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per candidate: argmax hits against the target and summed distance, `[C]` each.
+    """Per position and candidate: argmax hit against the target and distance, `[n, C]` each.
 
-    Candidates are scored in chunks so the mixed distributions (`chunk x H x V`) stay small
+    Candidates are scored in chunks so the mixed distributions (`chunk x n x V`) stay small
     even for m=4 (286 candidates) and a 32k vocabulary.
     """
     target_ids = p.argmax(-1)
     chunk = max(1, _MAX_MIXED_ELEMENTS // max(1, q.shape[0] * q.shape[-1]))
     hits, dist = [], []
     for part in candidates.to(q.dtype).split(chunk):
-        mixed = torch.einsum("hmv,cm->chv", q, part)  # [c, H, V]
-        hits.append((mixed.argmax(-1) == target_ids).sum(-1))
-        dist.append(DISTANCE_FUNCTIONS[distance](p, mixed).sum(-1))
-    return torch.cat(hits), torch.cat(dist)
+        mixed = torch.einsum("nmv,cm->ncv", q, part)  # [n, c, V]
+        hits.append(mixed.argmax(-1) == target_ids[:, None])
+        dist.append(DISTANCE_FUNCTIONS[distance](p[:, None], mixed))
+    return torch.cat(hits, 1).double(), torch.cat(dist, 1).double()
 
 
-def grid_weights(q: torch.Tensor, p: torch.Tensor, spec: PolicySpec) -> torch.Tensor:
-    """TABED MT*: the simplex-grid candidate that best matched the target on the window."""
-    candidates = simplex_grid(q.shape[1], spec.steps).to(q.device)
-    # hard+soft breaks ties by summed KL whatever `distance` says (SPEC §3)
-    distance = "kl" if spec.measure == "hard+soft" else spec.distance
-    hits, dist = _score_candidates(q, p, candidates, distance)
-    if spec.measure == "soft":
+def method_position_errors(q: torch.Tensor, p: torch.Tensor, distance: str) -> torch.Tensor:
+    """Distance of each method alone from the target, per position: `[n, m]`."""
+    return DISTANCE_FUNCTIONS[distance](p.unsqueeze(1), q).double()
+
+
+def select_grid_candidate(hits: torch.Tensor, dist: torch.Tensor, candidates: torch.Tensor, measure: str) -> torch.Tensor:
+    """TABED MT*: the candidate with the best summed hits `[C]` / distances `[C]` on the window."""
+    if measure == "soft":
         return candidates[_first_least(dist)]
     best = hits == hits.max()
-    if spec.measure == "hard":
+    if measure == "hard":
         return candidates[int(torch.nonzero(best)[0])]
     dist = torch.where(best, dist, torch.full_like(dist, float("inf")))
     return candidates[_first_least(dist)]
@@ -128,27 +103,70 @@ def _first_least(scores: torch.Tensor) -> int:
     return int(torch.nonzero(scores <= least + tolerance)[0])
 
 
-def inverse_error_weights(q: torch.Tensor, p: torch.Tensor, spec: PolicySpec) -> torch.Tensor:
-    """TABED MTCP*: w_i proportional to (1/e_i)^(1/T), e_i = method i's summed distance.
+def inverse_error_from_errors(errors: torch.Tensor, temperature: float) -> torch.Tensor:
+    """TABED MTCP*: w_i proportional to (1/e_i)^(1/T), e_i = method i's summed distance `[m]`.
 
     SPEC §3: the paper writes softmax(1/e; T) but the reference computes this normalised form,
     which produced the paper's numbers. Methods with zero error share all the weight (all zero:
     uniform).
     """
-    errors = DISTANCE_FUNCTIONS[spec.distance](p.unsqueeze(1), q).sum(0).double()  # [m]
     perfect = errors <= 0
     if perfect.any():
         return perfect.double() / perfect.sum()
-    return torch.softmax(torch.log(1.0 / errors) / spec.temperature, dim=0)
+    return torch.softmax(torch.log(1.0 / errors) / temperature, dim=0)
 
 
-def choose_weights(history: History, m: int, spec: PolicySpec) -> torch.Tensor:
+def _grid_distance(spec: PolicySpec) -> str:
+    # hard+soft breaks ties by summed KL whatever `distance` says (SPEC §3)
+    return "kl" if spec.measure == "hard+soft" else spec.distance
+
+
+class History:
+    """What a dynamic policy remembers of past verified positions: only the per-position scores
+    it sums over its window, computed once when a position is added.
+
+    Positions are those where both the target's `p` and every method's `q_i` were computed from
+    the true prefix (SPEC §3). Every score (argmax hit, distance) is a sum over positions, so a
+    block costs the scoring of its new positions only, not of the whole history again, and no
+    `[V]`-sized distribution is kept. Static policies and single methods keep nothing.
+    """
+
+    def __init__(self, m: int, spec: PolicySpec) -> None:
+        self.m, self.spec = m, spec
+        self.tracks = spec.kind != "static" and m > 1
+        self.candidates = simplex_grid(m, spec.steps) if spec.kind == "grid" and self.tracks else None
+        self._scores: list[torch.Tensor] = []  # one float64 row per position, on the CPU
+
+    def __len__(self) -> int:
+        return len(self._scores)
+
+    def add(self, q_methods: torch.Tensor, p_target: torch.Tensor) -> None:
+        """Append positions: `q_methods` `[n, m, V]`, `p_target` `[n, V]`."""
+        if not self.tracks:
+            return
+        if self.candidates is not None:
+            hits, dist = grid_position_scores(q_methods, p_target, self.candidates.to(q_methods.device), _grid_distance(self.spec))
+            rows = torch.cat([hits, dist], 1)
+        else:
+            rows = method_position_errors(q_methods, p_target, self.spec.distance)
+        self._scores.extend(rows.cpu().unbind(0))
+
+    def window_totals(self) -> torch.Tensor:
+        """Scores summed over the last `window` positions (all when None)."""
+        h = self.spec.window
+        start = 0 if h is None else max(0, len(self._scores) - h)
+        return torch.stack(self._scores[start:]).sum(0)
+
+
+def choose_weights(history: History) -> torch.Tensor:
     """Weights w* for the next block, float64 `[m]` on the CPU (uniform before any history)."""
+    m, spec = history.m, history.spec
     if m == 1:
         return torch.ones(1, dtype=torch.float64)
-    if spec.kind == "static" or len(history) == 0:
+    if not history.tracks or len(history) == 0:
         return uniform_weights(m)
-    q, p = history.window(spec.window)
-    if spec.kind == "grid":
-        return grid_weights(q, p, spec).cpu()
-    return inverse_error_weights(q, p, spec).cpu()
+    totals = history.window_totals()
+    if history.candidates is not None:
+        hits, dist = totals.split(len(history.candidates))
+        return select_grid_candidate(hits, dist, history.candidates, spec.measure)
+    return inverse_error_from_errors(totals, spec.temperature)

@@ -138,8 +138,71 @@ def markdown_table(table: pd.DataFrame, mark_best: bool = True) -> str:
         cells = [str(row[c]) for c in index_columns]
         for column in table.columns:
             value = row[column]
-            text = "-" if pd.isna(value) else f"{value:.2f}"
+            text = "-" if pd.isna(value) else f"{value:.2f}" if isinstance(value, float) else str(value)
             mark = marks.get((i, column), "")
             cells.append(f"{mark}{text}{mark}")
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------ what the table says, in words
+
+# The paper's TABED rows: MT with the grid policy (MT*) and MTCP with inverse-error weights (MTCP*).
+PAPER_DYNAMIC = {"MT*": "grid", "MTCP*": "inverse"}
+
+
+def method_findings(df: pd.DataFrame) -> pd.DataFrame:
+    """Per pair, turn and dataset: pooled tau of M and T and which is higher, the best SD
+    configuration, and where the paper's MT* and MTCP* rank among all SD configurations run
+    (1 = best; configurations are method set x policy)."""
+    ok = df[df["error"].isna() & (df["method_label"] != "AR")]
+    keys = ["target", "draft", "turn", "dataset"]
+    cells = ok.groupby(keys + ["method_label", "policy", "policy_kind"]).apply(pooled_tau, include_groups=False)
+    rows = []
+    for key, group in cells.rename("tau").reset_index().groupby(keys, sort=False):
+        group = group.sort_values("tau", ascending=False, kind="stable").reset_index(drop=True)
+        single = group[group["policy_kind"] == "static"].set_index("method_label")["tau"]
+        row = dict(zip(keys, key))
+        row["M"], row["T"] = single.get("M", float("nan")), single.get("T", float("nan"))
+        if pd.notna(row["M"]) and pd.notna(row["T"]):
+            gap = round(row["M"] - row["T"], 2)
+            row["M vs T"] = "tie" if gap == 0 else f"{'M' if gap > 0 else 'T'} +{abs(gap):.2f}"
+        best = group.iloc[0]
+        row["best"] = f"{_config_name(best, group)} {best['tau']:.2f}"
+        for label, kind in PAPER_DYNAMIC.items():
+            hit = group[(group["method_label"] == label) & (group["policy_kind"] == kind)]
+            if not hit.empty:
+                row[label] = f"{hit['tau'].iloc[0]:.2f} (rank {hit.index[0] + 1}/{len(group)})"
+        rows.append(row)
+    rows.sort(key=lambda r: (r["target"], r["draft"], r["turn"] != "first", r["turn"], r["dataset"]))
+    table = pd.DataFrame(rows) if rows else pd.DataFrame(columns=keys)
+    columns = keys + ["M", "T", "M vs T", "best"] + list(PAPER_DYNAMIC)
+    return table[[c for c in columns if c in table]].set_index(keys)
+
+
+def _config_name(row: pd.Series, group: pd.DataFrame) -> str:
+    """The method label, with its policy where that label ran under several policies."""
+    label = row["method_label"]
+    return label if (group["method_label"] == label).sum() == 1 else f"{label} {row['policy']}"
+
+
+def findings_text(findings: pd.DataFrame) -> str:
+    """Plain sentences over `method_findings`: where M beats T, where T beats M, where MT* lands."""
+    if findings.empty or "M vs T" not in findings:
+        return "M and T were not both run: no comparison."
+    findings = findings.reset_index()
+    several_pairs = findings[["target", "draft"]].drop_duplicates().shape[0] > 1
+    name = lambda r: f"{r.dataset} ({r.turn}{f', {r.target} / {r.draft}' if several_pairs else ''})"
+    where = lambda mask: ", ".join(name(r) for r in findings[mask].itertuples()) or "nowhere"
+    verdict = findings["M vs T"].fillna("")
+    lines = [
+        f"- M beats T on: {where(verdict.str.startswith('M'))}.",
+        f"- T beats M on: {where(verdict.str.startswith('T'))}.",
+    ]
+    if (verdict == "tie").any():
+        lines.append(f"- M and T tie on: {where(verdict == 'tie')}.")
+    for label in PAPER_DYNAMIC:
+        if label in findings:
+            placed = ", ".join(f"{name(r)} {r[label]}" for _, r in findings.dropna(subset=[label]).iterrows())
+            lines.append(f"- {label} lands at: {placed}.")
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """Write a run's reports next to its results: Markdown and CSV tables, PNG plots.
 
 `OUT/_report-<run>/` (underscore: Parquet readers of OUT skip it): `summary.md` (tau per dataset, category averages, expected and measured
-speedup, failed samples), one CSV per table, `tau.png` and `weights.png`.
+speedup, M vs T and where MT* lands, failed samples), one CSV per table, `tau.png` and `weights.png`.
 """
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pandas as pd
 
 from pipeline.calibration import read_calibrations
 from pipeline.plots import plot_tau_bars, plot_weight_trajectories
-from pipeline.report import category_table, error_counts, markdown_table, speedup_table, tau_table
+from pipeline.report import (
+    category_table, error_counts, findings_text, markdown_table, method_findings, speedup_table, tau_table,
+)
 
 
 def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
@@ -31,6 +33,12 @@ def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
     for name, (title, table) in tables.items():
         table.to_csv(folder / f"{name}.csv")
         sections.append(f"## {title}\n\n{markdown_table(table)}")
+    findings = method_findings(rows)
+    findings.to_csv(folder / "findings.csv")
+    sections.append(
+        "## M vs T, and where TABED lands (pooled tau; rank among the SD configurations run, 1 = best)\n\n"
+        f"{findings_text(findings)}\n\n{markdown_table(findings, mark_best=False)}"
+    )
     errors = error_counts(rows)
     if not errors.empty:
         lines = [f"| {r.dataset} | {r.turn} | {r.errors} |" for r in errors.itertuples()]

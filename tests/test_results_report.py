@@ -97,3 +97,30 @@ def test_speedup_uses_calibration_and_live_walltime():
     mt = table.loc[("t", "d", "MT", "static")]
     assert mt["corrected"] == pytest.approx(3.0 / (5 * 0.15 + 1.5))  # a two-row draft batch
     assert pd.isna(mt["measured"])  # replayed rows carry no walltime
+
+
+def test_findings_say_where_m_beats_t_and_where_mt_star_lands(tmp_path):
+    from pipeline.report import findings_text, method_findings
+
+    configs = {
+        "M": RunConfig(PAIR, "M"), "T": RunConfig(PAIR, "T"), "MT": RunConfig(PAIR, "MT"),
+        "MT*": RunConfig(PAIR, "MT", PolicySpec("grid")), "MT* inv": RunConfig(PAIR, "MT", PolicySpec("inverse")),
+    }
+    accepted = {  # one sample, one block each: tau = 1 + accepted
+        "pope": {"M": 3, "T": 1, "MT": 2, "MT*": 4, "MT* inv": 0},
+        "vist": {"M": 0, "T": 2, "MT": 2, "MT*": 1, "MT* inv": 3},
+    }
+    for dataset, by_config in accepted.items():
+        for name, a in by_config.items():
+            write_shard(tmp_path, rows_to_table(rows(configs[name], dataset, "benchmark", [[a]])))
+    findings = method_findings(read_results(tmp_path))
+    pope, vist = findings.xs("pope", level="dataset").iloc[0], findings.xs("vist", level="dataset").iloc[0]
+    assert (pope["M"], pope["T"], pope["M vs T"]) == (4.0, 2.0, "M +2.00")
+    assert vist["M vs T"] == "T +2.00"
+    assert pope["MT*"] == "5.00 (rank 1/5)" and vist["MT*"] == "2.00 (rank 4/5)"  # grid policy only
+    assert pope["best"] == "MT* grid(hard+soft) 5.00"  # MT* ran under two policies: named with its policy
+    assert vist["best"] == "MT* inverse(T=1) 4.00"
+    assert "MTCP*" not in findings  # not run: no column
+    text = findings_text(findings)
+    assert "- M beats T on: pope (first)." in text and "- T beats M on: vist (first)." in text
+    assert "- MT* lands at: pope (first) 5.00 (rank 1/5), vist (first) 2.00 (rank 4/5)." in text

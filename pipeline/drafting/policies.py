@@ -69,10 +69,23 @@ def grid_position_scores(
     chunk = max(1, _MAX_MIXED_ELEMENTS // max(1, q.shape[0] * q.shape[-1]))
     hits, dist = [], []
     for part in candidates.to(q.dtype).split(chunk):
-        mixed = torch.einsum("nmv,cm->ncv", q, part)  # [n, c, V]
+        mixed = torch.matmul(part, q)  # [n, c, V], contiguous: argmax over a strided layout is ~5x slower
         hits.append(mixed.argmax(-1) == target_ids[:, None])
-        dist.append(DISTANCE_FUNCTIONS[distance](p[:, None], mixed))
+        dist.append(_distance_to_mixtures(p, mixed, distance))
     return torch.cat(hits, 1).double(), torch.cat(dist, 1).double()
+
+
+def _distance_to_mixtures(p: torch.Tensor, mixed: torch.Tensor, distance: str) -> torch.Tensor:
+    """D(p_s || each mixture of position s): `p [n, V]`, `mixed [n, c, V]` (overwritten) -> `[n, c]`.
+
+    KL is computed as sum p log p minus one batched product with log(mixture): the value of
+    `kl_divergence`, in two passes over the `c x V` mixtures instead of five (the hot spot of
+    a 286-candidate grid on a 49k vocabulary).
+    """
+    if distance == "tvd":
+        return total_variation(p[:, None], mixed)
+    log_mixed = mixed.add_(_EPS).log_()
+    return (p * torch.log(p + _EPS)).sum(-1, keepdim=True) - torch.bmm(log_mixed, p.unsqueeze(-1)).squeeze(-1)
 
 
 def method_position_errors(q: torch.Tensor, p: torch.Tensor, distance: str) -> torch.Tensor:

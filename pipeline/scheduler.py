@@ -72,16 +72,21 @@ def plan_shards(
     """Shards of at most `shard_size` samples, one pair, dataset and turn each, without the
     rows in `done`. Replay shards carry every greedy configuration of their samples (one
     trace collection scores them all); live shards carry one configuration. In `auto` mode the
-    greedy SD configs of the first `live_samples` first-turn samples of each dataset run live
-    instead, so walltime is measured on them
+    greedy SD configs of `live_samples` first-turn samples per model pair, taken round-robin
+    over its datasets, run live instead, so walltime is measured on them
     (replay and live give the same accepted counts, so each row is computed once either way)."""
     groups: dict[tuple[Pair, str, str], list[RunConfig]] = defaultdict(list)
     for unit in units:
         groups[(unit.config.pair, unit.dataset, unit.turn)].append(unit.config)
+    first_turn_datasets: dict[Pair, list[str]] = defaultdict(list)
+    for pair, dataset, turn in groups:
+        if turn == FIRST_TURN:
+            first_turn_datasets[pair].append(dataset)
     shards = []
     for (pair, dataset, turn), configs in groups.items():
         sample_ids = [s.sample_id for s in samples_for(WorkUnit(configs[0], dataset, turn))]
-        timed = set(sample_ids[:live_samples]) if grid_mode == "auto" and turn == FIRST_TURN else set()
+        live_here = timed_per_dataset(live_samples, first_turn_datasets[pair], dataset) if grid_mode == "auto" else 0
+        timed = set(sample_ids[:live_here]) if turn == FIRST_TURN else set()
         replayed = [c for c in configs if decode_mode(c, grid_mode) == "replay"]
         # (mode, configs, sample ids): one replay bundle, then one live bundle per configuration
         bundles = [("replay", replayed, sample_ids)] + [
@@ -101,6 +106,13 @@ def plan_shards(
                 if items:
                     shards.append(Shard(run, pair, dataset, turn, mode, items))
     return shards
+
+
+def timed_per_dataset(live_samples: int, datasets: Sequence[str], dataset: str) -> int:
+    """How many of `dataset`'s first samples run live when a pair's `live_samples` are dealt
+    round-robin over its `datasets` (walltime speedup is reported per pair, not per dataset)."""
+    index = datasets.index(dataset)
+    return max(0, -(-(live_samples - index) // len(datasets)))
 
 
 class Progress:

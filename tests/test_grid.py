@@ -127,6 +127,12 @@ def test_plan_shards_bundles_replay_configs_and_skips_done_rows():
     assert len(keys) == len(set(keys)) == n_configs * 5
     live_sd = [s for s in timed if s.mode == "live" and any(c.methods != "AR" for c, _ in s.items)]
     assert {sid for s in live_sd for _, sid in s.items} == {"toy/test/0/first", "toy/test/1/first"}
+    # with several datasets the pair's live samples are dealt round-robin over them
+    two = grid(datasets=["toy", "other"], methods=["AR", "M"], turns=["first"]).units()
+    ids = lambda u: [Sample(u.dataset, "test", i, "first", "USER: hi ASSISTANT:") for i in range(4)]
+    dealt = plan_shards("r", two, ids, shard_size=2, grid_mode="auto", live_samples=3)
+    live_ids = {sid for s in dealt if s.mode == "live" for _, sid in s.items}
+    assert live_ids == {"toy/test/0/first", "toy/test/1/first", "other/test/0/first"}
     # finished rows are not planned again, and a shard planned twice has the same id
     done = set(live[0].keys) | {live[1].keys[0]}
     again = plan_shards("r", units, lambda u: samples, shard_size=2, done=done)

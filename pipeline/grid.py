@@ -59,6 +59,22 @@ class Pair:
 
 
 @dataclass(frozen=True)
+class GridPolicy:
+    """A weight policy of the grid and the ensembles it runs on (None: every ensemble).
+
+    The paper pairs policies with method sets (MT* = MT with the grid, MTCP* = MTCP with
+    inverse-error weights); `methods:` on a policy says so instead of running every product.
+    Single methods and AR take no weights, so a restriction never removes them.
+    """
+
+    spec: PolicySpec
+    methods: tuple[str, ...] | None = None
+
+    def applies_to(self, methods: str) -> bool:
+        return self.methods is None or len(methods) == 1 or methods == AR or methods in self.methods
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Everything that determines one decoding result except the sample: a grid point."""
 
@@ -166,7 +182,7 @@ class GridSpec:
     turns: tuple[str, ...]
     pairs: tuple[Pair, ...]
     methods: tuple[str, ...]
-    policies: tuple[PolicySpec, ...]
+    policies: tuple[GridPolicy, ...]
     window: tuple[int | None, ...] = (None,)
     distance: tuple[str, ...] = ("kl",)
     gamma: tuple[int, ...] = (5,)
@@ -196,10 +212,12 @@ class GridSpec:
             self.pairs, self.methods, self.policies, self.window, self.distance, self.gamma,
             self.temperature, self.seed,
         ):
+            if not policy.applies_to(methods):
+                continue
             config = RunConfig(
                 pair=pair,
                 methods=methods,
-                policy=replace(policy, window=window, distance=distance),
+                policy=replace(policy.spec, window=window, distance=distance),
                 gamma=gamma,
                 temperature=temperature,
                 seed=seed,
@@ -274,13 +292,14 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None) -> GridSpec:
         if required not in raw:
             raise GridError(f"grid field {required!r} is required")
     catalog = catalog or Catalog.from_registry()
+    methods = _methods(raw["methods"])
     spec = GridSpec(
         name=_name(raw.get("name", "grid")),
         datasets=_datasets(raw["datasets"], catalog),
         turns=_turns(raw.get("turns", [FIRST_TURN]), catalog),
         pairs=tuple(_pair(entry, i) for i, entry in enumerate(_list(raw["pairs"], "pairs"))),
-        methods=_methods(raw["methods"]),
-        policies=tuple(_policy(entry, i) for i, entry in enumerate(_list(raw.get("policies", ["static"]), "policies"))),
+        methods=methods,
+        policies=tuple(_policy(entry, i, methods) for i, entry in enumerate(_list(raw.get("policies", ["static"]), "policies"))),
         window=tuple(_window(w, i) for i, w in enumerate(_list(raw.get("window", [None]), "window"))),
         distance=tuple(_choice(d, DISTANCES, f"distance[{i}]") for i, d in enumerate(_list(raw.get("distance", ["kl"]), "distance"))),
         gamma=tuple(_int(g, f"gamma[{i}]", minimum=1) for i, g in enumerate(_list(raw.get("gamma", [5]), "gamma"))),
@@ -414,15 +433,22 @@ def _methods(value: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(sets))
 
 
-POLICY_KEYS = {"kind", "measure", "temperature", "steps"}
+POLICY_KEYS = {"kind", "measure", "temperature", "steps", "methods"}
 
 
-def _policy(entry: Any, i: int) -> PolicySpec:
+def _policy(entry: Any, i: int, method_sets: tuple[str, ...]) -> GridPolicy:
     where = f"policies[{i}]"
     if isinstance(entry, str):
         entry = {"kind": entry}
     if not isinstance(entry, dict) or "kind" not in entry:
         raise GridError(f"{where}: expected a kind (static | grid | inverse) or a mapping with 'kind', got {entry!r}")
+    entry = dict(entry)
+    methods = entry.pop("methods", None)
+    if methods is not None:
+        methods = tuple(str(m) for m in _list(methods, f"{where}.methods"))
+        for m in methods:
+            if m not in method_sets or len(m) < 2 or m == AR:
+                raise GridError(f"{where}.methods: {m!r} is not an ensemble of this grid's methods {list(method_sets)}")
     unknown = sorted(set(entry) - POLICY_KEYS)
     if unknown:
         raise GridError(f"{where}: unknown key(s) {unknown}; known: {sorted(POLICY_KEYS)} (window and distance are grid axes)")
@@ -435,7 +461,7 @@ def _policy(entry: Any, i: int) -> PolicySpec:
         spec.validate()
     except (TypeError, ValueError) as err:
         raise GridError(f"{where}: {err}") from err
-    return spec
+    return GridPolicy(spec, methods)
 
 
 def _window(value: Any, i: int) -> int | None:
@@ -479,6 +505,8 @@ def _check_combinations(spec: GridSpec) -> None:
         if name not in spec.datasets and not (name in QUESTION_TASKS and name in spec.turns):
             raise GridError(f"sources.{name}: not a dataset or question task ({', '.join(QUESTION_TASKS)}) of this grid")
     for i, methods in enumerate(spec.methods):
+        if not any(policy.applies_to(methods) for policy in spec.policies):
+            raise GridError(f"methods[{i}] {methods!r}: no policy runs on it (every policy's 'methods' names other ensembles)")
         if "C" in methods and spec.captioner is None:
             raise GridError(f"methods[{i}] {methods!r} uses caption drafting (C) but the grid sets no captioner")
         if "P" in methods:

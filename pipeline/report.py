@@ -6,6 +6,8 @@ benchmark datasets' cells, as in the paper (OOD datasets are reported beside it,
 """
 from __future__ import annotations
 
+import itertools
+
 import pandas as pd
 
 from pipeline.decoding.config import METHOD_LETTERS
@@ -120,14 +122,17 @@ def _measured_speedup(rows: pd.DataFrame, ok: pd.DataFrame, target: str, draft: 
 
 def markdown_table(table: pd.DataFrame, mark_best: bool = True) -> str:
     """Markdown with the best value of each column in bold and the second best in italics
-    (AR rows and the index left unmarked), as the paper marks its tables."""
+    (AR rows and the index left unmarked), as the paper marks its tables: within each block of
+    rows that share the index levels before `method_label` (e.g. one pair's first turn)."""
     flat = table.reset_index()
     index_columns = list(table.index.names)
     marks: dict[tuple[int, str], str] = {}
     if mark_best:
         candidates = flat[flat["method_label"] != "AR"] if "method_label" in flat else flat
-        for column in table.columns:
-            values = candidates[column].dropna().round(2)
+        block_levels = index_columns[: index_columns.index("method_label")] if "method_label" in index_columns else []
+        blocks = [block for _, block in candidates.groupby(block_levels, sort=False)] if block_levels else [candidates]
+        for column, block in itertools.product(table.columns, blocks):
+            values = block[column].dropna().round(2)
             ranked = sorted(values.unique(), reverse=True)
             for rank, mark in zip(ranked[:2], ("**", "*")):
                 for i in values[values == rank].index:
@@ -154,7 +159,7 @@ PAPER_DYNAMIC = {"MT*": "grid", "MTCP*": "inverse"}
 def method_findings(df: pd.DataFrame) -> pd.DataFrame:
     """Per pair, turn and dataset: pooled tau of M and T and which is higher, the best SD
     configuration, and where the paper's MT* and MTCP* rank among all SD configurations run
-    (1 = best; configurations are method set x policy)."""
+    (1 = best; configurations are method set x policy; equal tau at two decimals share a rank)."""
     ok = df[df["error"].isna() & (df["method_label"] != "AR")]
     keys = ["target", "draft", "turn", "dataset"]
     cells = ok.groupby(keys + ["method_label", "policy", "policy_kind"]).apply(pooled_tau, include_groups=False)
@@ -172,7 +177,9 @@ def method_findings(df: pd.DataFrame) -> pd.DataFrame:
         for label, kind in PAPER_DYNAMIC.items():
             hit = group[(group["method_label"] == label) & (group["policy_kind"] == kind)]
             if not hit.empty:
-                row[label] = f"{hit['tau'].iloc[0]:.2f} (rank {hit.index[0] + 1}/{len(group)})"
+                tau = hit["tau"].iloc[0]
+                rank = 1 + int((group["tau"].round(2) > round(tau, 2)).sum())  # ties share a rank
+                row[label] = f"{tau:.2f} (rank {rank}/{len(group)})"
         rows.append(row)
     rows.sort(key=lambda r: (r["target"], r["draft"], r["turn"] != "first", r["turn"], r["dataset"]))
     table = pd.DataFrame(rows) if rows else pd.DataFrame(columns=keys)

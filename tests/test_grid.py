@@ -3,6 +3,7 @@ shard planning bundles replay configs and skips finished rows. No Ray, no model 
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import yaml
@@ -194,3 +195,24 @@ def test_local_copies_reach_the_data_loaders(tmp_path, monkeypatch):
     source.first_turn("toy", None)
     source.second_turn([], {}, "nq")
     assert seen == {"toy": str(tmp_path / "toy"), "nq": None}
+
+
+def test_a_policy_can_name_the_ensembles_it_runs_on():
+    # the paper's eight configurations: MT* = MT with the grid, MTCP* = MTCP with inverse weights
+    spec = grid(
+        methods=["AR", "M", "T", "MT", "MTCP"], captioner="embedded", window=[None], distance=["kl"], gamma=[5],
+        policies=["static", {"kind": "grid", "methods": ["MT"]}, {"kind": "inverse", "methods": "MTCP"}],
+    )
+    labels = sorted((c.method_label, c.policy.kind) for c in spec.configs())
+    assert labels == [("AR", "static"), ("M", "static"), ("MT", "static"), ("MT*", "grid"),
+                      ("MTCP", "static"), ("MTCP*", "inverse"), ("T", "static")]
+
+
+@pytest.mark.parametrize("policies, message", [
+    (["static", {"kind": "grid", "methods": ["MP"]}], "policies[1].methods: 'MP' is not an ensemble of this grid's methods"),
+    (["static", {"kind": "grid", "methods": ["M"]}], "policies[1].methods: 'M' is not an ensemble"),
+    ([{"kind": "grid", "methods": ["MT"]}], "methods[3] 'MTCP': no policy runs on it"),
+])
+def test_policy_method_restrictions_are_validated(policies, message):
+    with pytest.raises(GridError, match=re.escape(message)):
+        grid(methods=["AR", "M", "MT", "MTCP"], captioner="embedded", policies=policies)

@@ -124,3 +124,13 @@ def test_findings_say_where_m_beats_t_and_where_mt_star_lands(tmp_path):
     text = findings_text(findings)
     assert "- M beats T on: pope (first)." in text and "- T beats M on: vist (first)." in text
     assert "- MT* lands at: pope (first) 5.00 (rank 1/5), vist (first) 2.00 (rank 4/5)." in text
+
+
+def test_markdown_marks_best_within_each_turn():
+    table = pd.DataFrame({
+        "turn": ["first"] * 3 + ["qaorg"] * 3, "method_label": ["M", "T", "MT*"] * 2,
+        "pope": [2.5, 2.1, 2.6, 3.9, 4.2, 4.0],
+    }).set_index(["turn", "method_label"])
+    text = markdown_table(table)
+    assert "| first | MT* | **2.60** |" in text and "| first | M | *2.50* |" in text
+    assert "| qaorg | T | **4.20** |" in text and "| qaorg | MT* | *4.00* |" in text and "| qaorg | M | 3.90 |" in text

@@ -85,8 +85,9 @@ def plan_shards(
     shards = []
     for (pair, dataset, turn), configs in groups.items():
         sample_ids = [s.sample_id for s in samples_for(WorkUnit(configs[0], dataset, turn))]
-        live_here = timed_per_dataset(live_samples, first_turn_datasets[pair], dataset) if grid_mode == "auto" else 0
-        timed = set(sample_ids[:live_here]) if turn == FIRST_TURN else set()
+        timed_first_turn = grid_mode == "auto" and turn == FIRST_TURN
+        live_here = timed_per_dataset(live_samples, first_turn_datasets[pair], dataset) if timed_first_turn else 0
+        timed = set(sample_ids[:live_here])
         replayed = [c for c in configs if decode_mode(c, grid_mode) == "replay"]
         # (mode, configs, sample ids): one replay bundle, then one live bundle per configuration
         bundles = [("replay", replayed, sample_ids)] + [

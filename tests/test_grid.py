@@ -134,6 +134,10 @@ def test_plan_shards_bundles_replay_configs_and_skips_done_rows():
     dealt = plan_shards("r", two, ids, shard_size=2, grid_mode="auto", live_samples=3)
     live_ids = {sid for s in dealt if s.mode == "live" for _, sid in s.items}
     assert live_ids == {"toy/test/0/first", "toy/test/1/first", "other/test/0/first"}
+    # second turns are planned on their own and never run live for walltime
+    again = grid(datasets=["toy", "other"], methods=["AR", "M"]).units(["again"])
+    second = plan_shards("r", again, ids, shard_size=2, grid_mode="auto", live_samples=3)
+    assert {s.mode for s in second} == {"replay"}
     # finished rows are not planned again, and a shard planned twice has the same id
     done = set(live[0].keys) | {live[1].keys[0]}
     again = plan_shards("r", units, lambda u: samples, shard_size=2, done=done)

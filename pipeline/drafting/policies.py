@@ -78,14 +78,15 @@ def grid_position_scores(
 def _distance_to_mixtures(p: torch.Tensor, mixed: torch.Tensor, distance: str) -> torch.Tensor:
     """D(p_s || each mixture of position s): `p [n, V]`, `mixed [n, c, V]` (overwritten) -> `[n, c]`.
 
-    KL is computed as sum p log p minus one batched product with log(mixture): the value of
-    `kl_divergence`, in two passes over the `c x V` mixtures instead of five (the hot spot of
-    a 286-candidate grid on a 49k vocabulary).
+    KL is `kl_divergence` computed in place with one batched product for the weighted sum:
+    fewer passes over the `c x V` mixtures (the hot spot of a 286-candidate grid on a 49k
+    vocabulary). It sums p * (log p - log q) like the direct form; sum p log p - sum p log q
+    would be faster still but cancels in fp32 when q is close to p, which moves grid ties.
     """
     if distance == "tvd":
         return total_variation(p[:, None], mixed)
-    log_mixed = mixed.add_(_EPS).log_()
-    return (p * torch.log(p + _EPS)).sum(-1, keepdim=True) - torch.bmm(log_mixed, p.unsqueeze(-1)).squeeze(-1)
+    log_ratio = mixed.add_(_EPS).log_().neg_().add_(torch.log(p + _EPS)[:, None])  # log p - log q_w
+    return torch.bmm(log_ratio, p.unsqueeze(-1)).squeeze(-1)
 
 
 def method_position_errors(q: torch.Tensor, p: torch.Tensor, distance: str) -> torch.Tensor:

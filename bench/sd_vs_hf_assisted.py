@@ -18,6 +18,7 @@ import torch
 import pipeline.decoding.live as live
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig, PolicySpec
+from pipeline.drafting.policies import History
 from pipeline.models.loading import load_pair
 from pipeline.models.tiny import build_tiny_pair
 from PIL import Image
@@ -104,19 +105,21 @@ def main() -> None:
     results = {name: (median(times[name]), tokens[name]) for name in contenders}
     rate = {name: tokens / seconds for name, (seconds, tokens) in results.items()}
 
-    # TABED overhead: time inside weight selection and mixing, as a share of all drafting+verify
+    # TABED overhead: time scoring history positions, choosing w* and mixing, as a share of
+    # all drafting + verify time
     overhead = {}
     for label, methods, policy in [("mt_grid", "MT", PolicySpec(kind="grid")), ("mtcp_inverse", "MTCP", PolicySpec(kind="inverse"))]:
-        choose, mix = Stopwatch(live.choose_weights), Stopwatch(live.mix)
+        choose, mix, score = Stopwatch(live.choose_weights), Stopwatch(live.mix), Stopwatch(History.add)
         live.choose_weights, live.mix = choose, mix
+        History.add = lambda history, *args: score(history, *args)  # a function binds like the method
         try:
             records = [live.speculative_decode(target, draft, s, DecodeConfig(methods=methods, policy=policy, gamma=args.gamma,
                                                                                max_new_tokens=args.max_new_tokens),
                                                captioner=_ColourCaptioner()) for s in data]
         finally:
-            live.choose_weights, live.mix = choose.fn, mix.fn
+            live.choose_weights, live.mix, History.add = choose.fn, mix.fn, score.fn
         block_time = sum(r.time_draft_s + r.time_verify_s for r in records)
-        overhead[label] = (choose.seconds + mix.seconds) / block_time
+        overhead[label] = (choose.seconds + mix.seconds + score.seconds) / block_time
 
     print(f"pair: {args.target} / {args.draft}; gamma={args.gamma}; {len(data)} samples x {args.max_new_tokens} tokens")
     for name, (seconds, tokens) in results.items():

@@ -2,85 +2,32 @@
 
 One block: choose ensemble weights w* from the history, draft `gamma` tokens with every
 drafting method as one batch, mix the methods' next-token distributions with w*, let the
-target score all proposals in ONE forward, accept, crop both caches. The sequence shared by
-every row starts with the prompt's last token, so both models prefill `prompt[:-1]` once and
-then only ever "feed what is not cached yet" — no special first block.
+target score all proposals in ONE forward, accept, roll both caches back. The sequence shared
+by every row starts with the prompt's last token, so both models prefill `prompt[:-1]` once
+and then only ever feed what is not cached yet — no special first block.
+
+Inside a block nothing waits for the device: proposals, mixing, the acceptance test and the
+weights stay tensors, and ONE transfer at the end brings back the accepted count, the
+proposals, the target's token and the weights. What the block then keeps, records and adds to
+the history is `pipeline.decoding.block.settle_block`, the same rule trace replay uses.
 """
 from __future__ import annotations
 
-import time
 import zlib
-from collections import defaultdict
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import torch
-from PIL import Image
 
 from pipeline.data.sample import Sample
+from pipeline.decoding.block import BlockOutcome, recorded_weights, settle_block
 from pipeline.decoding.config import DecodeConfig
+from pipeline.decoding.engine import PhaseTimer, default_engine, prefilled_rows, tokenize
 from pipeline.decoding.records import SampleRecord
 from pipeline.decoding.verify import sample_token, verify_greedy, verify_sampling
 from pipeline.drafting.batch import BatchedRows
 from pipeline.drafting.captioner import Captioner
-from pipeline.drafting.methods import method_embeddings
 from pipeline.drafting.policies import History, choose_weights, mix
-from pipeline.models.base import LVLM, ModelInputError
-
-
-class PhaseTimer:
-    """Seconds per phase, measured after device sync so GPU work is counted where it runs."""
-
-    def __init__(self, *models: LVLM) -> None:
-        self.models = models
-        self.seconds: dict[str, float] = defaultdict(float)
-
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        yield
-        for model in self.models:
-            model.synchronize()
-        self.seconds[name] += time.perf_counter() - start
-
-    def fill(self, record: SampleRecord) -> None:
-        record.time_prefill_s = self.seconds["prefill"]
-        record.time_draft_s = self.seconds["draft"]
-        record.time_verify_s = self.seconds["verify"]
-        record.time_total_s = sum(self.seconds.values())
-
-
-@dataclass
-class Prompt:
-    """A tokenized prompt checked for decoding: ids with one placeholder per image."""
-
-    ids: list[int]
-    images: Sequence[Image.Image]
-
-
-def tokenize(model: LVLM, sample: Sample) -> Prompt:
-    if sample.error:
-        raise ModelInputError(sample.error)
-    sample.check()
-    ids = model.tokenize_prompt(sample.prompt)
-    if model.image_token_id is not None and ids[-1] == model.image_token_id:
-        raise ModelInputError(f"sample {sample.sample_id}: a prompt must end with text, not an image")
-    return Prompt(ids, sample.images)
-
-
-def prefilled_rows(model: LVLM, prompt: Prompt, methods: str, captioner: Captioner | None) -> BatchedRows:
-    """One row per method holding `prompt[:-1]` in the cache; the last token is fed later."""
-    captions = None
-    if "C" in methods:
-        if captioner is None:
-            raise ModelInputError("caption drafting (C) needs a captioner")
-        captions = [captioner.caption(image) for image in prompt.images]
-    rows = BatchedRows(
-        model, [method_embeddings(model, m, prompt.ids, prompt.images, captions)[:-1] for m in methods]
-    )
-    rows.prefill()
-    return rows
+from pipeline.models.base import LVLM
 
 
 def sample_generator(config: DecodeConfig, sample_id: str) -> torch.Generator:
@@ -92,13 +39,88 @@ def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(logits / (temperature or 1.0), dim=-1)
 
 
-def cut_at_stop(tokens: list[int], budget: int, eos: set[int]) -> tuple[list[int], bool]:
-    """Tokens kept from a block: at most `budget`, ending at the first EOS; and whether to stop."""
-    kept = tokens[:budget]
-    for i, token in enumerate(kept):
-        if token in eos:
-            return kept[: i + 1], True
-    return kept, len(kept) == budget
+@dataclass
+class Draft:
+    """What one block's drafting produced, all on the device: proposals `[g]`, each method's
+    distributions `[g, m, V]` (only when the history needs them) and the mixtures `[g, V]`."""
+
+    proposals: torch.Tensor
+    method_probs: torch.Tensor | None
+    mixed_probs: torch.Tensor
+
+
+def draft_block(
+    rows: BatchedRows, pending: torch.Tensor, weights: torch.Tensor, config: DecodeConfig,
+    uniforms: torch.Tensor | None, keep_methods: bool, timer: PhaseTimer,
+) -> Draft:
+    """`gamma` proposals from the mixture of all rows; `pending` are the shared tokens the rows
+    have not seen yet (1, or 2 after a fully accepted block)."""
+    logits = rows.feed(pending)[:, -1]
+    proposals, method_probs, mixed_probs = [], [], []
+    for i in range(config.gamma):
+        q = probabilities(logits, config.temperature)  # [m, V]
+        with timer.phase("tabed"):
+            mixed = mix(q, weights)
+        token = mixed.argmax(-1, keepdim=True) if config.greedy else sample_token(mixed, uniforms[i]).view(1)
+        proposals.append(token)
+        method_probs.append(q)
+        mixed_probs.append(mixed)
+        if i < config.gamma - 1:
+            logits = rows.feed(token)[:, -1]
+    return Draft(torch.cat(proposals), torch.stack(method_probs) if keep_methods else None, torch.stack(mixed_probs))
+
+
+class SpeculativeDecoder:
+    """The state of one sample's SD run between blocks: both row sets, the tokens each has not
+    seen yet, the history and the output so far."""
+
+    def __init__(self, target_rows: BatchedRows, draft_rows: BatchedRows, first_token: int, config: DecodeConfig,
+                 generator: torch.Generator, eos: set[int], timer: PhaseTimer) -> None:
+        self.target_rows, self.draft_rows = target_rows, draft_rows
+        self.config, self.generator, self.eos, self.timer = config, generator, eos, timer
+        self.device = target_rows.model.device
+        self.history = History(len(config.methods), config.policy)
+        self.target_pending = self.draft_pending = torch.tensor([first_token], device=self.device)
+        self.output: list[int] = []
+
+    def block(self) -> tuple[BlockOutcome, list[float]]:
+        """Draft, verify and settle one block; exactly one device-to-host transfer."""
+        config, gamma, timer = self.config, self.config.gamma, self.timer
+        with timer.phase("draft"):
+            with timer.phase("tabed"):
+                weights = choose_weights(self.history).to(self.device)
+            uniforms = None
+            if not config.greedy:  # g proposals, g acceptance tests, 1 emitted token
+                uniforms = torch.rand(2 * gamma + 1, generator=self.generator, dtype=torch.float64).to(self.device)
+            draft = draft_block(self.draft_rows, self.draft_pending, weights, config, uniforms, self.history.tracks, timer)
+        with timer.phase("verify"):
+            logits = self.target_rows.feed(torch.cat([self.target_pending, draft.proposals]), keep=gamma + 1)[0]
+            p = probabilities(logits, config.temperature) if self.history.tracks or not config.greedy else None
+            if config.greedy:
+                accepted, next_token = verify_greedy(draft.proposals, logits)
+            else:
+                accepted, next_token = verify_sampling(draft.proposals, p, draft.mixed_probs, uniforms[gamma:])
+            summary = torch.cat([accepted.view(1), next_token.view(1), draft.proposals]).double()
+            values = torch.cat([summary, weights]).tolist()  # the block's one transfer
+            a, token, proposals = int(values[0]), int(values[1]), [int(v) for v in values[2 : 2 + gamma]]
+            outcome = settle_block(proposals[:a], token, gamma=gamma, produced=len(self.output),
+                                   max_new_tokens=config.max_new_tokens, eos=self.eos)
+            self.output.extend(outcome.tokens)
+            if outcome.history and self.history.tracks:
+                with timer.phase("tabed"):
+                    self.history.add(draft.method_probs[: outcome.history], p[: outcome.history])
+            if not outcome.stop:
+                self._roll_back(a, torch.cat([draft.proposals[:a], next_token.view(1)]))
+        return outcome, recorded_weights(values[2 + gamma:])
+
+    def _roll_back(self, accepted: int, block_tokens: torch.Tensor) -> None:
+        """Keep the accepted proposals in both caches; queue what each has not seen.
+        `block_tokens`: the accepted proposals and the target's token, on the device."""
+        gamma, before = self.config.gamma, len(self.output) - accepted  # shared tokens fed before the block
+        self.target_rows.keep_shared(before + accepted)
+        self.draft_rows.keep_shared(before + min(accepted, gamma - 1))
+        self.target_pending = block_tokens[accepted : accepted + 1]
+        self.draft_pending = block_tokens[min(accepted, gamma - 1) : accepted + 1]
 
 
 @torch.inference_mode()
@@ -108,84 +130,73 @@ def speculative_decode(
     sample: Sample,
     config: DecodeConfig,
     captioner: Captioner | None = None,
+    *,
+    engine: str | None = None,
 ) -> SampleRecord:
-    """Decode one sample with SD; greedy output is token-identical to the target's own."""
+    """Decode one sample with SD; greedy output is token-identical to the target's own.
+    `engine`: `static` or `eager` (None: the device's default)."""
     config.validate()
-    timer = PhaseTimer(target, draft)
+    engine = engine or default_engine(target, draft)
+    timer = PhaseTimer(target.device)
     record = SampleRecord(sample_id=sample.sample_id, mode="live")
-    methods, gamma, policy = config.methods, config.gamma, config.policy
-    generator = sample_generator(config, sample.sample_id)
+    capacity = config.max_new_tokens + config.gamma + 1
     with timer.phase("prefill"):
         target_prompt, draft_prompt = tokenize(target, sample), tokenize(draft, sample)
-        target_rows = prefilled_rows(target, target_prompt, "M", None)
-        draft_rows = prefilled_rows(draft, draft_prompt, methods, captioner)
-    shared = [target_prompt.ids[-1]]  # the continuation every row shares; output = shared[1:]
-    history = History(len(methods), policy)
+        target_rows = prefilled_rows(target, target_prompt, "M", None, engine=engine, capacity=capacity, role="target")
+        draft_rows = prefilled_rows(draft, draft_prompt, config.methods, captioner, engine=engine, capacity=capacity, role="draft")
+    decoder = SpeculativeDecoder(target_rows, draft_rows, target_prompt.ids[-1], config,
+                                 sample_generator(config, sample.sample_id), target.eos_token_ids, timer)
     while True:
-        with timer.phase("draft"):
-            weights = choose_weights(history)
-            logits = draft_rows.feed(shared[draft_rows.fed:])[:, -1]
-            proposals, method_probs, mixed_probs = [], [], []
-            for i in range(gamma):
-                q = probabilities(logits, config.temperature)  # [m, V]
-                mixed = mix(q, weights)
-                token = int(mixed.argmax()) if config.greedy else sample_token(mixed, generator)
-                proposals.append(token)
-                method_probs.append(q)
-                mixed_probs.append(mixed)
-                if i < gamma - 1:
-                    logits = draft_rows.feed([token])[:, -1]
-        with timer.phase("verify"):
-            target_logits = target_rows.feed(shared[target_rows.fed:] + proposals, keep=gamma + 1)[0]
-            p = probabilities(target_logits, config.temperature)
-            proposed = torch.tensor(proposals, device=p.device)
-            if config.greedy:
-                accepted, next_token = verify_greedy(proposed, target_logits)
-            else:
-                accepted, next_token = verify_sampling(proposed, p, torch.stack(mixed_probs), generator)
-            if history.tracks:  # positions where q_i and p both saw the true prefix
-                seen = min(accepted + 1, gamma)
-                history.add(torch.stack(method_probs[:seen]), p[:seen])
-            before = len(shared)
-            budget = config.max_new_tokens - (before - 1)
-            kept, stop = cut_at_stop(proposals[:accepted] + [next_token], budget, target.eos_token_ids)
-            record.accepted_per_block.append(min(accepted, len(kept)))
-            record.weights_per_block.append([round(float(w), 6) for w in weights])
-            shared.extend(kept)
-            if stop:
-                break
-            target_rows.keep_shared(before + accepted)
-            draft_rows.keep_shared(before + min(accepted, gamma - 1))
-    record.output_ids = shared[1:]
-    record.output_text = target.tokenizer.decode(record.output_ids, skip_special_tokens=True)
-    timer.fill(record)
-    return record
+        outcome, weights = decoder.block()
+        record.accepted_per_block.append(outcome.accepted)
+        record.weights_per_block.append(weights)
+        if outcome.stop:
+            break
+    return _finish(record, decoder.output, target, timer)
 
 
 @torch.inference_mode()
 def autoregressive_decode(
-    target: LVLM, sample: Sample, *, max_new_tokens: int, temperature: float = 0.0, seed: int = 0
+    target: LVLM, sample: Sample, *, max_new_tokens: int, temperature: float = 0.0, seed: int = 0,
+    engine: str | None = None,
 ) -> SampleRecord:
     """The baseline: the target alone, one token per forward, through the same rows and cache
     code as SD so that timings compare like with like. Every token is a block of tau 1."""
     config = DecodeConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
     config.validate()
-    timer = PhaseTimer(target)
+    engine = engine or default_engine(target)
+    timer = PhaseTimer(target.device)
     record = SampleRecord(sample_id=sample.sample_id, mode="ar")
     generator = sample_generator(config, sample.sample_id)
     with timer.phase("prefill"):
         prompt = tokenize(target, sample)
-        rows = prefilled_rows(target, prompt, "M", None)
-    shared = [prompt.ids[-1]]
-    stop = False
-    while not stop:
+        rows = prefilled_rows(target, prompt, "M", None, engine=engine, capacity=max_new_tokens + 1, role="target")
+    pending = torch.tensor([prompt.ids[-1]], device=target.device)
+    output: list[int] = []
+    while True:
         with timer.phase("verify"):
-            logits = rows.feed(shared[rows.fed:])[0, -1]
-            token = int(logits.argmax()) if config.greedy else sample_token(probabilities(logits, temperature), generator)
-            kept, stop = cut_at_stop([token], max_new_tokens - (len(shared) - 1), target.eos_token_ids)
-            shared.extend(kept)
+            logits = rows.feed(pending)[0, -1]
+            if config.greedy:
+                token = logits.argmax(-1)
+            else:
+                token = sample_token(probabilities(logits, temperature), torch.rand((), generator=generator, dtype=torch.float64))
+            outcome = settle_block([], int(token), gamma=1, produced=len(output), max_new_tokens=max_new_tokens,
+                                   eos=target.eos_token_ids)
+            output.extend(outcome.tokens)
             record.accepted_per_block.append(0)
-    record.output_ids = shared[1:]
-    record.output_text = target.tokenizer.decode(record.output_ids, skip_special_tokens=True)
-    timer.fill(record)
+            pending = token.view(1)
+        if outcome.stop:
+            break
+    return _finish(record, output, target, timer)
+
+
+def _finish(record: SampleRecord, output: list[int], target: LVLM, timer: PhaseTimer) -> SampleRecord:
+    record.output_ids = output
+    record.output_text = target.tokenizer.decode(output, skip_special_tokens=True)
+    seconds = timer.totals()
+    record.time_prefill_s = seconds["prefill"]
+    record.time_draft_s = seconds["draft"]
+    record.time_verify_s = seconds["verify"]
+    record.time_tabed_s = seconds["tabed"]
+    record.time_total_s = seconds["prefill"] + seconds["draft"] + seconds["verify"]
     return record

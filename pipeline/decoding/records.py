@@ -11,7 +11,7 @@ class SampleRecord:
     `accepted_per_block[b]` counts the draft proposals the target accepted in block b (only
     those kept before EOS / max_new_tokens); `weights_per_block[b]` is the ensemble weight w*
     used for block b (one float per drafting method). Timings are seconds, measured after
-    device synchronisation.
+    device synchronisation (CUDA events on a GPU, read once per sample).
     """
 
     sample_id: str
@@ -24,6 +24,7 @@ class SampleRecord:
     time_draft_s: float = 0.0
     time_verify_s: float = 0.0
     time_total_s: float = 0.0
+    time_tabed_s: float = 0.0  # choosing weights, mixing and scoring history (inside draft/verify)
     error: str | None = None
 
     @property

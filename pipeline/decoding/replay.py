@@ -1,4 +1,4 @@
-"""Exact trace replay (issue 5): score every greedy drafting configuration from one target pass.
+"""Exact trace replay: score every greedy drafting configuration from one target pass.
 
 Under greedy decoding SD's output is the target's greedy output y whatever the draft does, and
 inside a block starting at position t the i-th proposal only matters if every earlier one
@@ -25,8 +25,10 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from pipeline.data.sample import Sample
+from pipeline.decoding.block import recorded_weights, settle_block
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.live import autoregressive_decode, prefilled_rows, probabilities, tokenize
+from pipeline.decoding.engine import default_engine, prefilled_rows, tokenize
+from pipeline.decoding.live import autoregressive_decode, probabilities
 from pipeline.decoding.records import SampleRecord
 from pipeline.drafting.captioner import Captioner
 from pipeline.drafting.policies import History, choose_weights, mix
@@ -88,12 +90,13 @@ class Traces:
 
 
 def _teacher_forced_logits(
-    model: LVLM, sample: Sample, methods: str, captioner: Captioner | None, y: list[int]
+    model: LVLM, sample: Sample, methods: str, captioner: Captioner | None, y: list[int], engine: str
 ) -> torch.Tensor:
     """Logits `[rows, n, V]` before each token of y, one row per method, in ONE forward after
-    the same prefill the live engine runs (same rows, padding and prompt cache)."""
+    the same prefill the live engine runs (same rows, padding and prompt cache). This forward's
+    shape is new for every sample, so it never compiles."""
     prompt = tokenize(model, sample)
-    rows = prefilled_rows(model, prompt, methods, captioner)
+    rows = prefilled_rows(model, prompt, methods, captioner, engine=engine, capacity=len(y), role="trace", compiled=False)
     sequence = [prompt.ids[-1]] + y[:-1]
     return rows.feed(sequence, keep=len(sequence))
 
@@ -107,6 +110,7 @@ def collect_traces(
     captioner: Captioner | None = None,
     *,
     max_new_tokens: int,
+    engine: str | None = None,
 ) -> Traces:
     """Traces of one sample: y from `autoregressive_decode` (the target alone, greedy), then one
     teacher-forced target forward over prompt + y and one teacher-forced draft forward with all
@@ -115,12 +119,13 @@ def collect_traces(
     Target forwards: 1 + len(y) for y, 2 for the teacher-forced pass (prefill + forward).
     """
     DecodeConfig(methods=methods, max_new_tokens=max_new_tokens).validate()
+    engine = engine or default_engine(target, draft)
     start = time.perf_counter()
     counted = ForwardCounter(target)
-    baseline = autoregressive_decode(counted, sample, max_new_tokens=max_new_tokens)
+    baseline = autoregressive_decode(counted, sample, max_new_tokens=max_new_tokens, engine=engine)
     y = baseline.output_ids
-    target_logits = _teacher_forced_logits(counted, sample, "M", None, y)[0]
-    draft_logits = _teacher_forced_logits(draft, sample, methods, captioner, y)
+    target_logits = _teacher_forced_logits(counted, sample, "M", None, y, engine)[0]
+    draft_logits = _teacher_forced_logits(draft, sample, methods, captioner, y, engine)
     return Traces(
         sample_id=sample.sample_id,
         methods=methods,
@@ -159,10 +164,11 @@ def _check_replayable(traces: Traces, config: DecodeConfig) -> None:
 def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
     """The record a live greedy run of `config` would produce, computed from traces.
 
-    Mirrors `live.speculative_decode` block by block: weights from `choose_weights`, proposal i
-    = argmax of the mixed distribution at position t+i (only reached while earlier proposals
-    matched y), history positions min(accepted + 1, gamma), EOS / max_new_tokens cuts. Timings
-    stay 0: replay decodes nothing, walltime comes from live runs.
+    Mirrors `live.SpeculativeDecoder.block` block by block: weights from `choose_weights`,
+    proposal i = argmax of the mixed distribution at position t+i (only reached while earlier
+    proposals matched y), then `settle_block` — the live engine's own rule — decides what is
+    kept, recorded and added to the history. Timings stay 0: replay decodes nothing,
+    walltime comes from live runs.
     """
     _check_replayable(traces, config)
     methods, gamma, policy = config.methods, config.gamma, config.policy
@@ -176,16 +182,19 @@ def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
     t = 0  # tokens decoded so far = position of the block's first proposal
     while t < n:
         weights = choose_weights(history)
-        accepted = 0
+        accepted = 0  # one position at a time, as live mixes them (same shapes, same rounding)
         while accepted < gamma and t + accepted < n and int(mix(q[t + accepted], weights).argmax()) == y[t + accepted]:
             accepted += 1
-        record.accepted_per_block.append(accepted)
-        record.weights_per_block.append([round(float(w), 6) for w in weights])
-        kept = min(accepted + 1, n - t)  # accepted proposals + the target's token, cut at the end of y
-        if history.tracks and t + kept < n:  # the last block's history is never used
-            seen = min(accepted + 1, gamma)
-            history.add(q[t : t + seen], p[t : t + seen])
-        t += kept
+        next_token = y[t + accepted] if t + accepted < n else None
+        outcome = settle_block(y[t : t + accepted], next_token, gamma=gamma, produced=t,
+                               max_new_tokens=config.max_new_tokens, eos=traces.eos_token_ids)
+        record.accepted_per_block.append(outcome.accepted)
+        record.weights_per_block.append(recorded_weights(weights))
+        if outcome.history and history.tracks:
+            history.add(q[t : t + outcome.history], p[t : t + outcome.history])
+        t += len(outcome.tokens)
+        if outcome.stop:
+            break
     record.output_ids = list(y)
     record.output_text = traces.tokenizer.decode(record.output_ids, skip_special_tokens=True)
     return record

@@ -2,8 +2,16 @@
 
 Every row continues with the same generated tokens; only the prompts differ (one row per
 drafting method). Prompts are left-padded, each row gets its own attention mask and position
-ids, and the cache is cropped uniformly because generated tokens sit at the same offsets in
-every row. The target uses the same class with a single row.
+ids, and every generated token sits at the same cache slot in every row, so dropping rejected
+proposals is one operation for the whole batch. The target uses the same classes with a single
+row.
+
+Two cache strategies, chosen by the engine (`pipeline.decoding.engine`):
+- `BatchedRows` (engine `eager`): transformers' `DynamicCache`, which grows by concatenation
+  and is cropped after each block.
+- `StaticRows` (engine `static`): transformers' `StaticCache`, allocated once for the whole
+  sample with a fixed-shape mask; rejecting proposals only moves the write position back, and
+  decode steps have static shapes, so on a GPU they run as captured CUDA graphs.
 """
 from __future__ import annotations
 
@@ -11,9 +19,11 @@ import torch
 
 from pipeline.models.base import LVLM
 
+CAPACITY_STEP = 256  # static caches come in multiples of this, so compiled steps are reused across samples
+
 
 class BatchedRows:
-    """A batch of prompt rows plus the shared continuation fed so far.
+    """A batch of prompt rows plus the shared continuation fed so far (DynamicCache).
 
     `fed` counts how many shared continuation tokens are in the cache; the caller decides
     which of them survive verification with `keep_shared`.
@@ -21,43 +31,36 @@ class BatchedRows:
 
     def __init__(self, model: LVLM, prompts: list[torch.Tensor]) -> None:
         self.model = model
-        lengths = torch.tensor([p.shape[0] for p in prompts])
-        width = int(lengths.max())
-        hidden = prompts[0].shape[-1]
-        embeds = prompts[0].new_zeros(len(prompts), width, hidden)
-        self.mask = torch.zeros(len(prompts), width, dtype=torch.long, device=model.device)
+        self.rows = len(prompts)
+        lengths = [p.shape[0] for p in prompts]
+        self.width = max(lengths)
+        self._prompt_embeds = prompts[0].new_zeros(self.rows, self.width, prompts[0].shape[-1])
+        self._padding = torch.zeros(self.rows, self.width, dtype=torch.long)
         for row, prompt in enumerate(prompts):
-            embeds[row, width - prompt.shape[0]:] = prompt
-            self.mask[row, width - prompt.shape[0]:] = 1
-        self._prompt_embeds = embeds
-        self._next_position = lengths.to(model.device)  # per row: position of the next token
+            self._prompt_embeds[row, self.width - prompt.shape[0]:] = prompt
+            self._padding[row, self.width - prompt.shape[0]:] = 1
+        self._padding = self._padding.to(model.device)
+        self._next_position = torch.tensor(lengths, device=model.device)  # per row: position of the next token
+        self.mask = self._padding
         self.cache = model.new_cache()
         self.fed = 0
 
     def prefill(self) -> None:
         """Run the padded prompts once; padded slots get position 0 and are masked out."""
-        positions = (self.mask.cumsum(-1) - 1).clamp_min(0)
-        self.model.logits(
-            cache=self.cache,
-            attention_mask=self.mask,
-            position_ids=positions,
-            inputs_embeds=self._prompt_embeds,
-            keep=1,
-        )
+        positions = (self._padding.cumsum(-1) - 1).clamp_min(0)
+        self._forward(self._prompt_mask(), positions, keep=1, inputs_embeds=self._prompt_embeds, step=False)
         self._prompt_embeds = None  # the cache holds them now
 
-    def feed(self, token_ids: list[int], keep: int = 1) -> torch.Tensor:
-        """Append the same tokens to every row; fp32 logits of the last `keep`: `[B, keep, V]`."""
-        rows, n = self.mask.shape[0], len(token_ids)
-        ids = torch.tensor([token_ids] * rows, device=self.model.device)
+    def feed(self, token_ids: list[int] | torch.Tensor, keep: int = 1) -> torch.Tensor:
+        """Append the same tokens to every row; fp32 logits of the last `keep`: `[B, keep, V]`.
+
+        `token_ids` may be a device tensor (the engine's proposals never leave the device)."""
+        ids = torch.as_tensor(token_ids, device=self.model.device).view(1, -1)
+        n = ids.shape[1]
         offsets = torch.arange(self.fed, self.fed + n, device=self.model.device)
-        self.mask = torch.cat([self.mask, self.mask.new_ones(rows, n)], dim=1)
-        logits = self.model.logits(
-            cache=self.cache,
-            attention_mask=self.mask,
-            position_ids=self._next_position[:, None] + offsets[None, :],
-            input_ids=ids,
-            keep=keep,
+        mask = self._grow_mask(n)
+        logits = self._forward(
+            mask, self._next_position[:, None] + offsets[None, :], keep=keep, input_ids=ids.expand(self.rows, n), step=True
         )
         self.fed += n
         return logits
@@ -71,3 +74,52 @@ class BatchedRows:
             self.cache.crop(-drop)
             self.mask = self.mask[:, : self.mask.shape[1] - drop]
             self.fed = n
+
+    def _prompt_mask(self) -> torch.Tensor:
+        return self._padding
+
+    def _grow_mask(self, n: int) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, self.mask.new_ones(self.rows, n)], dim=1)
+        return self.mask
+
+    def _forward(self, mask: torch.Tensor, positions: torch.Tensor, *, keep: int, step: bool, **inputs) -> torch.Tensor:
+        return self.model.logits(cache=self.cache, attention_mask=mask, position_ids=positions, keep=keep, **inputs)
+
+
+class StaticRows(BatchedRows):
+    """The same rows over a `StaticCache` of `capacity` slots (rounded up to `CAPACITY_STEP`).
+
+    The mask is fixed for the whole sample: left padding is masked, every later slot is open,
+    and causality hides slots past the write position, so stale keys of rejected proposals are
+    never read before they are overwritten. `compiled` runs the decode steps (not the prefill)
+    through the model's compiled forward. `role` names which pooled cache of the model to use,
+    so a target and a draft that are the same model never share one.
+    """
+
+    def __init__(self, model: LVLM, prompts: list[torch.Tensor], *, capacity: int, compiled: bool, role: str) -> None:
+        super().__init__(model, prompts)
+        slots = -(-(self.width + capacity) // CAPACITY_STEP) * CAPACITY_STEP
+        self.cache = model.static_cache(self.rows, slots, role)
+        self.mask = torch.cat([self._padding, self._padding.new_ones(self.rows, slots - self.width)], dim=1)
+        self.compiled = compiled
+        self.slots = slots
+
+    def _prompt_mask(self) -> torch.Tensor:
+        return self.mask
+
+    def _grow_mask(self, n: int) -> torch.Tensor:
+        if self.width + self.fed + n > self.slots:
+            raise ValueError(f"static cache of {self.slots} slots is full: {self.width + self.fed} used, {n} more fed")
+        return self.mask
+
+    def keep_shared(self, n: int) -> None:
+        if n > self.fed:
+            raise ValueError(f"cannot keep {n} continuation tokens: only {self.fed} were fed")
+        if n < self.fed:
+            self.model.rewind_static_cache(self.cache, self.width + n)
+            self.fed = n
+
+    def _forward(self, mask: torch.Tensor, positions: torch.Tensor, *, keep: int, step: bool, **inputs) -> torch.Tensor:
+        return self.model.logits(
+            cache=self.cache, attention_mask=mask, position_ids=positions, keep=keep, compiled=self.compiled and step, **inputs
+        )

@@ -95,17 +95,27 @@ def method_position_errors(q: torch.Tensor, p: torch.Tensor, distance: str) -> t
 
 
 def select_grid_candidate(hits: torch.Tensor, dist: torch.Tensor, candidates: torch.Tensor, measure: str) -> torch.Tensor:
-    """TABED MT*: the candidate with the best summed hits `[C]` / distances `[C]` on the window."""
+    """TABED MT*: the candidate with the best summed hits `[C]` / distances `[C]` on the window.
+
+    Pure device code (no `.item()`), so the live engine picks weights without a host sync.
+    """
     if measure == "soft":
-        return candidates[_first_least(dist)]
-    best = hits == hits.max()
-    if measure == "hard":
-        return candidates[int(torch.nonzero(best)[0])]
-    dist = torch.where(best, dist, torch.full_like(dist, float("inf")))
-    return candidates[_first_least(dist)]
+        index = _first_least(dist)
+    else:
+        best = hits == hits.max()
+        if measure == "hard":
+            index = _first_true(best)
+        else:
+            index = _first_least(torch.where(best, dist, torch.full_like(dist, float("inf"))))
+    return candidates.index_select(0, index.view(1))[0]
 
 
-def _first_least(scores: torch.Tensor) -> int:
+def _first_true(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the first True, as a 0-d device tensor (argmax returns the first maximum)."""
+    return mask.to(torch.uint8).argmax()
+
+
+def _first_least(scores: torch.Tensor) -> torch.Tensor:
     """Index of the earliest candidate within float noise of the least score.
 
     Mixtures that are mathematically equal (e.g. M and T rows of a prompt with no image) score
@@ -114,7 +124,7 @@ def _first_least(scores: torch.Tensor) -> int:
     """
     least = scores.min()
     tolerance = _TIE_RTOL * least.abs() + _TIE_ATOL
-    return int(torch.nonzero(scores <= least + tolerance)[0])
+    return _first_true(scores <= least + tolerance)
 
 
 def inverse_error_from_errors(errors: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -125,9 +135,9 @@ def inverse_error_from_errors(errors: torch.Tensor, temperature: float) -> torch
     uniform).
     """
     perfect = errors <= 0
-    if perfect.any():
-        return perfect.double() / perfect.sum()
-    return torch.softmax(torch.log(1.0 / errors) / temperature, dim=0)
+    shared = perfect.double() / perfect.sum().clamp_min(1)
+    inverse = torch.softmax(torch.log(1.0 / errors) / temperature, dim=0)  # NaN if some e_i = 0: not chosen then
+    return torch.where(perfect.any(), shared, inverse)
 
 
 def _grid_distance(spec: PolicySpec) -> str:
@@ -142,38 +152,53 @@ class History:
     Positions are those where both the target's `p` and every method's `q_i` were computed from
     the true prefix (SPEC §3). Every score (argmax hit, distance) is a sum over positions, so a
     block costs the scoring of its new positions only, not of the whole history again, and no
-    `[V]`-sized distribution is kept. Static policies and single methods keep nothing.
+    `[V]`-sized distribution is kept. Scores stay on the device the distributions came from
+    (one float64 row per position in a growing buffer), so the live engine never waits for
+    them. Static policies and single methods keep nothing.
     """
 
     def __init__(self, m: int, spec: PolicySpec) -> None:
         self.m, self.spec = m, spec
         self.tracks = spec.kind != "static" and m > 1
         self.candidates = simplex_grid(m, spec.steps) if spec.kind == "grid" and self.tracks else None
-        self._scores: list[torch.Tensor] = []  # one float64 row per position, on the CPU
+        self._buffer: torch.Tensor | None = None  # [capacity, scores per position]
+        self._length = 0
 
     def __len__(self) -> int:
-        return len(self._scores)
+        return self._length
 
     def add(self, q_methods: torch.Tensor, p_target: torch.Tensor) -> None:
         """Append positions: `q_methods` `[n, m, V]`, `p_target` `[n, V]`."""
-        if not self.tracks:
+        if not self.tracks or q_methods.shape[0] == 0:
             return
         if self.candidates is not None:
-            hits, dist = grid_position_scores(q_methods, p_target, self.candidates.to(q_methods.device), _grid_distance(self.spec))
+            self.candidates = self.candidates.to(q_methods.device)
+            hits, dist = grid_position_scores(q_methods, p_target, self.candidates, _grid_distance(self.spec))
             rows = torch.cat([hits, dist], 1)
         else:
             rows = method_position_errors(q_methods, p_target, self.spec.distance)
-        self._scores.extend(rows.cpu().unbind(0))
+        self._append(rows)
+
+    def _append(self, rows: torch.Tensor) -> None:
+        end = self._length + rows.shape[0]
+        if self._buffer is None or end > self._buffer.shape[0]:
+            grown = rows.new_zeros(max(2 * end, 64), rows.shape[1])
+            if self._buffer is not None:
+                grown[: self._length] = self._buffer[: self._length]
+            self._buffer = grown
+        self._buffer[self._length : end] = rows
+        self._length = end
 
     def window_totals(self) -> torch.Tensor:
         """Scores summed over the last `window` positions (all when None)."""
         h = self.spec.window
-        start = 0 if h is None else max(0, len(self._scores) - h)
-        return torch.stack(self._scores[start:]).sum(0)
+        start = 0 if h is None else max(0, self._length - h)
+        return self._buffer[start : self._length].sum(0)
 
 
 def choose_weights(history: History) -> torch.Tensor:
-    """Weights w* for the next block, float64 `[m]` on the CPU (uniform before any history)."""
+    """Weights w* for the next block, float64 `[m]`: on the history's device once it holds
+    positions, on the CPU before (uniform)."""
     m, spec = history.m, history.spec
     if m == 1:
         return torch.ones(1, dtype=torch.float64)

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 from PIL import Image
-from transformers import DynamicCache, PreTrainedTokenizerBase
+from transformers import Cache, DynamicCache, PreTrainedTokenizerBase
 
 
 class ModelInputError(ValueError):
@@ -55,15 +55,17 @@ class LVLM(ABC):
     def logits(
         self,
         *,
-        cache: DynamicCache,
+        cache: Cache,
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
         input_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         keep: int = 1,
+        compiled: bool = False,
     ) -> torch.Tensor:
         """One forward of the language model over new positions, extending `cache`.
-        Returns fp32 logits for the last `keep` positions: `[batch, keep, vocab]`."""
+        Returns fp32 logits for the last `keep` positions: `[batch, keep, vocab]`.
+        `compiled` asks for the compiled forward (static-shape decode steps over a static cache)."""
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -73,6 +75,19 @@ class LVLM(ABC):
 
     def new_cache(self) -> DynamicCache:
         return DynamicCache()
+
+    @property
+    def supports_static_cache(self) -> bool:
+        """Whether `static_cache` works (engine `static`); otherwise only `eager` runs."""
+        return False
+
+    def static_cache(self, batch: int, slots: int, role: str) -> Cache:
+        """A zeroed static cache of `batch` rows and `slots` positions (engine `static`)."""
+        raise NotImplementedError(f"{self.name}: this model has no static-cache support; use engine 'eager'")
+
+    def rewind_static_cache(self, cache: Cache, length: int) -> None:
+        """Make the next write of `cache` land at slot `length` (rejected proposals are overwritten)."""
+        raise NotImplementedError(f"{self.name}: this model has no static-cache support; use engine 'eager'")
 
     def tokenize_prompt(self, text: str) -> list[int]:
         """Token ids of a prompt (BOS included), each `<image>` as one placeholder id."""

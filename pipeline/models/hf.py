@@ -12,13 +12,18 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import Cache, PreTrainedModel, PreTrainedTokenizerBase, StaticCache
 
 from pipeline.models.base import LVLM, ModelInputError
 
 
+POOLED_CACHES = 8  # static caches kept per model (one per rows x slots x role in use)
+
+
 class HFModel(LVLM):
-    """A transformers model driven through `inputs_embeds`/`input_ids` with a DynamicCache."""
+    """A transformers model driven through `inputs_embeds`/`input_ids` with a Dynamic or
+    Static cache. Static caches are pooled and reused across samples: a compiled step captures
+    the cache tensors' addresses, so new tensors per sample would mean new graphs per sample."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str) -> None:
         self.model = model.eval()
@@ -27,6 +32,29 @@ class HFModel(LVLM):
         self.device = model.device
         self.dtype = model.dtype
         self.image_token_id = None
+        self._static_caches: dict[tuple[int, int, str], StaticCache] = {}
+
+    @property
+    def supports_static_cache(self) -> bool:
+        return True
+
+    def static_cache(self, batch: int, slots: int, role: str) -> StaticCache:
+        key = (batch, slots, role)
+        cache = self._static_caches.pop(key, None)
+        if cache is None:
+            if len(self._static_caches) >= POOLED_CACHES:
+                self._static_caches.pop(next(iter(self._static_caches)))  # the least recently used
+            cache = StaticCache(config=self.model.config, max_cache_len=slots)
+        else:
+            cache.reset()
+        self._static_caches[key] = cache
+        return cache
+
+    def rewind_static_cache(self, cache: Cache, length: int) -> None:
+        # transformers' StaticLayer writes at its `cumulative_length` (a device tensor, so
+        # setting it is no host sync); there is no public crop for static caches.
+        for layer in cache.layers:
+            layer.cumulative_length.fill_(length)
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -43,14 +71,18 @@ class HFModel(LVLM):
     def logits(
         self,
         *,
-        cache: DynamicCache,
+        cache: Cache,
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
         input_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         keep: int = 1,
+        compiled: bool = False,
     ) -> torch.Tensor:
-        out = self.model(
+        # transformers' own compiled call (`torch.compile`, mode reduce-overhead: CUDA graphs
+        # on a GPU), compiled once per model and reused for every static shape it meets
+        forward = self.model.get_compiled_call(None) if compiled else self.model
+        out = forward(
             input_ids=None if input_ids is None else input_ids.to(self.device),
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask.to(self.device),

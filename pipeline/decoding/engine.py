@@ -1,0 +1,138 @@
+"""Which engine runs the decode loop, and the pieces the loops share: rows, timers, prompts.
+
+Engines (the grid's `engine` axis; outputs are the same, walltimes are not):
+- `static`: transformers' `StaticCache`, fixed-shape masks and positions, rollback by moving
+  the write position; on a GPU the decode steps (m draft rows x 1-2 tokens, target verify of
+  gamma+1 tokens, AR step) run through `torch.compile` (mode reduce-overhead: CUDA graphs),
+  each compiled once per shape and reused across samples.
+- `eager`: transformers' `DynamicCache`, grown by concatenation and cropped after each block.
+
+Compiling on a CPU costs over a minute per step shape and did not pay back over a grid here,
+so CPU runs are eager forwards (`TABED_COMPILE=1` forces compiling, e.g. to test that path).
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+from PIL import Image
+
+from pipeline.data.sample import Sample
+from pipeline.drafting.batch import BatchedRows, StaticRows
+from pipeline.drafting.captioner import Captioner
+from pipeline.drafting.methods import method_embeddings
+from pipeline.models.base import LVLM, ModelInputError
+
+ENGINES = ("static", "eager")
+CPU_ENGINE = "static"  # measured on the 2-core CPU: see docs/engine.md
+COMPILE_ENV = "TABED_COMPILE"  # auto (GPU only) | 1 (always) | 0 (never)
+RECOMPILE_LIMIT = 64  # step shapes per model: rows x tokens x cache sizes
+
+
+def default_engine(*models: LVLM) -> str:
+    """`static` on a GPU; on a CPU whichever measured faster there; `eager` when a model has
+    no static-cache support."""
+    if not all(model.supports_static_cache for model in models):
+        return "eager"
+    return "static" if models[0].device.type == "cuda" else CPU_ENGINE
+
+
+def check_engine(engine: str) -> None:
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; choose one of {ENGINES}")
+
+
+def compiles(device: torch.device) -> bool:
+    """Whether static decode steps run compiled on `device`."""
+    setting = os.environ.get(COMPILE_ENV, "auto")
+    if setting not in ("auto", "0", "1"):
+        raise ValueError(f"{COMPILE_ENV} must be auto, 0 or 1, got {setting!r}")
+    wanted = device.type == "cuda" if setting == "auto" else setting == "1"
+    if wanted:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    return wanted
+
+
+@dataclass
+class Prompt:
+    """A tokenized prompt checked for decoding: ids with one placeholder per image."""
+
+    ids: list[int]
+    images: Sequence[Image.Image]
+
+
+def tokenize(model: LVLM, sample: Sample) -> Prompt:
+    if sample.error:
+        raise ModelInputError(sample.error)
+    sample.check()
+    ids = model.tokenize_prompt(sample.prompt)
+    if model.image_token_id is not None and ids[-1] == model.image_token_id:
+        raise ModelInputError(f"sample {sample.sample_id}: a prompt must end with text, not an image")
+    return Prompt(ids, sample.images)
+
+
+def prefilled_rows(
+    model: LVLM,
+    prompt: Prompt,
+    methods: str,
+    captioner: Captioner | None,
+    *,
+    engine: str,
+    capacity: int,
+    role: str,
+    compiled: bool | None = None,
+) -> BatchedRows:
+    """One row per method holding `prompt[:-1]` in the cache; the last token is fed later.
+
+    `capacity`: continuation tokens the rows must hold (static engine); `compiled` overrides
+    whether decode steps compile (None: `compiles(device)`)."""
+    check_engine(engine)
+    captions = None
+    if "C" in methods:
+        if captioner is None:
+            raise ModelInputError("caption drafting (C) needs a captioner")
+        captions = [captioner.caption(image) for image in prompt.images]
+    embeds = [method_embeddings(model, m, prompt.ids, prompt.images, captions)[:-1] for m in methods]
+    if engine == "eager":
+        rows = BatchedRows(model, embeds)
+    else:
+        compiled = compiles(model.device) if compiled is None else compiled
+        rows = StaticRows(model, embeds, capacity=capacity, compiled=compiled, role=role)
+    rows.prefill()
+    return rows
+
+
+class PhaseTimer:
+    """Seconds per phase without waiting for the device inside a block: CUDA events on a GPU
+    (read once, in `fill`), the wall clock on a CPU. Phases may nest (`tabed` inside `draft`)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.seconds: dict[str, float] = defaultdict(float)
+        self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._events.append((name, start, end))
+        else:
+            begin = time.perf_counter()
+            yield
+            self.seconds[name] += time.perf_counter() - begin
+
+    def totals(self) -> dict[str, float]:
+        if self._events:
+            torch.cuda.synchronize()
+            for name, start, end in self._events:
+                self.seconds[name] += start.elapsed_time(end) / 1000
+            self._events.clear()
+        return self.seconds

@@ -20,18 +20,26 @@ A row that cannot become a prompt (missing or unreadable image, placeholder/imag
 mismatch, missing first-turn answer) yields a Sample with ``error`` set instead of raising.
 Prompts follow ``USER: ... ASSISTANT:``; see ``pipeline.data.prompts`` for the exact format.
 """
-from pipeline.data.loading import DataSourceError, load_samples
-from pipeline.data.registry import DATASETS, DatasetSpec, get_dataset
-from pipeline.data.sample import Sample
-from pipeline.data.turns import TURN_TASKS, build_second_turn
+from __future__ import annotations
 
-__all__ = [
-    "DATASETS",
-    "DataSourceError",
-    "DatasetSpec",
-    "Sample",
-    "TURN_TASKS",
-    "build_second_turn",
-    "get_dataset",
-    "load_samples",
-]
+import importlib
+
+# Attributes load on first use: the decoding core imports `pipeline.data.sample` and must not
+# pull in `datasets` (absent on a bare GPU box) through this package's __init__.
+_EXPORTS = {
+    "DataSourceError": "pipeline.data.loading",
+    "load_samples": "pipeline.data.loading",
+    "DATASETS": "pipeline.data.registry",
+    "DatasetSpec": "pipeline.data.registry",
+    "get_dataset": "pipeline.data.registry",
+    "Sample": "pipeline.data.sample",
+    "TURN_TASKS": "pipeline.data.turns",
+    "build_second_turn": "pipeline.data.turns",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'pipeline.data' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

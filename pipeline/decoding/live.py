@@ -138,7 +138,7 @@ def speculative_decode(
     config.validate()
     engine = engine or default_engine(target, draft)
     timer = PhaseTimer(target.device)
-    record = SampleRecord(sample_id=sample.sample_id, mode="live")
+    record = SampleRecord(sample_id=sample.sample_id, mode="live", engine=engine)
     capacity = config.max_new_tokens + config.gamma + 1
     with timer.phase("prefill"):
         target_prompt, draft_prompt = tokenize(target, sample), tokenize(draft, sample)
@@ -166,7 +166,7 @@ def autoregressive_decode(
     config.validate()
     engine = engine or default_engine(target)
     timer = PhaseTimer(target.device)
-    record = SampleRecord(sample_id=sample.sample_id, mode="ar")
+    record = SampleRecord(sample_id=sample.sample_id, mode="ar", engine=engine)
     generator = sample_generator(config, sample.sample_id)
     with timer.phase("prefill"):
         prompt = tokenize(target, sample)

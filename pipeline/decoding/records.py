@@ -16,6 +16,7 @@ class SampleRecord:
 
     sample_id: str
     mode: str = "live"  # live | replay | ar (plain autoregressive baseline)
+    engine: str | None = None  # static | eager: the engine that decoded (replay: that collected the traces)
     output_ids: list[int] = field(default_factory=list)
     output_text: str = ""
     accepted_per_block: list[int] = field(default_factory=list)

@@ -72,6 +72,7 @@ class Traces:
     max_new_tokens: int
     eos_token_ids: frozenset[int]
     tokenizer: PreTrainedTokenizerBase = field(repr=False, compare=False)
+    engine: str = "eager"  # the engine that decoded y and ran the teacher-forced passes
     target_forwards: int = 0  # greedy decoding (prefill + one per token) + teacher-forced pass
     time_collect_s: float = 0.0
     #: the plain greedy decode that produced y: a real AR baseline row, timings included
@@ -135,6 +136,7 @@ def collect_traces(
         max_new_tokens=max_new_tokens,
         eos_token_ids=frozenset(target.eos_token_ids),
         tokenizer=target.tokenizer,
+        engine=engine,
         target_forwards=counted.forwards,
         time_collect_s=time.perf_counter() - start,
         baseline=baseline,
@@ -178,7 +180,7 @@ def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
     q = traces.draft_probs[:n, rows].contiguous()  # [n, m, V] in the config's method order
     p = traces.target_probs
     history = History(len(methods), policy)
-    record = SampleRecord(sample_id=traces.sample_id, mode="replay")
+    record = SampleRecord(sample_id=traces.sample_id, mode="replay", engine=traces.engine)
     t = 0  # tokens decoded so far = position of the block's first proposal
     while t < n:
         weights = choose_weights(history)

@@ -83,7 +83,8 @@ class FakeLVLM(LVLM):
         batch, n = embeds.shape[:2]
         if not cache.rows:
             cache.rows = [[] for _ in range(batch)]
-        new_mask = attention_mask[:, -n:]
+        # a new token is real (not left padding) when the 4-D mask lets it see its own slot
+        new_mask = attention_mask[:, 0, :, -n:].diagonal(dim1=-2, dim2=-1) == 0
         out = torch.zeros(batch, n, self.table.shape[0], dtype=torch.float64)
         for row in range(batch):
             for j in range(n):

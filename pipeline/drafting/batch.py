@@ -1,10 +1,12 @@
 """Rows of different prompt lengths decoded as ONE batch with one KV cache (SPEC §3).
 
 Every row continues with the same generated tokens; only the prompts differ (one row per
-drafting method). Prompts are left-padded, each row gets its own attention mask and position
-ids, and every generated token sits at the same cache slot in every row, so dropping rejected
-proposals is one operation for the whole batch. The target uses the same classes with a single
-row.
+drafting method). Prompts are left-padded, each row gets its own position ids and its own
+4-D attention mask (padding and causality, built here on the device: transformers uses a
+prepared mask as it is, where building one itself would read the mask back to the host), and
+every generated token sits at the same cache slot in every row, so dropping rejected
+proposals is one operation for the whole batch. The target uses the same classes with a
+single row.
 
 Two cache strategies, chosen by the engine (`pipeline.decoding.engine`):
 - `BatchedRows` (engine `eager`): transformers' `DynamicCache`, which grows by concatenation
@@ -35,20 +37,20 @@ class BatchedRows:
         lengths = [p.shape[0] for p in prompts]
         self.width = max(lengths)
         self._prompt_embeds = prompts[0].new_zeros(self.rows, self.width, prompts[0].shape[-1])
-        self._padding = torch.zeros(self.rows, self.width, dtype=torch.long)
+        padding = torch.zeros(self.rows, self.width, dtype=torch.bool)
         for row, prompt in enumerate(prompts):
             self._prompt_embeds[row, self.width - prompt.shape[0]:] = prompt
-            self._padding[row, self.width - prompt.shape[0]:] = 1
-        self._padding = self._padding.to(model.device)
+            padding[row, self.width - prompt.shape[0]:] = True
+        self._padding = padding.to(model.device)  # [B, width]: False where a row is padded
         self._next_position = torch.tensor(lengths, device=model.device)  # per row: position of the next token
-        self.mask = self._padding
         self.cache = model.new_cache()
         self.fed = 0
 
     def prefill(self) -> None:
         """Run the padded prompts once; padded slots get position 0 and are masked out."""
-        positions = (self._padding.cumsum(-1) - 1).clamp_min(0)
-        self._forward(self._prompt_mask(), positions, keep=1, inputs_embeds=self._prompt_embeds, step=False)
+        positions = (self._padding.long().cumsum(-1) - 1).clamp_min(0)
+        mask = self._attention_mask(start=0, n=self.width)
+        self._forward(mask, positions, keep=1, inputs_embeds=self._prompt_embeds, step=False)
         self._prompt_embeds = None  # the cache holds them now
 
     def feed(self, token_ids: list[int] | torch.Tensor, keep: int = 1) -> torch.Tensor:
@@ -58,7 +60,7 @@ class BatchedRows:
         ids = torch.as_tensor(token_ids, device=self.model.device).view(1, -1)
         n = ids.shape[1]
         offsets = torch.arange(self.fed, self.fed + n, device=self.model.device)
-        mask = self._grow_mask(n)
+        mask = self._attention_mask(start=self.width + self.fed, n=n)
         logits = self._forward(
             mask, self._next_position[:, None] + offsets[None, :], keep=keep, input_ids=ids.expand(self.rows, n), step=True
         )
@@ -72,15 +74,23 @@ class BatchedRows:
             raise ValueError(f"cannot keep {n} continuation tokens: only {self.fed} were fed")
         if drop:
             self.cache.crop(-drop)
-            self.mask = self.mask[:, : self.mask.shape[1] - drop]
             self.fed = n
 
-    def _prompt_mask(self) -> torch.Tensor:
-        return self._padding
+    def _key_slots(self, end: int) -> int:
+        """How many cache slots the attention reads when the new tokens end at slot `end`."""
+        return end
 
-    def _grow_mask(self, n: int) -> torch.Tensor:
-        self.mask = torch.cat([self.mask, self.mask.new_ones(self.rows, n)], dim=1)
-        return self.mask
+    def _attention_mask(self, start: int, n: int) -> torch.Tensor:
+        """Additive mask `[B, 1, n, keys]` for `n` new tokens written from cache slot `start`:
+        a key is visible if it is not padding and not after the query."""
+        keys = self._key_slots(start + n)
+        device = self._padding.device
+        open_keys = torch.ones(self.rows, keys, dtype=torch.bool, device=device)
+        open_keys[:, : self.width] = self._padding
+        causal = torch.arange(keys, device=device)[None, :] <= torch.arange(start, start + n, device=device)[:, None]
+        visible = open_keys[:, None, None, :] & causal[None, None]
+        blocked = torch.finfo(self.model.dtype).min
+        return torch.zeros(visible.shape, dtype=self.model.dtype, device=device).masked_fill_(~visible, blocked)
 
     def _forward(self, mask: torch.Tensor, positions: torch.Tensor, *, keep: int, step: bool, **inputs) -> torch.Tensor:
         return self.model.logits(cache=self.cache, attention_mask=mask, position_ids=positions, keep=keep, **inputs)
@@ -89,28 +99,23 @@ class BatchedRows:
 class StaticRows(BatchedRows):
     """The same rows over a `StaticCache` of `capacity` slots (rounded up to `CAPACITY_STEP`).
 
-    The mask is fixed for the whole sample: left padding is masked, every later slot is open,
-    and causality hides slots past the write position, so stale keys of rejected proposals are
-    never read before they are overwritten. `compiled` runs the decode steps (not the prefill)
+    Every step attends over all slots: left padding is masked, and causality hides slots past
+    the write position, so stale keys of rejected proposals are never read before they are
+    overwritten, and every step of a kind has the same shapes. `compiled` runs the decode steps (not the prefill)
     through the model's compiled forward. `role` names which pooled cache of the model to use,
     so a target and a draft that are the same model never share one.
     """
 
     def __init__(self, model: LVLM, prompts: list[torch.Tensor], *, capacity: int, compiled: bool, role: str) -> None:
         super().__init__(model, prompts)
-        slots = -(-(self.width + capacity) // CAPACITY_STEP) * CAPACITY_STEP
-        self.cache = model.static_cache(self.rows, slots, role)
-        self.mask = torch.cat([self._padding, self._padding.new_ones(self.rows, slots - self.width)], dim=1)
+        self.slots = -(-(self.width + capacity) // CAPACITY_STEP) * CAPACITY_STEP
+        self.cache = model.static_cache(self.rows, self.slots, role)
         self.compiled = compiled
-        self.slots = slots
 
-    def _prompt_mask(self) -> torch.Tensor:
-        return self.mask
-
-    def _grow_mask(self, n: int) -> torch.Tensor:
-        if self.width + self.fed + n > self.slots:
-            raise ValueError(f"static cache of {self.slots} slots is full: {self.width + self.fed} used, {n} more fed")
-        return self.mask
+    def _key_slots(self, end: int) -> int:
+        if end > self.slots:
+            raise ValueError(f"static cache of {self.slots} slots is full: tokens up to slot {end} were fed")
+        return self.slots
 
     def keep_shared(self, n: int) -> None:
         if n > self.fed:

@@ -18,7 +18,6 @@ import torch
 import pipeline.decoding.live as live
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig, PolicySpec
-from pipeline.drafting.policies import History
 from pipeline.models.loading import load_pair
 from pipeline.models.tiny import build_tiny_pair
 from PIL import Image
@@ -56,20 +55,6 @@ def hf_generate(target, draft, sample: Sample, max_new: int, gamma: int | None) 
     return out[0, inputs["input_ids"].shape[1]:].tolist()
 
 
-class Stopwatch:
-    """Wraps a function and sums the seconds spent in it."""
-
-    def __init__(self, fn) -> None:
-        self.fn, self.seconds = fn, 0.0
-
-    def __call__(self, *args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return self.fn(*args, **kwargs)
-        finally:
-            self.seconds += time.perf_counter() - start
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target")
@@ -105,21 +90,14 @@ def main() -> None:
     results = {name: (median(times[name]), tokens[name]) for name in contenders}
     rate = {name: tokens / seconds for name, (seconds, tokens) in results.items()}
 
-    # TABED overhead: time scoring history positions, choosing w* and mixing, as a share of
-    # all drafting + verify time
+    # TABED overhead: choosing w*, mixing and scoring history positions (the engine times these
+    # itself), as a share of all drafting + verify time
     overhead = {}
     for label, methods, policy in [("mt_grid", "MT", PolicySpec(kind="grid")), ("mtcp_inverse", "MTCP", PolicySpec(kind="inverse"))]:
-        choose, mix, score = Stopwatch(live.choose_weights), Stopwatch(live.mix), Stopwatch(History.add)
-        live.choose_weights, live.mix = choose, mix
-        History.add = lambda history, *args: score(history, *args)  # a function binds like the method
-        try:
-            records = [live.speculative_decode(target, draft, s, DecodeConfig(methods=methods, policy=policy, gamma=args.gamma,
-                                                                               max_new_tokens=args.max_new_tokens),
-                                               captioner=_ColourCaptioner()) for s in data]
-        finally:
-            live.choose_weights, live.mix, History.add = choose.fn, mix.fn, score.fn
+        config = DecodeConfig(methods=methods, policy=policy, gamma=args.gamma, max_new_tokens=args.max_new_tokens)
+        records = [live.speculative_decode(target, draft, s, config, captioner=_ColourCaptioner()) for s in data]
         block_time = sum(r.time_draft_s + r.time_verify_s for r in records)
-        overhead[label] = (choose.seconds + mix.seconds + score.seconds) / block_time
+        overhead[label] = sum(r.time_tabed_s for r in records) / block_time
 
     print(f"pair: {args.target} / {args.draft}; gamma={args.gamma}; {len(data)} samples x {args.max_new_tokens} tokens")
     for name, (seconds, tokens) in results.items():

@@ -165,3 +165,26 @@ def test_static_caches_are_allocated_once_and_reused(tiny_pair):
     assert any(a < 4 for a in record.accepted_per_block)  # rejections happened
     again = {key: [layer.keys.data_ptr() for layer in cache.layers] for key, cache in draft._static_caches.items()}
     assert again == pooled
+
+
+@pytest.mark.slow
+def test_compiled_static_steps_match_eager_and_compile_once(monkeypatch, tiny_dirs):
+    """The GPU path (decode steps through torch.compile) forced on the CPU: same tokens and
+    accepted counts as eager, and a second sample of the same shapes compiles nothing new."""
+    from torch._dynamo.utils import counters
+
+    from pipeline.models.loading import load_pair
+
+    monkeypatch.setenv("TABED_COMPILE", "1")
+    target, draft = load_pair(tiny_dirs["target"], tiny_dirs["draft"])
+    config = DecodeConfig(methods="MT", gamma=3, max_new_tokens=24)
+    samples = [sample_of(*PROMPTS[0]), sample_of(*PROMPTS[2])]
+    first = speculative_decode(target, draft, samples[0], config, engine="static")
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs > 0  # the steps really went through the compiler
+    second = speculative_decode(target, draft, samples[1], config, engine="static")
+    assert counters["stats"]["unique_graphs"] == graphs
+    monkeypatch.setenv("TABED_COMPILE", "0")
+    for compiled, sample in zip((first, second), samples):
+        eager = speculative_decode(target, draft, sample, config, engine="eager")
+        assert (compiled.output_ids, compiled.accepted_per_block) == (eager.output_ids, eager.accepted_per_block)

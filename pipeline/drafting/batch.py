@@ -80,15 +80,19 @@ class BatchedRows:
         """How many cache slots the attention reads when the new tokens end at slot `end`."""
         return end
 
+    def _open_keys(self, keys: int) -> torch.Tensor:
+        """`[B, keys]`: False for left padding, True for every later slot."""
+        open_keys = torch.ones(self.rows, keys, dtype=torch.bool, device=self._padding.device)
+        open_keys[:, : self.width] = self._padding
+        return open_keys
+
     def _attention_mask(self, start: int, n: int) -> torch.Tensor:
         """Additive mask `[B, 1, n, keys]` for `n` new tokens written from cache slot `start`:
         a key is visible if it is not padding and not after the query."""
         keys = self._key_slots(start + n)
         device = self._padding.device
-        open_keys = torch.ones(self.rows, keys, dtype=torch.bool, device=device)
-        open_keys[:, : self.width] = self._padding
         causal = torch.arange(keys, device=device)[None, :] <= torch.arange(start, start + n, device=device)[:, None]
-        visible = open_keys[:, None, None, :] & causal[None, None]
+        visible = self._open_keys(keys)[:, None, None, :] & causal[None, None]
         blocked = torch.finfo(self.model.dtype).min
         return torch.zeros(visible.shape, dtype=self.model.dtype, device=device).masked_fill_(~visible, blocked)
 
@@ -111,6 +115,10 @@ class StaticRows(BatchedRows):
         self.slots = -(-(self.width + capacity) // CAPACITY_STEP) * CAPACITY_STEP
         self.cache = model.static_cache(self.rows, self.slots, role)
         self.compiled = compiled
+        self._all_keys_open = super()._open_keys(self.slots)  # every step reads all slots: build once
+
+    def _open_keys(self, keys: int) -> torch.Tensor:
+        return self._all_keys_open
 
     def _key_slots(self, end: int) -> int:
         if end > self.slots:

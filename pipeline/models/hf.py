@@ -91,7 +91,9 @@ class HFModel(LVLM):
             use_cache=True,
             logits_to_keep=keep,
         )
-        return out.logits[:, -keep:].float()
+        logits = out.logits[:, -keep:].float()
+        # a CUDA-graph replay overwrites its output buffer: keep a copy, not the buffer
+        return logits.clone() if compiled else logits
 
     def image_features(self, images: Sequence[Image.Image], pooled: bool = False) -> list[torch.Tensor]:
         raise ModelInputError(f"{self.name} is a text-only model: it cannot read images (use T or C drafting)")

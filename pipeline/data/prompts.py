@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pipeline.data.sample import IMAGE_PLACEHOLDER
 
-# Paper Appendix I / SPEC §4: prepended to DocVQA, POPE and MM-Vet questions (newline-joined
+# Paper Appendix I: prepended to DocVQA, POPE and MM-Vet questions (newline-joined
 # as in the reference; the paper's text extraction shows the newlines as spaces).
 REASONING_INSTRUCTION = (
     "For the following question, provide a detailed explanation of your reasoning leading to the answer."

@@ -1,4 +1,4 @@
-"""The scenario registry: one entry per dataset the grid can name (SPEC §4, paper Appendix I/J).
+"""The scenario registry: one entry per dataset the grid can name (paper Appendix I/J).
 
 Each `DatasetSpec` says where the rows come from (a public `datasets` source, or rows built
 offline from a package), which rows form the subset (the first `default_limit` of the split,
@@ -107,8 +107,8 @@ def _interleave(name: str, title: str, sub_task: str, category: str) -> DatasetS
 
 
 _SPECS = (
-    # LLaVA-Bench: the paper's Appendix I shows the reasoning instruction, but SPEC §4 and the
-    # reference implementation send the bare question; SPEC wins.
+    # LLaVA-Bench: the paper's Appendix I shows the reasoning instruction, but the authors'
+    # reference implementation sends the bare question, which produced their numbers.
     DatasetSpec("llava_bench", "LLaVA-W", "benchmark", "train", SingleImage(), default_limit=60,
                 hub_id="lmms-lab/llava-bench-in-the-wild"),
     DatasetSpec("docvqa", "DocVQA", "benchmark", "lite", SingleImage(REASONING_INSTRUCTION),

@@ -1,4 +1,4 @@
-"""Second turns built from the pipeline's own first-turn results (SPEC §4, reference code).
+"""Second turns built from the pipeline's own first-turn results (as the authors' reference code builds them).
 
 A second-turn prompt is the first-turn prompt, the target's first-turn answer, and a new user
 turn (format in `pipeline.data.prompts`). The new turn is, per task:

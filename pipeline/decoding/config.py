@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-METHOD_LETTERS = "MTCP"  # SPEC §2: multimodal, text-only, caption, pooled
+METHOD_LETTERS = "MTCP"  # docs/algorithm.md §2: multimodal, text-only, caption, pooled
 POLICY_KINDS = ("static", "grid", "inverse")
 GRID_MEASURES = ("hard", "soft", "hard+soft")
 DISTANCES = ("kl", "tvd")
@@ -11,7 +11,7 @@ DISTANCES = ("kl", "tvd")
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """How ensemble weights are chosen per block (SPEC §3).
+    """How ensemble weights are chosen per block (docs/algorithm.md §3).
 
     kind: `static` (uniform, IbED), `grid` (TABED MT*: simplex grid, step 1/steps, chosen by
     `measure`), `inverse` (TABED MTCP*: inverse-error weights at `temperature`).

@@ -1,4 +1,4 @@
-"""The live speculative decoding loop (SPEC §1, §3) and its autoregressive baseline.
+"""The live speculative decoding loop (docs/algorithm.md §1, §3) and its autoregressive baseline.
 
 One block: choose ensemble weights w* from the history, draft `gamma` tokens with every
 drafting method as one batch, mix the methods' next-token distributions with w*, let the

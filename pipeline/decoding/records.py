@@ -38,7 +38,7 @@ class SampleRecord:
 
     @property
     def tau(self) -> float:
-        """Block efficiency: 1 + mean accepted proposals per block (SPEC §1); NaN if no block."""
+        """Block efficiency: 1 + mean accepted proposals per block (docs/algorithm.md §1); NaN if no block."""
         if not self.accepted_per_block:
             return float("nan")
         return 1.0 + sum(self.accepted_per_block) / len(self.accepted_per_block)

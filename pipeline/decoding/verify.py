@@ -1,4 +1,4 @@
-"""Acceptance rules (SPEC §1): which draft proposals the target keeps, and the token it adds.
+"""Acceptance rules (docs/algorithm.md §1): which draft proposals the target keeps, and the token it adds.
 
 Everything here is device code returning 0-d tensors: the live engine reads the outcome of a
 block in one transfer, never one `.item()` per proposal. Random draws are uniforms the caller

@@ -1,4 +1,4 @@
-"""Rows of different prompt lengths decoded as ONE batch with one KV cache (SPEC §3).
+"""Rows of different prompt lengths decoded as ONE batch with one KV cache (docs/algorithm.md §3).
 
 Every row continues with the same generated tokens; only the prompts differ (one row per
 drafting method). Prompts are left-padded, each row gets its own position ids and its own

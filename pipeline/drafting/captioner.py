@@ -1,4 +1,4 @@
-"""Captions for drafting method C, computed once per image and cached (SPEC §2).
+"""Captions for drafting method C, computed once per image and cached (docs/algorithm.md §2).
 
 The reference uses Florence-2 `<CAPTION>` with 3 beams; any transformers image-to-text model
 (BLIP, Florence-2) can be named instead. `embedded` is the offline captioner of the CPU pair.

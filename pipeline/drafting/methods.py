@@ -1,4 +1,4 @@
-"""Drafting methods (SPEC §2): how one prompt becomes the draft's input for M, T, C and P.
+"""Drafting methods (docs/algorithm.md §2): how one prompt becomes the draft's input for M, T, C and P.
 
 Prompts arrive as token ids with ONE placeholder id per image. The functions here return the
 row's input embeddings, splicing image feature rows in where the method keeps pixels.

@@ -1,4 +1,4 @@
-"""Ensemble weight policies (SPEC §3): pure tensor code, usable without any model.
+"""Ensemble weight policies (docs/algorithm.md §3): pure tensor code, usable without any model.
 
 A policy sees the history of positions where both the target distribution `p` and every
 drafting method's distribution `q_i` were computed from the true prefix, and returns the
@@ -20,7 +20,7 @@ _TIE_RTOL, _TIE_ATOL = 1e-5, 1e-7  # scores closer than this are ties (fp32 roun
 
 
 def kl_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """KL(p || q) over the last dim (target first, SPEC §3)."""
+    """KL(p || q) over the last dim (target first, docs/algorithm.md §3)."""
     return (p * (torch.log(p + _EPS) - torch.log(q + _EPS))).sum(-1)
 
 
@@ -36,7 +36,7 @@ DISTANCE_FUNCTIONS = {"kl": kl_divergence, "tvd": total_variation}
 def simplex_grid(m: int, steps: int) -> torch.Tensor:
     """All weight vectors on the simplex with step 1/steps, `[N, m]`, in a fixed order.
 
-    For m=2 the order is [1-j/n, j/n] for j = 0..n, as SPEC §3 lists it: ties resolve to the
+    For m=2 the order is [1-j/n, j/n] for j = 0..n, as docs/algorithm.md §3 lists it: ties resolve to the
     earliest candidate in this order.
     """
     points = [
@@ -130,7 +130,7 @@ def _first_least(scores: torch.Tensor) -> torch.Tensor:
 def inverse_error_from_errors(errors: torch.Tensor, temperature: float) -> torch.Tensor:
     """TABED MTCP*: w_i proportional to (1/e_i)^(1/T), e_i = method i's summed distance `[m]`.
 
-    SPEC §3: the paper writes softmax(1/e; T) but the reference computes this normalised form,
+    docs/algorithm.md §3: the paper writes softmax(1/e; T) but the reference computes this normalised form,
     which produced the paper's numbers. Methods with zero error share all the weight (all zero:
     uniform).
     """
@@ -141,7 +141,7 @@ def inverse_error_from_errors(errors: torch.Tensor, temperature: float) -> torch
 
 
 def _grid_distance(spec: PolicySpec) -> str:
-    # hard+soft breaks ties by summed KL whatever `distance` says (SPEC §3)
+    # hard+soft breaks ties by summed KL whatever `distance` says (docs/algorithm.md §3)
     return "kl" if spec.measure == "hard+soft" else spec.distance
 
 
@@ -150,7 +150,7 @@ class History:
     it sums over its window, computed once when a position is added.
 
     Positions are those where both the target's `p` and every method's `q_i` were computed from
-    the true prefix (SPEC §3). Every score (argmax hit, distance) is a sum over positions, so a
+    the true prefix (docs/algorithm.md §3). Every score (argmax hit, distance) is a sum over positions, so a
     block costs the scoring of its new positions only, not of the whole history again, and no
     `[V]`-sized distribution is kept. Scores stay on the device the distributions came from
     (one float64 row per position in a growing buffer), so the live engine never waits for

@@ -45,7 +45,7 @@ class LVLM(ABC):
     def image_features(self, images: Sequence[Image.Image], pooled: bool = False) -> list[torch.Tensor]:
         """Projected feature rows for each image, `[k_i, hidden]` on `self.device`, ready to
         stand in for that image's placeholder. `pooled` averages the patch grid 2x2 before
-        the projector (SPEC §2, method P)."""
+        the projector (docs/algorithm.md §2, method P)."""
 
     @abstractmethod
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:

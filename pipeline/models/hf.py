@@ -134,7 +134,7 @@ class HFLlava(HFModel):
         return [f.reshape(-1, f.shape[-1]) for f in out.pooler_output]
 
     def _pooled_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """SPEC §2 P: select layer(s), drop CLS, 2x2 average pool on the patch grid, project."""
+        """Method P (docs/algorithm.md §2): select layer(s), drop CLS, 2x2 average pool on the patch grid, project."""
         config = self.model.config
         hidden = self.model.model.vision_tower(pixel_values, output_hidden_states=True).hidden_states
         layers = config.vision_feature_layer

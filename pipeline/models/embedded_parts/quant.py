@@ -4,7 +4,7 @@ Why weight-only: activation quantization (torch.ao `quantize_dynamic`, or any in
 path) rounds values that were computed in floating point. A row's values differ in their last
 bits with the batch's shape (GEMM blocking, padding), and rounding turns those into different
 tokens, so a drafting method's distributions would depend on the other rows of its batch,
-while SPEC §3 requires each batched row to equal that method run alone (measured: per-token
+while batched drafting requires each row to equal that method run alone (measured: per-token
 int8 activations moved draft logits by up to 1.7 between batched and single rows). Weights
 rounded once at load time keep the draft deterministic and batch-independent, on any device
 and dtype; the price is that the draft is not faster than the target.

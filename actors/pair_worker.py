@@ -57,34 +57,38 @@ class PairEvaluator:
         return rows_to_table(rows)
 
     def decode(self, config: RunConfig, sample: Sample) -> SampleRecord:
-        """One live decode (SD or the AR baseline)."""
+        """One live decode (SD or the AR baseline) on the configuration's engine."""
         mode = "ar" if config.is_ar else "live"
         try:
             if config.is_ar:
                 return autoregressive_decode(
                     self.target, sample, max_new_tokens=config.max_new_tokens,
-                    temperature=config.temperature, seed=config.seed,
+                    temperature=config.temperature, seed=config.seed, engine=config.decode_engine,
                 )
-            return speculative_decode(self.target, self.draft, sample, config.decode_config(), self.captioner)
+            return speculative_decode(
+                self.target, self.draft, sample, config.decode_config(), self.captioner, engine=config.decode_engine
+            )
         except SAMPLE_ERRORS as err:
             return failed(sample.sample_id, mode, err)
 
     def _replay(self, shard: Shard, samples: dict[str, Sample]) -> dict[tuple[RunConfig, str], SampleRecord]:
-        """Greedy SD items scored from one trace collection per sample (pipeline.decoding.replay)."""
+        """Greedy SD items scored from one trace collection per sample and engine setting
+        (pipeline.decoding.replay): the AR baseline row is the collection's own decode, so its
+        walltime belongs to the engine that collected."""
         from pipeline.decoding.replay import collect_traces, replay
 
-        by_sample: dict[str, list[RunConfig]] = defaultdict(list)
+        groups: dict[tuple[str, str], list[RunConfig]] = defaultdict(list)
         for config, sample_id in shard.items:
-            by_sample[sample_id].append(config)
+            groups[(sample_id, config.engine)].append(config)
         records = {}
-        for sample_id, configs in by_sample.items():
+        for (sample_id, _), configs in groups.items():
             letters = "".join(m for m in "MTCP" if any(m in c.methods for c in configs if not c.is_ar))
-            if not letters:  # only the AR baseline for this sample: decoded live by run_shard
+            if not letters:  # only AR baselines here: decoded live by run_shard
                 continue
             try:
                 traces = collect_traces(
                     self.target, self.draft, samples[sample_id], letters, self.captioner,
-                    max_new_tokens=max(c.max_new_tokens for c in configs),
+                    max_new_tokens=max(c.max_new_tokens for c in configs), engine=configs[0].decode_engine,
                 )
             except SAMPLE_ERRORS as err:
                 records.update({(c, sample_id): failed(sample_id, "replay", err) for c in configs})

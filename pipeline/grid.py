@@ -33,7 +33,11 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 # Hub ids whose model class is LLaVA-NeXT, recognised without downloading their config.
 NEXT_HUB_NAME = re.compile(r"llava-v1\.6|llava-next|llava_next", re.IGNORECASE)
 
-AXES = ("window", "distance", "gamma", "temperature", "seed")
+AUTO_ENGINE = "auto"  # the decoding core picks by device (pipeline.decoding.engine.default_engine)
+# The core's engines, named here so a grid validates without importing torch.
+ENGINE_CHOICES = (AUTO_ENGINE, "static", "eager")
+
+AXES = ("window", "distance", "gamma", "temperature", "seed", "engine")
 FIELDS = {
     "name", "datasets", "turns", "pairs", "methods", "policies", *AXES,
     "max_new_tokens", "limit", "captioner", "shard_size", "mode", "live_samples", "sources", "calibrate",
@@ -86,6 +90,7 @@ class RunConfig:
     seed: int = 0
     max_new_tokens: int = 128
     captioner: str | None = None  # only when C is among the methods
+    engine: str = AUTO_ENGINE  # auto | static | eager: outputs agree, walltimes do not
 
     @property
     def is_ar(self) -> bool:
@@ -100,6 +105,11 @@ class RunConfig:
         """Paper notation: a dynamic (TABED) ensemble carries a star, e.g. `MT*`."""
         return self.methods + ("*" if self.policy.kind != "static" else "")
 
+    @property
+    def decode_engine(self) -> str | None:
+        """The engine to ask the decoding core for; None lets it pick by device."""
+        return None if self.engine == AUTO_ENGINE else self.engine
+
     def decode_config(self) -> DecodeConfig:
         if self.is_ar:
             raise ValueError("the AR baseline has no speculative decoding config")
@@ -113,7 +123,8 @@ class RunConfig:
         )
 
     def key(self) -> str:
-        """Hash of every field that changes results (not the run name or decoding mode)."""
+        """Hash of every field that changes results (not the run name or decoding mode); the
+        engine counts, since walltimes depend on it."""
         payload = json.dumps(asdict(self), sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -188,6 +199,7 @@ class GridSpec:
     gamma: tuple[int, ...] = (5,)
     temperature: tuple[float, ...] = (0.0,)
     seed: tuple[int, ...] = (0,)
+    engine: tuple[str, ...] = (AUTO_ENGINE,)
     max_new_tokens: int = 128
     limit: int | None = None
     captioner: str | None = None
@@ -208,9 +220,9 @@ class GridSpec:
     def configs(self) -> list[RunConfig]:
         """Every distinct grid point, in file order, after normalisation."""
         seen: dict[RunConfig, None] = {}
-        for pair, methods, policy, window, distance, gamma, temperature, seed in itertools.product(
+        for pair, methods, policy, window, distance, gamma, temperature, seed, engine in itertools.product(
             self.pairs, self.methods, self.policies, self.window, self.distance, self.gamma,
-            self.temperature, self.seed,
+            self.temperature, self.seed, self.engine,
         ):
             if not policy.applies_to(methods):
                 continue
@@ -223,6 +235,7 @@ class GridSpec:
                 seed=seed,
                 max_new_tokens=self.max_new_tokens,
                 captioner=self.captioner,
+                engine=engine,
             )
             seen.setdefault(normalise(config), None)
         return list(seen)
@@ -239,7 +252,7 @@ class GridSpec:
         ]
 
     def counts(self) -> dict[str, Counter]:
-        """Work-unit counts per dataset, turn, model pair, method set and policy (for `--dry-run`)."""
+        """Work-unit counts per dataset, turn, model pair, method set, policy and engine (for `--dry-run`)."""
         units = self.units()
         return {
             "dataset": Counter(u.dataset for u in units),
@@ -247,6 +260,7 @@ class GridSpec:
             "pair": Counter(u.config.pair.label for u in units),
             "method set": Counter(u.config.methods for u in units),
             "policy": Counter(u.config.policy.label for u in units),
+            "engine": Counter(u.config.engine for u in units),
         }
 
 
@@ -305,6 +319,7 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None) -> GridSpec:
         gamma=tuple(_int(g, f"gamma[{i}]", minimum=1) for i, g in enumerate(_list(raw.get("gamma", [5]), "gamma"))),
         temperature=tuple(_float(t, f"temperature[{i}]") for i, t in enumerate(_list(raw.get("temperature", [0.0]), "temperature"))),
         seed=tuple(_int(s, f"seed[{i}]", minimum=0) for i, s in enumerate(_list(raw.get("seed", [0]), "seed"))),
+        engine=tuple(_engine(e, f"engine[{i}]") for i, e in enumerate(_list(raw.get("engine", [AUTO_ENGINE]), "engine"))),
         max_new_tokens=_int(raw.get("max_new_tokens", 128), "max_new_tokens", minimum=1),
         limit=None if raw.get("limit") is None else _int(raw["limit"], "limit", minimum=1),
         captioner=_captioner(raw.get("captioner")),
@@ -468,6 +483,12 @@ def _window(value: Any, i: int) -> int | None:
     if value is None or (isinstance(value, str) and value.upper() == "ALL"):
         return None
     return _int(value, f"window[{i}]", minimum=1)
+
+
+def _engine(value: Any, where: str) -> str:
+    if value not in ENGINE_CHOICES:
+        raise GridError(f"{where}: unknown engine {value!r}; choose one of {', '.join(ENGINE_CHOICES)}")
+    return value
 
 
 def _choice(value: Any, choices: Iterable[str], where: str) -> str:

@@ -66,6 +66,9 @@ def error_counts(df: pd.DataFrame) -> pd.DataFrame:
 
 # policy too: MT with the grid policy and MT with inverse-error weights are both "MT*"
 SUMMARY_INDEX = ["target", "draft", "method_label", "policy"]
+# walltimes of different engines are never pooled or compared; the engine comes before the
+# method so that best values are marked within one pair and engine
+SPEEDUP_INDEX = ["target", "draft", "engine", "method_label", "policy"]
 
 
 def category_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -83,38 +86,41 @@ def category_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def speedup_table(df: pd.DataFrame, calibrations: pd.DataFrame) -> pd.DataFrame:
     """Expected speedup from pooled first-turn tau and measured latency ratios, beside the
-    measured walltime speedup of live runs (AR time / SD time over the samples both ran).
+    measured walltime speedup of live runs (AR time / SD time over the samples both ran on
+    the same engine), per engine.
 
     `eq1` is the paper's tau / (gamma Tq/Tp + 1); `corrected` uses the draft latency of an
     m-row batch and the measured cost of a (gamma+1)-token verify, which is not 1 on a CPU.
     """
-    ok = df[df["error"].isna() & (df["turn"] == "first")]
+    ok = df[df["error"].isna() & (df["turn"] == "first")].copy()
+    ok["engine"] = ok["engine"].astype(object).where(ok["engine"].notna(), "-")  # rows from before engines were recorded
     rows = []
-    for (target, draft, label, policy), group in ok.groupby(SUMMARY_INDEX):
+    for (target, draft, engine, label, policy), group in ok.groupby(SPEEDUP_INDEX):
         gamma = group["gamma"].dropna()
-        row = {"target": target, "draft": draft, "method_label": label, "policy": policy, "tau": pooled_tau(group)}
+        row = {"target": target, "draft": draft, "engine": engine, "method_label": label, "policy": policy,
+               "tau": pooled_tau(group)}
         calib = calibrations[(calibrations["target"] == target) & (calibrations["draft"] == draft)] if not calibrations.empty else calibrations
         if label != "AR" and len(gamma) and not calib.empty:
             c, g, m = calib.iloc[0], int(gamma.iloc[0]), len(label.rstrip("*"))
             rows_ratio = list(c["draft_rows_token_s"])[min(m, len(c["draft_rows_token_s"])) - 1] / c["target_token_s"]
             row["eq1"] = row["tau"] / (g * c["ratio_draft_target"] + 1)
             row["corrected"] = row["tau"] / (g * rows_ratio + c["ratio_verify"])
-        row["measured"] = _measured_speedup(ok[ok["policy"] == policy], ok, target, draft, label)
+        baseline = ok[(ok["target"] == target) & (ok["draft"] == draft) & (ok["engine"] == engine) & (ok["mode"] == "ar")]
+        row["measured"] = _measured_speedup(group, baseline, label)
         rows.append(row)
-    table = pd.DataFrame(rows).reindex(columns=SUMMARY_INDEX + ["tau", "eq1", "corrected", "measured"])
-    table = table.set_index(SUMMARY_INDEX)
-    return table.iloc[sorted(range(len(table)), key=lambda i: (table.index[i][:2], method_order(table.index[i][2])))]
+    table = pd.DataFrame(rows).reindex(columns=SPEEDUP_INDEX + ["tau", "eq1", "corrected", "measured"])
+    table = table.set_index(SPEEDUP_INDEX)
+    return table.iloc[sorted(range(len(table)), key=lambda i: (table.index[i][:3], method_order(table.index[i][3])))]
 
 
-def _measured_speedup(rows: pd.DataFrame, ok: pd.DataFrame, target: str, draft: str, label: str) -> float:
-    """AR walltime / SD walltime of `rows` (one policy), over the samples both ran live."""
-    in_pair = lambda df: df[(df["target"] == target) & (df["draft"] == draft)]
-    ar = in_pair(ok)[in_pair(ok)["mode"] == "ar"].groupby("sample_id")["time_total_s"].mean()
-    live = in_pair(rows)[(in_pair(rows)["method_label"] == label) & (in_pair(rows)["mode"].isin(["live", "ar"]))]
-    sd = live.groupby("sample_id")["time_total_s"].mean()
-    both = ar.index.intersection(sd.index)
+def _measured_speedup(group: pd.DataFrame, baseline: pd.DataFrame, label: str) -> float:
+    """AR walltime / SD walltime of one configuration's live rows, over the samples both ran;
+    `baseline` holds the AR rows of the same pair and engine."""
+    ar = baseline.groupby("sample_id")["time_total_s"].mean()
     if label == "AR":
         return 1.0 if not ar.empty else float("nan")
+    sd = group[group["mode"] == "live"].groupby("sample_id")["time_total_s"].mean()
+    both = ar.index.intersection(sd.index)
     if both.empty or sd[both].sum() <= 0:
         return float("nan")
     return float(ar[both].sum() / sd[both].sum())

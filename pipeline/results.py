@@ -57,6 +57,7 @@ SCHEMA = pa.schema(
         ("max_new_tokens", pa.int32()),
         ("captioner", pa.string()),
         ("mode", pa.string()),  # live | replay | ar
+        ("engine", pa.string()),  # static | eager: what decoded (replay: what collected the traces)
         ("accepted_per_block", pa.list_(pa.int32())),
         ("weights_per_block", pa.list_(pa.list_(pa.float64()))),
         ("blocks", pa.int32()),
@@ -68,9 +69,12 @@ SCHEMA = pa.schema(
         ("time_draft_s", pa.float64()),
         ("time_verify_s", pa.float64()),
         ("time_total_s", pa.float64()),
+        ("time_tabed_s", pa.float64()),  # weights, mixing, history scoring: part of draft + verify
         ("error", pa.string()),  # null when the sample decoded fine
     ]
 )
+# Results written before `engine` and `time_tabed_s` existed still read: a dataset read with
+# this schema fills columns a file lacks with nulls.
 
 
 def config_columns(config: RunConfig) -> dict:
@@ -114,6 +118,7 @@ def make_row(run: str, shard: str, config: RunConfig, sample: Sample, record: Sa
         "category": sample.category,
         **config_columns(config),
         "mode": outcome["mode"],
+        "engine": record.engine or config.decode_engine,  # an error row: the engine the grid named, if any
         "accepted_per_block": outcome["accepted_per_block"],
         "weights_per_block": outcome["weights_per_block"],
         "blocks": outcome["blocks"],
@@ -125,6 +130,7 @@ def make_row(run: str, shard: str, config: RunConfig, sample: Sample, record: Sa
         "time_draft_s": outcome["time_draft_s"],
         "time_verify_s": outcome["time_verify_s"],
         "time_total_s": outcome["time_total_s"],
+        "time_tabed_s": outcome["time_tabed_s"],
         "error": outcome["error"],
     }
 

@@ -25,7 +25,7 @@ def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
         "categories": ("Category averages (paper Table 2)", category_table(rows)),
         "speedup": (
             "Speedup: expected from tau and measured latency ratios (Eq. 1 and its CPU-corrected form), "
-            "measured = AR walltime / SD walltime on the samples run live",
+            "measured = AR walltime / SD walltime on the samples run live, per engine",
             speedup_table(rows, read_calibrations(out)),
         ),
     }

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from pipeline.data.sample import Sample
-from pipeline.grid import AR, Catalog, GridError, RunConfig, load_grid, parse_grid, row_key
+from pipeline.grid import AR, ENGINE_CHOICES, Catalog, GridError, RunConfig, load_grid, parse_grid, row_key
 from pipeline.scheduler import plan_shards, unit_counts
 
 CATALOG = Catalog(datasets=("toy", "other"), turn_tasks=("again",))
@@ -57,6 +57,30 @@ def test_keys_are_stable_and_cover_result_fields_only():
     assert row_key(config.key(), "toy/test/0/first") == row_key(config.key(), "toy/test/0/first")
 
 
+def test_engine_is_an_axis_that_every_config_keeps():
+    assert {c.engine for c in grid().configs()} == {"auto"}  # the default: the core picks by device
+    eager = grid(engine="eager").configs()
+    assert {c.engine for c in eager} == {"eager"} and len(eager) == len(grid().configs())
+    both = grid(engine=["static", "eager"]).configs()
+    assert len(both) == 2 * len(eager) and len(set(both)) == len(both)
+    ar = [c for c in both if c.is_ar]
+    assert sorted(c.engine for c in ar) == ["eager", "static"]  # the AR baseline's walltime depends on it
+    assert [c.decode_engine for c in grid(engine=["auto", "static"]).configs()[:2]] == [None, "static"]
+    assert grid(engine=["static", "eager"]).counts()["engine"] == {"static": len(eager) * 2, "eager": len(eager) * 2}
+
+
+def test_key_differs_by_engine_setting():
+    config = grid().configs()[1]
+    keys = {RunConfig(**{**config.__dict__, "engine": engine}).key() for engine in ENGINE_CHOICES}
+    assert len(keys) == len(ENGINE_CHOICES)
+
+
+def test_grid_engine_choices_are_the_cores_engines():
+    from pipeline.decoding.engine import ENGINES
+
+    assert ENGINE_CHOICES == ("auto", *ENGINES)
+
+
 @pytest.mark.parametrize(
     "changes, named",
     [
@@ -86,6 +110,8 @@ def test_keys_are_stable_and_cover_result_fields_only():
         ({"sources": {"other": "."}}, "sources.other: not a dataset or question task"),
         ({"sources": ["toy"]}, "grid field 'sources'"),
         ({"live_samples": 2}, "live_samples: 2 only applies to mode 'auto'"),
+        ({"engine": ["static", "fast"]}, "engine[1]: unknown engine 'fast'; choose one of auto, static, eager"),
+        ({"engine": []}, "grid field 'engine' is an empty list"),
     ],
 )
 def test_invalid_entries_are_named(changes, named):

@@ -1,6 +1,7 @@
 """The grid on a local Ray (2 CPUs, 2 logical GPUs) with the tiny pair: rows = units x samples
 with engine-identical values, a killed actor loses no row, an interrupted run resumes with
-only the missing shards, replay rows equal live ones."""
+only the missing shards, replay rows equal live ones. The worker itself, without Ray: each
+configuration decodes on the engine its grid named."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +14,7 @@ from PIL import Image
 
 from pipeline.data.sample import Sample
 from pipeline.decoding.live import autoregressive_decode, speculative_decode
-from pipeline.grid import Catalog, parse_grid
+from pipeline.grid import Catalog, Pair, RunConfig, Shard, parse_grid
 from pipeline.results import read_results
 from pipeline.scheduler import GridRunner
 
@@ -182,3 +183,21 @@ def test_a_pair_that_cannot_load_stops_the_run_with_its_error(ray_local, tiny_di
     with pytest.raises(RuntimeError, match="(?s)could not start.*nobody/missing-draft"):
         runner.run()
     assert not list(tmp_path.rglob("*.parquet"))
+
+
+def test_worker_decodes_on_each_configs_engine_with_identical_outputs(tiny_dirs):
+    from actors.pair_worker import PairEvaluator
+
+    pair = Pair(tiny_dirs["target"], tiny_dirs["draft"])
+    worker = PairEvaluator(pair)
+    sample = ToySource().first_turn("toy", 1)[0]
+    configs = [RunConfig(pair, methods, gamma=None if methods == "AR" else 3, max_new_tokens=8, engine=engine)
+               for methods in ("AR", "MT") for engine in ("eager", "static")]
+    for mode in ("live", "replay"):  # replay: one trace collection per engine, AR rows included
+        shard = Shard("r", pair, "toy", "first", mode, tuple((c, sample.sample_id) for c in configs))
+        rows = worker.run_shard(shard, {sample.sample_id: sample}).to_pylist()
+        assert [r["engine"] for r in rows] == ["eager", "static"] * 2 and all(r["error"] is None for r in rows)
+        for ar_or_sd in (rows[:2], rows[2:]):
+            eager, static = ar_or_sd
+            assert eager["output_ids"] == static["output_ids"] and eager["accepted_per_block"] == static["accepted_per_block"]
+            assert eager["key"] != static["key"]

@@ -3,6 +3,7 @@ first-turn answers that second turns are built from."""
 from __future__ import annotations
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.data.sample import Sample
@@ -21,8 +22,8 @@ from pipeline.results import (
 
 PAIR = Pair("llava-hf/llava-1.5-7b-hf", "mjbooo/lvlm68m", "fp16")
 DOCUMENTED = (
-    "key sample_id dataset turn target draft methods policy window distance gamma temperature seed mode "
-    "accepted_per_block weights_per_block blocks tau new_tokens output_ids output_text time_total_s error"
+    "key sample_id dataset turn target draft methods policy window distance gamma temperature seed mode engine "
+    "accepted_per_block weights_per_block blocks tau new_tokens output_ids output_text time_total_s time_tabed_s error"
 ).split()
 
 
@@ -31,7 +32,7 @@ def record(sample_id: str, text: str = "a cat", error: str | None = None) -> Sam
         return SampleRecord(sample_id=sample_id, error=error)
     return SampleRecord(
         sample_id=sample_id, output_ids=[5, 6, 7], output_text=text, accepted_per_block=[2, 0],
-        weights_per_block=[[0.5, 0.5], [0.7, 0.3]], time_total_s=0.25,
+        weights_per_block=[[0.5, 0.5], [0.7, 0.3]], time_total_s=0.25, engine="static", time_tabed_s=0.05,
     )
 
 
@@ -62,6 +63,7 @@ def test_rows_follow_the_documented_schema(tmp_path):
     assert list(row.accepted_per_block) == [2, 0] and row.tau == 2.0 and row.blocks == 2 and row.new_tokens == 3
     assert [list(w) for w in row.weights_per_block] == [[0.5, 0.5], [0.7, 0.3]]
     assert row.key == row_key(config.key(), "pope/test/0/first") and pd.isna(row.error)
+    assert row.engine == "static" and row.time_tabed_s == 0.05
     failed = df.iloc[2]
     assert failed.error == "ValueError: bad" and pd.isna(failed.tau) and failed.blocks == 0
     # the whole directory is readable by plain pandas too (hive partitions match the columns)
@@ -73,6 +75,29 @@ def test_unused_fields_are_null_for_ar_and_static():
     assert ar["gamma"] is None and ar["window"] is None and ar["distance"] is None and ar["policy"] == "static"
     static = shard_rows(RunConfig(PAIR, "MT"))[0]
     assert static["method_label"] == "MT" and static["distance"] is None and static["measure"] is None
+
+
+def test_error_rows_name_the_engine_the_grid_asked_for():
+    assert shard_rows(RunConfig(PAIR, "M", engine="eager"), error_row=0)[0]["engine"] == "eager"
+    assert shard_rows(RunConfig(PAIR, "M"), error_row=0)[0]["engine"] is None  # auto: nothing ran, nothing known
+    assert shard_rows(RunConfig(PAIR, "M", engine="eager"))[0]["engine"] == "static"  # what ran wins
+
+
+def test_results_written_before_engine_columns_still_read(tmp_path):
+    config = RunConfig(PAIR, "M")
+    path = write_shard(tmp_path, rows_to_table(shard_rows(config)))
+    old = pq.read_table(path).drop_columns(["engine", "time_tabed_s"])
+    pq.write_table(old, path)
+    assert pq.read_schema(path).get_field_index("engine") == -1
+    df = read_results(tmp_path)
+    assert len(df) == 3 and df["engine"].isna().all() and df["time_tabed_s"].isna().all()
+    assert list(df.columns) == SCHEMA.names and df.output_text.iloc[0] == "answer 0"
+    assert done_keys(tmp_path, "r") == {row_key(config.key(), f"pope/test/{i}/first") for i in range(3)}
+    new = RunConfig(PAIR, "T")
+    write_shard(tmp_path, rows_to_table(shard_rows(new, shard="s2")))  # old and new files side by side
+    both = read_results(tmp_path)
+    assert len(both) == 6 and both.groupby("methods")["engine"].count().to_dict() == {"M": 0, "T": 3}
+    assert pa.types.is_float64(SCHEMA.field("time_tabed_s").type)
 
 
 def test_done_keys_ignore_unfinished_temporary_files(tmp_path):

@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 from pipeline.data.sample import Sample
+from pipeline.decoding.engine import default_engine, new_rows
 from pipeline.drafting.batch import BatchedRows
 from pipeline.drafting.methods import method_embeddings
 from pipeline.models.base import LVLM
@@ -39,6 +40,7 @@ class Calibration:
     draft_token_s: float  # Tq: one cached decode step of the draft, one row
     draft_rows_token_s: list[float]  # Tq with 1..MAX_ROWS rows in the batch (ensembles)
     repeats: int
+    engine: str = "eager"  # the decoding engine whose steps were timed (files from before engines: eager)
 
     @property
     def ratio_draft_target(self) -> float:
@@ -70,10 +72,10 @@ def _step_seconds(model: LVLM, rows: BatchedRows, n_tokens: int, repeats: int, w
     return median(samples)
 
 
-def _prefilled(model: LVLM, sample: Sample, n_rows: int) -> BatchedRows:
+def _prefilled(model: LVLM, sample: Sample, n_rows: int, engine: str, gamma: int) -> BatchedRows:
     ids = model.tokenize_prompt(sample.prompt)
     embeds = method_embeddings(model, "M", ids, sample.images)
-    rows = BatchedRows(model, [embeds] * n_rows)
+    rows = new_rows(model, [embeds] * n_rows, engine=engine, capacity=gamma + 2, role="calibration")
     rows.prefill()
     rows.feed(ids[-1:])
     return rows
@@ -81,15 +83,18 @@ def _prefilled(model: LVLM, sample: Sample, n_rows: int) -> BatchedRows:
 
 @torch.inference_mode()
 def calibrate(
-    target: LVLM, draft: LVLM, *, gamma: int = 5, repeats: int = 20, image: Image.Image | None = None
+    target: LVLM, draft: LVLM, *, gamma: int = 5, repeats: int = 20, image: Image.Image | None = None,
+    engine: str | None = None,
 ) -> Calibration:
-    """Measure Tp, Tp(gamma+1) and Tq (1..4 rows) on an image prompt, medians after warm-up."""
+    """Measure Tp, Tp(gamma+1) and Tq (1..4 rows) on an image prompt, medians after warm-up,
+    with the steps of `engine` (None: the device's default, as decoding picks it)."""
+    engine = engine or default_engine(target, draft)
     image = image or Image.new("RGB", (336, 336), (120, 80, 200))
     sample = Sample("calibration", "none", 0, "first", PROMPT, (image,))
-    target_rows = _prefilled(target, sample, 1)
+    target_rows = _prefilled(target, sample, 1, engine, gamma)
     target_token = _step_seconds(target, target_rows, 1, repeats)
     target_verify = _step_seconds(target, target_rows, gamma + 1, repeats)
-    draft_rows = [_step_seconds(draft, _prefilled(draft, sample, n), 1, repeats) for n in range(1, MAX_ROWS + 1)]
+    draft_rows = [_step_seconds(draft, _prefilled(draft, sample, n, engine, gamma), 1, repeats) for n in range(1, MAX_ROWS + 1)]
     return Calibration(
         target=target.name,
         draft=draft.name,
@@ -101,6 +106,7 @@ def calibrate(
         draft_token_s=draft_rows[0],
         draft_rows_token_s=draft_rows,
         repeats=repeats,
+        engine=engine,
     )
 
 

@@ -25,3 +25,11 @@ def test_calibration_measures_and_round_trips(tiny_pair, tmp_path):
     assert len(table) == 1
     assert table.loc[0, "ratio_verify"] == pytest.approx(result.ratio_verify)
     assert read_calibrations(tmp_path / "empty").empty
+
+
+@pytest.mark.parametrize("engine", ["static", "eager"])
+def test_calibration_times_the_engine_it_names(tiny_pair, engine):
+    target, draft = tiny_pair
+    result = calibrate(target, draft, gamma=3, repeats=2, engine=engine)
+    assert result.engine == engine and result.target_token_s > 0
+    assert calibrate(target, draft, gamma=3, repeats=2).engine == "static"  # the CPU default

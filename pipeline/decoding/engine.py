@@ -91,20 +91,26 @@ def prefilled_rows(
 
     `capacity`: continuation tokens the rows must hold (static engine); `compiled` overrides
     whether decode steps compile (None: `compiles(device)`)."""
-    check_engine(engine)
     captions = None
     if "C" in methods:
         if captioner is None:
             raise ModelInputError("caption drafting (C) needs a captioner")
         captions = [captioner.caption(image) for image in prompt.images]
     embeds = [method_embeddings(model, m, prompt.ids, prompt.images, captions)[:-1] for m in methods]
-    if engine == "eager":
-        rows = BatchedRows(model, embeds)
-    else:
-        compiled = compiles(model.device) if compiled is None else compiled
-        rows = StaticRows(model, embeds, capacity=capacity, compiled=compiled, role=role)
+    rows = new_rows(model, embeds, engine=engine, capacity=capacity, role=role, compiled=compiled)
     rows.prefill()
     return rows
+
+
+def new_rows(
+    model: LVLM, prompts: list[torch.Tensor], *, engine: str, capacity: int, role: str, compiled: bool | None = None
+) -> BatchedRows:
+    """Rows of prompt embeddings `[L_i, hidden]` over the engine's kind of cache (not prefilled)."""
+    check_engine(engine)
+    if engine == "eager":
+        return BatchedRows(model, prompts)
+    compiled = compiles(model.device) if compiled is None else compiled
+    return StaticRows(model, prompts, capacity=capacity, compiled=compiled, role=role)
 
 
 class PhaseTimer:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.decoding.engine import default_engine
+
 from pipeline.calibration import MAX_ROWS, calibrate, expected_speedup, read_calibrations, write_calibration
 
 
@@ -32,4 +34,4 @@ def test_calibration_times_the_engine_it_names(tiny_pair, engine):
     target, draft = tiny_pair
     result = calibrate(target, draft, gamma=3, repeats=2, engine=engine)
     assert result.engine == engine and result.target_token_s > 0
-    assert calibrate(target, draft, gamma=3, repeats=2).engine == "static"  # the CPU default
+    assert calibrate(target, draft, gamma=3, repeats=2).engine == default_engine(target, draft)

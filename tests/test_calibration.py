@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.decoding.engine import default_engine
-
 from pipeline.calibration import MAX_ROWS, calibrate, expected_speedup, read_calibrations, write_calibration
+from pipeline.decoding.engine import default_engine
 
 
 def test_expected_speedup_equation_1_and_corrected_form():

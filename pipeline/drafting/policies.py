@@ -53,7 +53,10 @@ def uniform_weights(m: int) -> torch.Tensor:
 
 
 def mix(q_methods: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Ensemble distribution sum_i w_i q_i (probabilities, not logits): `[..., m, V]` -> `[..., V]`."""
+    """Ensemble distribution sum_i w_i q_i (probabilities, not logits): `[..., m, V]` -> `[..., V]`.
+    A single method is its own distribution (w = 1 multiplies exactly), without a kernel."""
+    if q_methods.shape[-2] == 1:
+        return q_methods[..., 0, :]
     return torch.einsum("...mv,m->...v", q_methods, weights.to(q_methods.device, q_methods.dtype))
 
 

@@ -29,21 +29,19 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     AutoModelForImageTextToText,
-    CLIPImageProcessorPil,
     CLIPVisionConfig,
     LlamaConfig,
     LlavaConfig,
     LlavaForConditionalGeneration,
-    LlavaProcessor,
     PreTrainedTokenizerFast,
 )
 
 from pipeline.models.hf import HFLlava
+from pipeline.models.tiny import SPECIAL_TOKENS, llava_processor, llava_tokenizer
 
-SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", "<image>"]
 WORDS = (  # the newline (text-only drafting), the prompts' and the stub caption's words
     "\n USER: ASSISTANT: image: describe this image in detail what do you see here write a story about red square"
 ).split(" ")
@@ -118,27 +116,7 @@ def build_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
         [pre_tokenizers.Split("\n", "isolated"), pre_tokenizers.Split(" ", "removed")]
     )
     tok.add_special_tokens(SPECIAL_TOKENS)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        pad_token="<pad>",
-        extra_special_tokens={"image_token": "<image>"},
-    )
-
-
-def build_processor(tokenizer: PreTrainedTokenizerFast, vision: VisionShape) -> LlavaProcessor:
-    side = vision.image_size
-    image_processor = CLIPImageProcessorPil(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
-    return LlavaProcessor(
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        patch_size=vision.patch_size,
-        vision_feature_select_strategy="default",
-        num_additional_image_tokens=1,
-    )
+    return llava_tokenizer(tok)
 
 
 def successor_tables(vocab_size: int, agreement: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -230,7 +208,7 @@ def build_pair(
 ) -> tuple[HFLlava, HFLlava]:
     """(target, draft) adapters sharing one tokenizer and processor."""
     tokenizer = build_tokenizer(shape.vocab)
-    processor = build_processor(tokenizer, shape.vision)
+    processor = llava_processor(tokenizer, shape.vision.image_size, shape.vision.patch_size)
     target_successor, draft_successor = successor_tables(shape.vocab, agreement, seed)
     target = build_llava(shape.target, shape.vision, tokenizer, target_successor, device, dtype, seed)
     draft = build_llava(shape.draft, shape.vision, tokenizer, draft_successor, device, dtype, seed + 1)

@@ -51,6 +51,12 @@ def build_tokenizer(vocab_size: int = 384) -> PreTrainedTokenizerFast:
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer)
+    return llava_tokenizer(tok)
+
+
+def llava_tokenizer(tok: Tokenizer) -> PreTrainedTokenizerFast:
+    """A `tokenizers` model with `SPECIAL_TOKENS` as a LLaVA-style tokenizer: BOS added,
+    `<image>` as the image token."""
     bos = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
     return PreTrainedTokenizerFast(
@@ -140,14 +146,16 @@ def perturbed_copy(model: LlavaForConditionalGeneration, noise: float, seed: int
     return copy
 
 
-def llava_processor(tokenizer: PreTrainedTokenizerFast) -> LlavaProcessor:
+def llava_processor(
+    tokenizer: PreTrainedTokenizerFast, image_size: int = IMAGE_SIZE, patch_size: int = PATCH_SIZE
+) -> LlavaProcessor:
     image_processor = CLIPImageProcessorPil(
-        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
+        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
     )
     return LlavaProcessor(
         image_processor=image_processor,
         tokenizer=tokenizer,
-        patch_size=PATCH_SIZE,
+        patch_size=patch_size,
         vision_feature_select_strategy="default",
         num_additional_image_tokens=1,
     )

@@ -3,8 +3,8 @@
 Engines (the grid's `engine` axis; outputs are the same, walltimes are not):
 - `static`: transformers' `StaticCache`, fixed-shape masks and positions, rollback by moving
   the write position; on a GPU the decode steps (m draft rows x 1-2 tokens, target verify of
-  gamma+1 tokens, AR step) run through `torch.compile` (mode reduce-overhead: CUDA graphs),
-  each compiled once per shape and reused across samples.
+  gamma+1 tokens, AR step) are compiled with `torch.compile` and captured as CUDA graphs
+  (`pipeline.models.step_graphs`), once per shape and pooled cache, reused across samples.
 - `eager`: transformers' `DynamicCache`, grown by concatenation and cropped after each block.
 
 Compiling on a CPU costs over a minute per step shape and did not pay back over a grid here,

@@ -79,7 +79,9 @@ class SpeculativeDecoder:
         self.target_rows, self.draft_rows = target_rows, draft_rows
         self.config, self.generator, self.eos, self.timer = config, generator, eos, timer
         self.device = target_rows.model.device
-        self.history = History(len(config.methods), config.policy)
+        self.history = History(len(config.methods), config.policy, self.device)
+        self.uniforms = self._draw_uniforms()
+        self.blocks = 0
         self.target_pending = self.draft_pending = torch.tensor([first_token], device=self.device)
         self.output: list[int] = []
 
@@ -88,10 +90,9 @@ class SpeculativeDecoder:
         config, gamma, timer = self.config, self.config.gamma, self.timer
         with timer.phase("draft"):
             with timer.phase("tabed"):
-                weights = choose_weights(self.history).to(self.device)
-            uniforms = None
-            if not config.greedy:  # g proposals, g acceptance tests, 1 emitted token
-                uniforms = torch.rand(2 * gamma + 1, generator=self.generator, dtype=torch.float64).to(self.device)
+                weights = choose_weights(self.history)
+            uniforms = None if self.uniforms is None else self.uniforms[self.blocks]
+            self.blocks += 1
             draft = draft_block(self.draft_rows, self.draft_pending, weights, config, uniforms, self.history.tracks, timer)
         with timer.phase("verify"):
             logits = self.target_rows.feed(torch.cat([self.target_pending, draft.proposals]), keep=gamma + 1)[0]
@@ -112,6 +113,15 @@ class SpeculativeDecoder:
             if not outcome.stop:
                 self._roll_back(a, torch.cat([draft.proposals[:a], next_token.view(1)]))
         return outcome, recorded_weights(values[2 + gamma:])
+
+    def _draw_uniforms(self) -> torch.Tensor | None:
+        """Sampling's uniforms for every block the sample can take (each yields a token), in
+        one copy to the device: per block, g proposals, g acceptance tests, 1 emitted token.
+        The same values, in the same order, as drawing them block by block."""
+        if self.config.greedy:
+            return None
+        gamma, blocks = self.config.gamma, self.config.max_new_tokens
+        return torch.rand(blocks, 2 * gamma + 1, generator=self.generator, dtype=torch.float64).to(self.device)
 
     def _roll_back(self, accepted: int, block_tokens: torch.Tensor) -> None:
         """Keep the accepted proposals in both caches; queue what each has not seen.

@@ -59,13 +59,19 @@ class BatchedRows:
         `token_ids` may be a device tensor (the engine's proposals never leave the device)."""
         ids = torch.as_tensor(token_ids, device=self.model.device).view(1, -1)
         n = ids.shape[1]
-        offsets = torch.arange(self.fed, self.fed + n, device=self.model.device)
-        mask = self._attention_mask(start=self.width + self.fed, n=n)
-        logits = self._forward(
-            mask, self._next_position[:, None] + offsets[None, :], keep=keep, input_ids=ids.expand(self.rows, n), step=True
-        )
+        mask, positions = self._step_mask(n), self._step_positions(n)
+        logits = self._forward(mask, positions, keep=keep, input_ids=ids.expand(self.rows, n), step=True)
         self.fed += n
         return logits
+
+    def _step_mask(self, n: int) -> torch.Tensor:
+        """The attention mask of the next `n` shared tokens."""
+        return self._attention_mask(start=self.width + self.fed, n=n)
+
+    def _step_positions(self, n: int) -> torch.Tensor:
+        """`[B, n]` position ids of the next `n` shared tokens in every row."""
+        offsets = torch.arange(self.fed, self.fed + n, device=self.model.device)
+        return self._next_position[:, None] + offsets[None, :]
 
     def keep_shared(self, n: int) -> None:
         """Drop every cached continuation token after the first `n` (rejected proposals)."""
@@ -105,8 +111,8 @@ class StaticRows(BatchedRows):
 
     Every step attends over all slots: left padding is masked, and causality hides slots past
     the write position, so stale keys of rejected proposals are never read before they are
-    overwritten, and every step of a kind has the same shapes. `compiled` runs the decode steps (not the prefill)
-    through the model's compiled forward. `role` names which pooled cache of the model to use,
+    overwritten, and every step of a kind has the same shapes. `compiled` runs the decode steps
+    (not the prefill) through the model's compiled forward (on a GPU: captured CUDA graphs). `role` names which pooled cache of the model to use,
     so a target and a draft that are the same model never share one.
     """
 
@@ -115,14 +121,27 @@ class StaticRows(BatchedRows):
         self.slots = -(-(self.width + capacity) // CAPACITY_STEP) * CAPACITY_STEP
         self.cache = model.static_cache(self.rows, self.slots, role)
         self.compiled = compiled
-        self._all_keys_open = super()._open_keys(self.slots)  # every step reads all slots: build once
+        self._all_keys_open = super()._open_keys(self.slots)  # every step reads all slots
+        # every continuation slot's mask row and position ids, built once per sample: a step
+        # slices them instead of launching a handful of small kernels to rebuild them
+        continuation = self.slots - self.width
+        self._mask_rows = self._attention_mask(start=self.width, n=continuation)  # [B, 1, continuation, slots]
+        self._position_rows = self._next_position[:, None] + torch.arange(continuation, device=model.device)[None, :]
 
     def _open_keys(self, keys: int) -> torch.Tensor:
         return self._all_keys_open
 
-    def _key_slots(self, end: int) -> int:
+    def _step_mask(self, n: int) -> torch.Tensor:
+        end = self.width + self.fed + n
         if end > self.slots:
             raise ValueError(f"static cache of {self.slots} slots is full: tokens up to slot {end} were fed")
+        # contiguous: every step of a kind passes the compiled forward the same strides
+        return self._mask_rows[:, :, self.fed : self.fed + n].contiguous()
+
+    def _step_positions(self, n: int) -> torch.Tensor:
+        return self._position_rows[:, self.fed : self.fed + n].contiguous()
+
+    def _key_slots(self, end: int) -> int:
         return self.slots
 
     def keep_shared(self, n: int) -> None:

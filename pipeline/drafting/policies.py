@@ -155,15 +155,17 @@ class History:
     Positions are those where both the target's `p` and every method's `q_i` were computed from
     the true prefix (docs/algorithm.md §3). Every score (argmax hit, distance) is a sum over positions, so a
     block costs the scoring of its new positions only, not of the whole history again, and no
-    `[V]`-sized distribution is kept. Scores stay on the device the distributions came from
-    (one float64 row per position in a growing buffer), so the live engine never waits for
-    them. Static policies and single methods keep nothing.
+    `[V]`-sized distribution is kept. Scores stay on the history's device, which must be the
+    distributions' (one float64 row per position in a growing buffer), so the live engine
+    never waits for them. Static policies and single methods keep nothing.
     """
 
-    def __init__(self, m: int, spec: PolicySpec) -> None:
+    def __init__(self, m: int, spec: PolicySpec, device: torch.device | str = "cpu") -> None:
         self.m, self.spec = m, spec
         self.tracks = spec.kind != "static" and m > 1
-        self.candidates = simplex_grid(m, spec.steps) if spec.kind == "grid" and self.tracks else None
+        # made on the device once, so that choosing weights never copies from the host
+        self.initial_weights = (torch.ones(1, dtype=torch.float64) if m == 1 else uniform_weights(m)).to(device)
+        self.candidates = simplex_grid(m, spec.steps).to(device) if spec.kind == "grid" and self.tracks else None
         self._buffer: torch.Tensor | None = None  # [capacity, scores per position]
         self._length = 0
 
@@ -175,7 +177,6 @@ class History:
         if not self.tracks or q_methods.shape[0] == 0:
             return
         if self.candidates is not None:
-            self.candidates = self.candidates.to(q_methods.device)
             hits, dist = grid_position_scores(q_methods, p_target, self.candidates, _grid_distance(self.spec))
             rows = torch.cat([hits, dist], 1)
         else:
@@ -200,13 +201,11 @@ class History:
 
 
 def choose_weights(history: History) -> torch.Tensor:
-    """Weights w* for the next block, float64 `[m]`: on the history's device once it holds
-    positions, on the CPU before (uniform)."""
-    m, spec = history.m, history.spec
-    if m == 1:
-        return torch.ones(1, dtype=torch.float64)
+    """Weights w* for the next block, float64 `[m]` on the history's device: uniform (1 for a
+    single method) until the history holds positions."""
     if not history.tracks or len(history) == 0:
-        return uniform_weights(m)
+        return history.initial_weights
+    spec = history.spec
     totals = history.window_totals()
     if history.candidates is not None:
         hits, dist = totals.split(len(history.candidates))

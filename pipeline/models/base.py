@@ -65,7 +65,8 @@ class LVLM(ABC):
     ) -> torch.Tensor:
         """One forward of the language model over new positions, extending `cache`.
         Returns fp32 logits for the last `keep` positions: `[batch, keep, vocab]`.
-        `compiled` asks for the compiled forward (static-shape decode steps over a static cache)."""
+        `compiled` asks for the compiled forward (static-shape decode steps over a static cache;
+        on a GPU, replayed as captured CUDA graphs)."""
 
     @property
     def eos_token_ids(self) -> set[int]:

@@ -12,17 +12,20 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from transformers import Cache, PreTrainedModel, PreTrainedTokenizerBase, StaticCache
+from transformers import Cache, CompileConfig, PreTrainedModel, PreTrainedTokenizerBase, StaticCache
 
 from pipeline.models.base import LVLM, ModelInputError
+from pipeline.models.step_graphs import StepGraphs
 
 
 POOLED_CACHES = 8  # static caches kept per model (one per rows x slots x role in use)
+# inductor kernels without its own CUDA graphs: on a GPU, `step_graphs` captures the steps
+STEP_COMPILE = CompileConfig(mode="default")
 
 
 class HFModel(LVLM):
     """A transformers model driven through `inputs_embeds`/`input_ids` with a Dynamic or
-    Static cache. Static caches are pooled and reused across samples: a compiled step captures
+    Static cache. Static caches are pooled and reused across samples: a captured step holds
     the cache tensors' addresses, so new tensors per sample would mean new graphs per sample."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str) -> None:
@@ -33,6 +36,7 @@ class HFModel(LVLM):
         self.dtype = model.dtype
         self.image_token_id = None
         self._static_caches: dict[tuple[int, int, str], StaticCache] = {}
+        self._step_graphs = StepGraphs()
 
     @property
     def supports_static_cache(self) -> bool:
@@ -43,7 +47,8 @@ class HFModel(LVLM):
         cache = self._static_caches.pop(key, None)
         if cache is None:
             if len(self._static_caches) >= POOLED_CACHES:
-                self._static_caches.pop(next(iter(self._static_caches)))  # the least recently used
+                evicted = self._static_caches.pop(next(iter(self._static_caches)))  # the least recently used
+                self._step_graphs.forget(evicted)
             cache = StaticCache(config=self.model.config, max_cache_len=slots)
         else:
             cache.reset()
@@ -52,9 +57,11 @@ class HFModel(LVLM):
 
     def rewind_static_cache(self, cache: Cache, length: int) -> None:
         # transformers' StaticLayer writes at its `cumulative_length` (a device tensor, so
-        # setting it is no host sync); there is no public crop for static caches.
-        for layer in cache.layers:
-            layer.cumulative_length.fill_(length)
+        # setting it is no host sync); there is no public crop for static caches. Two fused
+        # kernels set every layer's, instead of one launch per layer.
+        lengths = [layer.cumulative_length for layer in cache.layers]
+        torch._foreach_mul_(lengths, 0)
+        torch._foreach_add_(lengths, length)
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -79,21 +86,20 @@ class HFModel(LVLM):
         keep: int = 1,
         compiled: bool = False,
     ) -> torch.Tensor:
-        # transformers' own compiled call (`torch.compile`, mode reduce-overhead: CUDA graphs
-        # on a GPU), compiled once per model and reused for every static shape it meets
-        forward = self.model.get_compiled_call(None) if compiled else self.model
-        out = forward(
-            input_ids=None if input_ids is None else input_ids.to(self.device),
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask.to(self.device),
-            position_ids=position_ids.to(self.device),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=keep,
-        )
-        logits = out.logits[:, -keep:].float()
-        # a CUDA-graph replay overwrites its output buffer: keep a copy, not the buffer
-        return logits.clone() if compiled else logits
+        ids = None if input_ids is None else input_ids.to(self.device)
+        mask, positions = attention_mask.to(self.device), position_ids.to(self.device)
+        if compiled and ids is not None and self.device.type == "cuda":
+            step = lambda i, m, p: self._forward(cache, keep, True, input_ids=i, attention_mask=m, position_ids=p)
+            return self._step_graphs.run(step, cache, ids, mask, positions, keep)
+        return self._forward(cache, keep, compiled, input_ids=ids, inputs_embeds=inputs_embeds,
+                             attention_mask=mask, position_ids=positions)
+
+    def _forward(self, cache: Cache, keep: int, compiled: bool, **inputs) -> torch.Tensor:
+        """fp32 logits of the last `keep` positions, `[B, keep, V]`; `compiled`: through
+        transformers' compiled call (one compile per model, reused for each static shape)."""
+        forward = self.model.get_compiled_call(STEP_COMPILE) if compiled else self.model
+        out = forward(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=keep)
+        return out.logits[:, -keep:].float()
 
     def image_features(self, images: Sequence[Image.Image], pooled: bool = False) -> list[torch.Tensor]:
         raise ModelInputError(f"{self.name} is a text-only model: it cannot read images (use T or C drafting)")

@@ -58,6 +58,7 @@ from pipeline.decoding.config import DecodeConfig, PolicySpec  # noqa: E402
 from pipeline.decoding.engine import ENGINES, prefilled_rows, tokenize  # noqa: E402
 from pipeline.decoding.live import autoregressive_decode, speculative_decode  # noqa: E402
 from pipeline.decoding.records import SampleRecord  # noqa: E402
+from pipeline.models.dtypes import DTYPES  # noqa: E402
 from pipeline.models.hf import HFLlava  # noqa: E402
 
 PROMPTS = [  # of equal token counts: transformers sizes its static cache by prompt + new tokens
@@ -66,7 +67,6 @@ PROMPTS = [  # of equal token counts: transformers sizes its static cache by pro
     "USER: <image>\nwrite a story about this ASSISTANT:",
 ]
 COLOURS = [(200, 30, 30), (30, 30, 200), (30, 180, 30)]
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DRAFT_ROWS = {1: "M", 2: "MT", 4: "MTCP"}
 STEP_BLOCKS = 10  # timed draft blocks of gamma steps per row count
 SD_CONFIGS = {  # name: (methods, policy)

@@ -21,11 +21,11 @@ from typing import Any, Collection, Iterable
 import yaml
 
 from pipeline.decoding.config import DISTANCES, DecodeConfig, PolicySpec
+from pipeline.models.dtypes import DTYPES
 
 AR = "AR"  # method-set name of the autoregressive baseline (rows with mode "ar")
 FIRST_TURN = "first"
 MODES = ("live", "replay", "auto")
-DTYPES = ("fp32", "fp16", "bf16")
 TINY_PREFIX = "tiny:"  # tiny random models built locally on each node (pipeline.models.tiny)
 TINY_MODELS = ("target", "draft", "next_target")
 EMBEDDED_MODELS = ("embedded:target", "embedded:draft")
@@ -432,7 +432,7 @@ def _pair(entry: Any, i: int) -> Pair:
     return Pair(
         target=check_model_id(entry["target"], f"{where}.target"),
         draft=check_model_id(entry["draft"], f"{where}.draft"),
-        dtype=_choice(entry.get("dtype", "fp32"), DTYPES, f"{where}.dtype"),
+        dtype=_choice(entry.get("dtype", "fp32"), tuple(DTYPES), f"{where}.dtype"),
     )
 
 

@@ -1,6 +1,6 @@
 """Tables like the paper's Table 1 from the results dataset: block efficiency per method x dataset.
 
-tau of a cell is pooled over every block of every sample (SPEC §1):
+tau of a cell is pooled over every block of every sample (docs/algorithm.md §1):
 1 + sum(accepted proposals) / sum(blocks), error rows left out. `Avg.` is the mean of the
 benchmark datasets' cells, as in the paper (OOD datasets are reported beside it, not in it).
 """

@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import torch
 
-from pipeline.decoding.config import PolicySpec
+from pipeline.drafting.policy_spec import PolicySpec
 
 _EPS = 1e-12  # keeps log() finite where a probability underflows to 0
 _MAX_MIXED_ELEMENTS = 2**25  # bound on candidate-mixture elements held at once

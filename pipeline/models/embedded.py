@@ -18,6 +18,7 @@ from PIL import Image
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.models.base import ModelInputError
+from pipeline.models.dtypes import resolve_dtype
 from pipeline.models.embedded_parts.captioner import EmbeddedCaptioner, ShapeHeads
 from pipeline.models.embedded_parts.chat import to_chatml
 from pipeline.models.embedded_parts.language import IMAGE_TOKEN, load_language_model
@@ -25,7 +26,6 @@ from pipeline.models.embedded_parts.projector import Projector
 from pipeline.models.embedded_parts.quant import quantize_weights
 from pipeline.models.embedded_parts.vision import VisionEncoder
 from pipeline.models.hf import HFModel
-from pipeline.models.loading import resolve_dtype
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "embedded"
 PROJECTOR_FILE = ASSETS / "projector.safetensors"

@@ -16,21 +16,15 @@ from transformers import (
 )
 
 from pipeline.models.base import LVLM
+from pipeline.models.dtypes import resolve_dtype
 from pipeline.models.hf import HFLlava, HFModel
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 LLAVA_CLASSES = {"llava": LlavaForConditionalGeneration, "llava_next": LlavaNextForConditionalGeneration}
 EMBEDDED_PREFIX = "embedded:"
 
 
 class ModelLoadError(RuntimeError):
     """A model that cannot be loaded here (missing, unknown type, does not fit the device)."""
-
-
-def resolve_dtype(dtype: str) -> torch.dtype:
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
-    return DTYPES[dtype]
 
 
 def default_device() -> torch.device:

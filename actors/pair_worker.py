@@ -12,12 +12,12 @@ import pyarrow as pa
 import torch
 from PIL import Image
 
-from actors.models import resolve_model
+from actors.model_files import resolve_model
 from pipeline.data.sample import Sample
 from pipeline.decoding.live import autoregressive_decode, speculative_decode
 from pipeline.decoding.records import SampleRecord
 from pipeline.drafting.captioner import load_captioner
-from pipeline.grid import Pair, RunConfig, Shard
+from pipeline.planning.grid import Pair, RunConfig, Shard
 from pipeline.models.loading import default_device, load_pair
 from pipeline.results import make_row, rows_to_table
 

@@ -15,12 +15,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.calibration import Calibration, calibrate, write_calibration  # noqa: E402
-from pipeline.grid import load_grid  # noqa: E402
+from pipeline.planning.grid import load_grid  # noqa: E402
 from pipeline.models.loading import default_device, load_pair  # noqa: E402
 
 
 def measure(target: str, draft: str, dtype: str, gamma: int, repeats: int) -> Calibration:
-    from actors.models import resolve_model
+    from actors.model_files import resolve_model
 
     pair = load_pair(resolve_model(target), resolve_model(draft), dtype=dtype, device=default_device())
     result = calibrate(*pair, gamma=gamma, repeats=repeats)

@@ -17,10 +17,11 @@ from pathlib import Path
 # from there (not from wherever it happens to be installed on the head node).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from actors.runner import GridRunner  # noqa: E402
 from jobs.calibrate import calibrate_pairs  # noqa: E402
-from pipeline.grid import GridError, load_grid  # noqa: E402
+from pipeline.planning.grid import GridError, load_grid  # noqa: E402
+from pipeline.planning.shards import unit_counts  # noqa: E402
 from pipeline.results import read_results  # noqa: E402
-from pipeline.scheduler import GridRunner, unit_counts  # noqa: E402
 from pipeline.summary import write_summary  # noqa: E402
 
 

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from pipeline.data.sample import Sample
 from pipeline.decoding.records import SampleRecord
-from pipeline.grid import RunConfig, row_key
+from pipeline.planning.grid import RunConfig, row_key
 
 PARTITIONS = ("run", "target", "draft", "dataset")
 _dict = pa.dictionary(pa.int32(), pa.string())

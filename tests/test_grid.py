@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from pipeline.data.sample import Sample
-from pipeline.grid import AR, ENGINE_CHOICES, Catalog, GridError, RunConfig, load_grid, parse_grid, row_key
-from pipeline.scheduler import plan_shards, unit_counts
+from pipeline.planning.grid import AR, ENGINE_CHOICES, Catalog, GridError, RunConfig, load_grid, parse_grid, row_key
+from pipeline.planning.shards import plan_shards, unit_counts
 
 CATALOG = Catalog(datasets=("toy", "other"), turn_tasks=("again",))
 BASE = {
@@ -214,7 +214,7 @@ def test_invalid_grid_fails_before_ray_or_models(tmp_path, monkeypatch, capsys):
 def test_local_copies_reach_the_data_loaders(tmp_path, monkeypatch):
     """`sources` in a grid is how a cluster without hub access points at its local copies."""
     import pipeline.data
-    from pipeline.scheduler import RegistrySource
+    from pipeline.planning.shards import RegistrySource
 
     (tmp_path / "toy").mkdir()
     spec = grid(sources={"toy": str(tmp_path / "toy")})

@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 from PIL import Image
 
+from actors.runner import GridRunner
 from pipeline.data.sample import Sample
 from pipeline.decoding.live import autoregressive_decode, speculative_decode
-from pipeline.grid import Catalog, Pair, RunConfig, Shard, parse_grid
+from pipeline.planning.grid import Catalog, Pair, RunConfig, Shard, parse_grid
 from pipeline.results import read_results
-from pipeline.scheduler import GridRunner
 
 pytestmark = pytest.mark.slow
 

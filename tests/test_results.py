@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import PolicySpec
 from pipeline.decoding.records import SampleRecord
-from pipeline.grid import Pair, RunConfig, row_key
+from pipeline.planning.grid import Pair, RunConfig, row_key
 from pipeline.results import (
     SCHEMA,
     done_keys,

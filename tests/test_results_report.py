@@ -8,7 +8,7 @@ import jobs.summarize as summarize
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import PolicySpec
 from pipeline.decoding.records import SampleRecord
-from pipeline.grid import Pair, RunConfig
+from pipeline.planning.grid import Pair, RunConfig
 from pipeline.report import AVERAGE, markdown_table, tau_table
 from pipeline.results import make_row, read_results, rows_to_table, write_shard
 

@@ -1,5 +1,5 @@
-"""Runs a validated grid on Ray: plan shards, keep one actor per model pair busy, write each
-finished shard at once, survive dead actors, resume from what is already written.
+"""Runs a validated grid on Ray: keep one actor per model pair busy, write each finished shard
+at once, survive dead actors, resume from what is already written.
 
 First turns run first; second turns are built from the target's greedy first-turn answers
 as read back from the results dataset (docs/algorithm.md §4), then run on the same actors.
@@ -12,108 +12,17 @@ import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Protocol, Sequence, TextIO
+from typing import Callable, TextIO
 
+import ray
+
+from actors.pair_worker import remote_worker
 from pipeline.data.sample import Sample
-from pipeline.grid import FIRST_TURN, GridSpec, Pair, RunConfig, Shard, WorkUnit, row_key
+from pipeline.planning.grid import FIRST_TURN, GridSpec, Pair, Shard, WorkUnit
+from pipeline.planning.shards import RegistrySource, SampleSource, plan_shards
 from pipeline.results import done_keys, first_turn_answers, write_shard
 
 IN_FLIGHT_PER_WORKER = 2  # one running, one queued behind it, so a worker never waits on the driver
-
-
-class SampleSource(Protocol):
-    """Where samples come from (the data registry by default; tests inject their own)."""
-
-    def first_turn(self, dataset: str, limit: int | None) -> list[Sample]: ...
-
-    def second_turn(self, first_samples: list[Sample], first_outputs: dict[str, str], task: str) -> list[Sample]: ...
-
-
-class RegistrySource:
-    """Samples from `pipeline.data.registry`, loaded once per dataset, from the local copies
-    in `sources` (dataset or question-task name -> path) where given, else the hub."""
-
-    def __init__(self, sources: dict[str, str] | None = None) -> None:
-        self.sources = sources or {}
-        self._cache: dict[tuple[str, int | None], list[Sample]] = {}
-
-    def first_turn(self, dataset: str, limit: int | None) -> list[Sample]:
-        from pipeline.data import load_samples
-
-        if (dataset, limit) not in self._cache:
-            self._cache[(dataset, limit)] = load_samples(dataset, limit=limit, source=self.sources.get(dataset))
-        return self._cache[(dataset, limit)]
-
-    def second_turn(self, first_samples: list[Sample], first_outputs: dict[str, str], task: str) -> list[Sample]:
-        from pipeline.data import build_second_turn
-
-        return build_second_turn(first_samples, first_outputs, task, source=self.sources.get(task))
-
-
-def decode_mode(config: RunConfig, grid_mode: str) -> str:
-    """`replay` for greedy configurations unless the grid forces live runs; sampling is always
-    live. Greedy AR rides along with replay: trace collection decodes y with the plain AR loop,
-    and that decode (timings included) is the AR row."""
-    if not config.greedy or grid_mode == "live":
-        return "live"
-    return "replay"
-
-
-def plan_shards(
-    run: str,
-    units: Sequence[WorkUnit],
-    samples_for: Callable[[WorkUnit], list[Sample]],
-    *,
-    shard_size: int,
-    grid_mode: str = "live",
-    live_samples: int = 0,
-    done: set[str] = frozenset(),
-) -> list[Shard]:
-    """Shards of at most `shard_size` samples, one pair, dataset and turn each, without the
-    rows in `done`. Replay shards carry every greedy configuration of their samples (one
-    trace collection scores them all); live shards carry one configuration. In `auto` mode the
-    greedy SD configs of `live_samples` first-turn samples per model pair, taken round-robin
-    over its datasets, run live instead, so walltime is measured on them
-    (replay and live give the same accepted counts, so each row is computed once either way)."""
-    groups: dict[tuple[Pair, str, str], list[RunConfig]] = defaultdict(list)
-    for unit in units:
-        groups[(unit.config.pair, unit.dataset, unit.turn)].append(unit.config)
-    first_turn_datasets: dict[Pair, list[str]] = defaultdict(list)
-    for pair, dataset, turn in groups:
-        if turn == FIRST_TURN:
-            first_turn_datasets[pair].append(dataset)
-    shards = []
-    for (pair, dataset, turn), configs in groups.items():
-        sample_ids = [s.sample_id for s in samples_for(WorkUnit(configs[0], dataset, turn))]
-        timed_first_turn = grid_mode == "auto" and turn == FIRST_TURN
-        live_here = timed_per_dataset(live_samples, first_turn_datasets[pair], dataset) if timed_first_turn else 0
-        timed = set(sample_ids[:live_here])
-        replayed = [c for c in configs if decode_mode(c, grid_mode) == "replay"]
-        # (mode, configs, sample ids): one replay bundle, then one live bundle per configuration
-        bundles = [("replay", replayed, sample_ids)] + [
-            ("live", [c], sample_ids if decode_mode(c, grid_mode) == "live" else [s for s in sample_ids if s in timed])
-            for c in configs
-            if decode_mode(c, grid_mode) == "live" or (timed and not c.is_ar)
-        ]
-        for mode, bundle, ids in bundles:
-            for start in range(0, len(ids), shard_size):
-                items = tuple(
-                    (config, sample_id)
-                    for sample_id in ids[start:start + shard_size]
-                    for config in bundle
-                    if row_key(config.key(), sample_id) not in done
-                    and not (mode == "replay" and sample_id in timed and not config.is_ar)
-                )
-                if items:
-                    shards.append(Shard(run, pair, dataset, turn, mode, items))
-    return shards
-
-
-def timed_per_dataset(live_samples: int, datasets: Sequence[str], dataset: str) -> int:
-    """How many of `dataset`'s first samples run live when a pair's `live_samples` are dealt
-    round-robin over its `datasets` (walltime speedup is reported per pair, not per dataset)."""
-    index = datasets.index(dataset)
-    return max(0, -(-(live_samples - index) // len(datasets)))
 
 
 class Progress:
@@ -218,8 +127,6 @@ class GridRunner:
     # -- the run ---------------------------------------------------------------------------
 
     def run(self) -> RunReport:
-        import ray
-
         start = time.monotonic()
         try:
             phases = [("first turn", [FIRST_TURN])] if FIRST_TURN in self.spec.turns else []
@@ -238,7 +145,7 @@ class GridRunner:
                 self.report.shards_planned += len(planned)
                 print(f"[{label}] {len(planned)} shards to run ({len(units)} work units)", file=self.stream, flush=True)
                 if planned:
-                    self._dispatch(planned, Progress(label, len(planned), self.stream), ray)
+                    self._dispatch(planned, Progress(label, len(planned), self.stream))
         finally:
             for worker in self.workers:
                 ray.kill(worker.handle)
@@ -246,7 +153,7 @@ class GridRunner:
             self.report.seconds = time.monotonic() - start
         return self.report
 
-    def _worker_count(self, ray) -> tuple[int, float]:
+    def _worker_count(self) -> tuple[int, float]:
         resources = ray.cluster_resources()
         gpus = resources.get("GPU", 0.0)
         per_worker = self.gpus_per_worker if self.gpus_per_worker is not None else (1.0 if gpus else 0.0)
@@ -256,10 +163,8 @@ class GridRunner:
         # more actors than the cluster can place would hold shards that never run
         return min(self.requested_workers or slots, slots), per_worker
 
-    def _dispatch(self, shards: list[Shard], progress: Progress, ray) -> None:
-        from actors.pair_worker import remote_worker
-
-        slots, gpus = self._worker_count(ray)
+    def _dispatch(self, shards: list[Shard], progress: Progress) -> None:
+        slots, gpus = self._worker_count()
         pending: dict[Pair, deque[Shard]] = defaultdict(deque)
         for shard in shards:
             pending[shard.pair].append(shard)
@@ -279,7 +184,7 @@ class GridRunner:
         def fill() -> None:
             for worker in self.workers:
                 while pending[worker.pair] and len(worker.in_flight) < IN_FLIGHT_PER_WORKER:
-                    self._submit(worker, pending[worker.pair].popleft(), ray)
+                    self._submit(worker, pending[worker.pair].popleft())
             while True:
                 pair = neediest_pair()
                 if pair is None:
@@ -293,7 +198,7 @@ class GridRunner:
                 start_worker(pair)
                 worker = self.workers[-1]
                 while pending[pair] and len(worker.in_flight) < IN_FLIGHT_PER_WORKER:
-                    self._submit(worker, pending[pair].popleft(), ray)
+                    self._submit(worker, pending[pair].popleft())
 
         fill()
         while any(w.in_flight for w in self.workers):
@@ -307,7 +212,7 @@ class GridRunner:
             except ray.exceptions.RayActorError as err:
                 if err.actor_init_failed:  # loading the pair failed: deterministic, retrying cannot help
                     raise RuntimeError(f"the worker for {worker.pair.label} could not start: {err}") from err
-                self._redispatch(worker, shard, err, pending, ray)
+                self._redispatch(worker, shard, err, pending)
             else:
                 path = write_shard(self.out, table)
                 self.report.shards_written += 1
@@ -317,11 +222,11 @@ class GridRunner:
                     self.on_shard_written(path, self)
             fill()
 
-    def _submit(self, worker: _Worker, shard: Shard, ray) -> None:
+    def _submit(self, worker: _Worker, shard: Shard) -> None:
         samples = {sid: self._samples[self._sample_key(shard.pair, sid)] for sid in shard.sample_ids}
         worker.in_flight[worker.handle.run_shard.remote(shard, samples)] = shard
 
-    def _redispatch(self, worker: _Worker, shard: Shard, err: Exception, pending: dict, ray) -> None:
+    def _redispatch(self, worker: _Worker, shard: Shard, err: Exception, pending: dict) -> None:
         """The actor is gone for good (Ray's restarts used up): replace it, queue its shards again."""
         lost = [shard, *worker.in_flight.values()]
         worker.in_flight.clear()
@@ -339,14 +244,3 @@ class GridRunner:
             self.report.redispatched += 1
         print(f"worker for {worker.pair.label} died ({type(err).__name__}); re-dispatching {len(lost)} shard(s)",
               file=self.stream, flush=True)
-
-
-def unit_counts(spec: GridSpec) -> Iterable[str]:
-    """Lines for `--dry-run`: work units per dataset, turn, model pair and method set."""
-    yield f"grid {spec.name}: {len(spec.configs())} configurations, {len(spec.units())} work units"
-    for axis, counter in spec.counts().items():
-        yield f"  by {axis}:"
-        for name, n in counter.items():
-            yield f"    {name}: {n}"
-    samples = f"{spec.limit} samples each" if spec.limit else "all samples of each dataset"
-    yield f"  ({samples}, shards of {spec.shard_size})"

@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from pipeline.grid import TINY_PREFIX
+from pipeline.planning.grid import TINY_PREFIX
 
 TINY_DIR_ENV = "TABED_TINY_DIR"
 

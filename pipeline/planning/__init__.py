@@ -1,0 +1,1 @@
+"""Planning: grid files into work units and shards (no Ray, no models loaded)."""

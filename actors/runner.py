@@ -2,7 +2,7 @@
 at once, survive dead actors, resume from what is already written.
 
 First turns run first; second turns are built from the target's greedy first-turn answers
-as read back from the results dataset (docs/algorithm.md §4), then run on the same actors.
+as read back from the results dataset (docs/cluster.md, "Turns"), then run on the same actors.
 """
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from actors.runner import GridRunner  # noqa: E402
 from jobs.calibrate import calibrate_pairs  # noqa: E402
-from pipeline.planning.grid import GridError, load_grid  # noqa: E402
+from pipeline.planning.grid import GridError  # noqa: E402
+from pipeline.planning.grid_file import load_grid  # noqa: E402
 from pipeline.planning.shards import unit_counts  # noqa: E402
 from pipeline.results import read_results  # noqa: E402
 from pipeline.summary import write_summary  # noqa: E402

@@ -1,4 +1,4 @@
-"""One batch of method rows must give each method the distributions it gets alone (SPEC §3)."""
+"""One batch of method rows must give each method the distributions it gets alone (docs/algorithm.md §3)."""
 from __future__ import annotations
 
 import torch

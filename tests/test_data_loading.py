@@ -25,7 +25,7 @@ IEDIT = (
     "Source Image: <image> Target Image: <image> Instruction: ASSISTANT:"
 )
 
-# The first subset row of each dataset: exact prompt (paper Appendix I, SPEC §4) and image colours in order.
+# The first subset row of each dataset: exact prompt (the paper's Appendix I) and image colours in order.
 EXPECTED = {
     "llava_bench": ("USER: <image>\nWhat is the name of this famous sight in the photo? ASSISTANT:", ["red"]),
     "docvqa": (f"USER: <image>\n{REASONING}\nWhat is the ‘actual’ value per 1000, during the year 1975? ASSISTANT:",

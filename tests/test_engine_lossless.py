@@ -1,8 +1,7 @@
-"""Greedy SD must be token-identical to the target's own greedy `generate` (SPEC §1)."""
+"""Greedy SD must be token-identical to the target's own greedy `generate` (docs/algorithm.md §1)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig, PolicySpec

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from pipeline.data.sample import Sample
-from pipeline.planning.grid import AR, ENGINE_CHOICES, Catalog, GridError, RunConfig, load_grid, parse_grid, row_key
+from pipeline.planning.grid import ENGINE_CHOICES, Catalog, GridError, RunConfig, row_key
+from pipeline.planning.grid_file import load_grid, parse_grid
 from pipeline.planning.shards import plan_shards, unit_counts
 
 CATALOG = Catalog(datasets=("toy", "other"), turn_tasks=("again",))

@@ -140,7 +140,7 @@ def test_equal_mixtures_tie_to_the_first_candidate_despite_rounding():
 ])
 def test_incremental_history_equals_scoring_the_whole_window(spec):
     # The history scores each position once as blocks arrive; the weights must be those of
-    # scoring the whole window at once (the definition in SPEC §3), for m = 4 (286 candidates).
+    # scoring the whole window at once (the definition in docs/algorithm.md §3), for m = 4 (286 candidates).
     gen = torch.Generator().manual_seed(0)
     m, vocab, blocks = 4, 50, [3, 1, 5, 2, 4]
     q = torch.softmax(3 * torch.randn(sum(blocks), m, vocab, generator=gen), -1)

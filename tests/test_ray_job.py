@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from ray._common.utils import get_ray_address_file
 
-from pipeline.planning.grid import load_grid
+from pipeline.planning.grid_file import load_grid
 from pipeline.results import read_results
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Replay vs the live engine on the tiny LLaVA pair (issue 5 acceptance), with real numerics.
+"""Replay vs the live engine on the tiny LLaVA pair, with real numerics.
 
 Live and replay compute the same positions in different chunk shapes, which in fp32 round
 differently (~1e-5 in logits on a CPU). The comparison stays exact; any difference must be

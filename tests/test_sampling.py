@@ -1,8 +1,7 @@
-"""Speculative sampling must reproduce the target's distribution (SPEC §1), single draft and
+"""Speculative sampling must reproduce the target's distribution (docs/algorithm.md §1), single draft and
 ensemble alike. Checked end to end through the engine on a word-level model with 11 tokens."""
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.drafting.policy_spec import DISTANCES, PolicySpec  # noqa: F401 (DISTANCES: re-exported for grid files)
+from pipeline.drafting.policy_spec import PolicySpec
 
 METHOD_LETTERS = "MTCP"  # docs/algorithm.md §2: multimodal, text-only, caption, pooled
 

@@ -1,0 +1,264 @@
+"""Grid files: YAML parsed and validated as a whole before Ray starts or any model or dataset
+loads. Every error names the offending entry (e.g. `pairs[1].draft`); nothing in the file is
+executed.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from pipeline.decoding.config import DecodeConfig, PolicySpec
+from pipeline.drafting.policy_spec import DISTANCES
+from pipeline.models.dtypes import DTYPES
+from pipeline.planning.grid import (
+    AR, AUTO_ENGINE, ENGINE_CHOICES, FIRST_TURN, Catalog, GridError, GridPolicy, GridSpec, Pair,
+)
+from pipeline.planning.model_ids import check_model_id, model_kind
+
+MODES = ("live", "replay", "auto")
+
+AXES = ("window", "distance", "gamma", "temperature", "seed", "engine")
+FIELDS = {
+    "name", "datasets", "turns", "pairs", "methods", "policies", *AXES,
+    "max_new_tokens", "limit", "captioner", "shard_size", "mode", "live_samples", "sources", "calibrate",
+}
+QUESTION_TASKS = ("nq", "gsm8k")  # second-turn tasks that read a question dataset
+
+
+def load_grid(path: str | Path, catalog: Catalog | None = None) -> GridSpec:
+    """Read and validate a grid file; `catalog` defaults to the data registry."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise GridError(f"cannot read grid file {path}: {err}") from err
+    raw = raw if isinstance(raw, dict) else {}
+    raw.setdefault("name", path.stem)
+    return parse_grid(raw, catalog)
+
+
+def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None) -> GridSpec:
+    """Validate a grid given as a mapping (the parsed YAML) and build the `GridSpec`."""
+    if not isinstance(raw, dict):
+        raise GridError("a grid must be a mapping of field: value")
+    unknown = sorted(set(raw) - FIELDS)
+    if unknown:
+        raise GridError(f"unknown grid field(s) {unknown}; known: {sorted(FIELDS)}")
+    for required in ("datasets", "pairs", "methods"):
+        if required not in raw:
+            raise GridError(f"grid field {required!r} is required")
+    catalog = catalog or Catalog.from_registry()
+    methods = _methods(raw["methods"])
+    spec = GridSpec(
+        name=_name(raw.get("name", "grid")),
+        datasets=_datasets(raw["datasets"], catalog),
+        turns=_turns(raw.get("turns", [FIRST_TURN]), catalog),
+        pairs=tuple(_pair(entry, i) for i, entry in enumerate(_list(raw["pairs"], "pairs"))),
+        methods=methods,
+        policies=tuple(_policy(entry, i, methods) for i, entry in enumerate(_list(raw.get("policies", ["static"]), "policies"))),
+        window=tuple(_window(w, i) for i, w in enumerate(_list(raw.get("window", [None]), "window"))),
+        distance=tuple(_choice(d, DISTANCES, f"distance[{i}]") for i, d in enumerate(_list(raw.get("distance", ["kl"]), "distance"))),
+        gamma=tuple(_int(g, f"gamma[{i}]", minimum=1) for i, g in enumerate(_list(raw.get("gamma", [5]), "gamma"))),
+        temperature=tuple(_float(t, f"temperature[{i}]") for i, t in enumerate(_list(raw.get("temperature", [0.0]), "temperature"))),
+        seed=tuple(_int(s, f"seed[{i}]", minimum=0) for i, s in enumerate(_list(raw.get("seed", [0]), "seed"))),
+        engine=tuple(_engine(e, f"engine[{i}]") for i, e in enumerate(_list(raw.get("engine", [AUTO_ENGINE]), "engine"))),
+        max_new_tokens=_int(raw.get("max_new_tokens", 128), "max_new_tokens", minimum=1),
+        limit=None if raw.get("limit") is None else _int(raw["limit"], "limit", minimum=1),
+        captioner=_captioner(raw.get("captioner")),
+        shard_size=_int(raw.get("shard_size", 8), "shard_size", minimum=1),
+        mode=_choice(raw.get("mode", "live"), MODES, "mode"),
+        live_samples=_int(raw.get("live_samples", 0), "live_samples", minimum=0),
+        sources=_sources(raw.get("sources") or {}),
+        calibrate=_bool(raw.get("calibrate", False), "calibrate"),
+    )
+    _check_combinations(spec)
+    return spec
+
+
+def _sources(value: Any) -> tuple[tuple[str, str], ...]:
+    """`sources: {docvqa: /data/docvqa, nq: /data/nq.parquet}`; every path must exist here."""
+    if not isinstance(value, dict):
+        raise GridError("grid field 'sources' must map dataset or task names to local paths")
+    for name, path in value.items():
+        if not isinstance(path, str) or not Path(path).expanduser().exists():
+            raise GridError(f"sources.{name}: local copy {path!r} does not exist")
+    return tuple(sorted((str(name), str(Path(path).expanduser())) for name, path in value.items()))
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise GridError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
+def _list(value: Any, where: str) -> list:
+    """An axis may be written as a scalar or a list; an empty list is an error."""
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise GridError(f"grid field {where!r} is an empty list")
+    return values
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[\w.\-]+", value):
+        raise GridError(f"name {value!r}: use letters, digits, '.', '_' or '-' (it names a directory)")
+    return value
+
+
+def _datasets(value: Any, catalog: Catalog) -> tuple[str, ...]:
+    names = _list(value, "datasets")
+    for i, name in enumerate(names):
+        if name not in catalog.datasets:
+            raise GridError(f"datasets[{i}]: unknown dataset {name!r}; known: {sorted(catalog.datasets)}")
+    return tuple(dict.fromkeys(names))
+
+
+def _turns(value: Any, catalog: Catalog) -> tuple[str, ...]:
+    turns = _list(value, "turns")
+    for i, turn in enumerate(turns):
+        if turn != FIRST_TURN and turn not in catalog.turn_tasks:
+            raise GridError(
+                f"turns[{i}]: unknown turn {turn!r}; use {FIRST_TURN!r} or a second-turn task of "
+                f"{sorted(catalog.turn_tasks)}"
+            )
+    return tuple(dict.fromkeys(turns))
+
+
+def _pair(entry: Any, i: int) -> Pair:
+    where = f"pairs[{i}]"
+    if not isinstance(entry, dict):
+        raise GridError(f"{where}: expected a mapping {{target, draft, dtype}}, got {entry!r}")
+    unknown = sorted(set(entry) - {"target", "draft", "dtype"})
+    if unknown:
+        raise GridError(f"{where}: unknown key(s) {unknown}; known: target, draft, dtype")
+    for key in ("target", "draft"):
+        if key not in entry:
+            raise GridError(f"{where}: missing {key!r}")
+    return Pair(
+        target=check_model_id(entry["target"], f"{where}.target"),
+        draft=check_model_id(entry["draft"], f"{where}.draft"),
+        dtype=_choice(entry.get("dtype", "fp32"), tuple(DTYPES), f"{where}.dtype"),
+    )
+
+
+def _methods(value: Any) -> tuple[str, ...]:
+    sets = [str(m) for m in _list(value, "methods")]
+    for i, methods in enumerate(sets):
+        if methods == AR:
+            continue
+        try:
+            DecodeConfig(methods=methods).validate()
+        except ValueError as err:
+            raise GridError(f"methods[{i}] {methods!r}: {err} (or {AR!r} for the autoregressive baseline)") from err
+    return tuple(dict.fromkeys(sets))
+
+
+POLICY_KEYS = {"kind", "measure", "temperature", "steps", "methods"}
+
+
+def _policy(entry: Any, i: int, method_sets: tuple[str, ...]) -> GridPolicy:
+    where = f"policies[{i}]"
+    if isinstance(entry, str):
+        entry = {"kind": entry}
+    if not isinstance(entry, dict) or "kind" not in entry:
+        raise GridError(f"{where}: expected a kind (static | grid | inverse) or a mapping with 'kind', got {entry!r}")
+    entry = dict(entry)
+    methods = entry.pop("methods", None)
+    if methods is not None:
+        methods = tuple(str(m) for m in _list(methods, f"{where}.methods"))
+        for m in methods:
+            if m not in method_sets or len(m) < 2 or m == AR:
+                raise GridError(f"{where}.methods: {m!r} is not an ensemble of this grid's methods {list(method_sets)}")
+    unknown = sorted(set(entry) - POLICY_KEYS)
+    if unknown:
+        raise GridError(f"{where}: unknown key(s) {unknown}; known: {sorted(POLICY_KEYS)} (window and distance are grid axes)")
+    if entry["kind"] != "grid" and "measure" in entry:
+        raise GridError(f"{where}: 'measure' applies to the grid policy only")
+    if entry["kind"] != "inverse" and "temperature" in entry:
+        raise GridError(f"{where}: 'temperature' applies to the inverse policy only")
+    try:
+        spec = PolicySpec(**entry)
+        spec.validate()
+    except (TypeError, ValueError) as err:
+        raise GridError(f"{where}: {err}") from err
+    return GridPolicy(spec, methods)
+
+
+def _window(value: Any, i: int) -> int | None:
+    if value is None or (isinstance(value, str) and value.upper() == "ALL"):
+        return None
+    return _int(value, f"window[{i}]", minimum=1)
+
+
+def _engine(value: Any, where: str) -> str:
+    if value not in ENGINE_CHOICES:
+        raise GridError(f"{where}: unknown engine {value!r}; choose one of {', '.join(ENGINE_CHOICES)}")
+    return value
+
+
+def _choice(value: Any, choices: Iterable[str], where: str) -> str:
+    choices = tuple(choices)
+    if value not in choices:
+        raise GridError(f"{where}: {value!r} is not one of {list(choices)}")
+    return value
+
+
+def _int(value: Any, where: str, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise GridError(f"{where}: expected an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _float(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise GridError(f"{where}: expected a number >= 0, got {value!r}")
+    return float(value)
+
+
+def _captioner(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise GridError(f"captioner: expected a name (embedded, a hub id or a directory), got {value!r}")
+    return value
+
+
+def _check_combinations(spec: GridSpec) -> None:
+    """Combinations no single field can rule out."""
+    if spec.live_samples and spec.mode != "auto":
+        raise GridError(f"live_samples: {spec.live_samples} only applies to mode 'auto' (mode is {spec.mode!r})")
+    for name, _ in spec.sources:
+        if name not in spec.datasets and not (name in QUESTION_TASKS and name in spec.turns):
+            raise GridError(f"sources.{name}: not a dataset or question task ({', '.join(QUESTION_TASKS)}) of this grid")
+    for i, methods in enumerate(spec.methods):
+        if not any(policy.applies_to(methods) for policy in spec.policies):
+            raise GridError(f"methods[{i}] {methods!r}: no policy runs on it (every policy's 'methods' names other ensembles)")
+        if "C" in methods and spec.captioner is None:
+            raise GridError(f"methods[{i}] {methods!r} uses caption drafting (C) but the grid sets no captioner")
+        if "P" in methods:
+            for j, pair in enumerate(spec.pairs):
+                if model_kind(pair.draft) == "llava_next":
+                    raise GridError(
+                        f"methods[{i}] {methods!r} with pairs[{j}].draft {pair.draft!r}: pooled drafting (P) "
+                        "needs a LLaVA-1.5 style draft, not LLaVA-NeXT"
+                    )
+    if spec.second_turns:
+        if FIRST_TURN not in spec.turns:
+            raise GridError(
+                f"turns {list(spec.second_turns)} build on the target's first-turn answers: add {FIRST_TURN!r} to turns"
+            )
+        if 0.0 not in spec.temperature:
+            raise GridError(
+                f"turns {list(spec.second_turns)} need the target's greedy first-turn answers: add 0 to temperature"
+            )
+    if spec.mode == "replay" and any(t > 0 for t in spec.temperature):
+        raise GridError("mode 'replay' scores greedy configurations only; use 'auto' to run temperature > 0 live")
+    for config in spec.configs():
+        if not config.is_ar:
+            try:
+                config.decode_config().validate()
+            except ValueError as err:
+                raise GridError(f"configuration {config.methods} / {config.policy.label} on {config.pair.label}: {err}") from err

@@ -15,8 +15,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.calibration import Calibration, calibrate, write_calibration  # noqa: E402
-from pipeline.planning.grid_file import load_grid  # noqa: E402
+from pipeline.decoding.config import DecodeConfig  # noqa: E402
 from pipeline.models.loading import default_device, load_pair  # noqa: E402
+from pipeline.planning.grid_file import load_grid  # noqa: E402
 
 
 def measure(target: str, draft: str, dtype: str, gamma: int, repeats: int) -> Calibration:
@@ -56,7 +57,7 @@ def main() -> None:
     parser.add_argument("--draft")
     parser.add_argument("--dtype", default="fp32")
     parser.add_argument("--out", required=True, help="results directory to write _calibration/ into")
-    parser.add_argument("--gamma", type=int, default=5)
+    parser.add_argument("--gamma", type=int, default=DecodeConfig.gamma)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--ray", action="store_true", help="measure each pair in a Ray task with one GPU")
     args = parser.parse_args()

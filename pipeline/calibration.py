@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 from pipeline.data.sample import Sample
+from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.engine import default_engine, new_rows
 from pipeline.drafting.batch import BatchedRows
 from pipeline.drafting.methods import method_embeddings
@@ -83,7 +84,7 @@ def _prefilled(model: LVLM, sample: Sample, n_rows: int, engine: str, gamma: int
 
 @torch.inference_mode()
 def calibrate(
-    target: LVLM, draft: LVLM, *, gamma: int = 5, repeats: int = 20, image: Image.Image | None = None,
+    target: LVLM, draft: LVLM, *, gamma: int = DecodeConfig.gamma, repeats: int = 20, image: Image.Image | None = None,
     engine: str | None = None,
 ) -> Calibration:
     """Measure Tp, Tp(gamma+1) and Tq (1..4 rows) on an image prompt, medians after warm-up,

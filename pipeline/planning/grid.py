@@ -66,10 +66,10 @@ class RunConfig:
     pair: Pair
     methods: str  # letters of MTCP, or "AR"
     policy: PolicySpec = field(default_factory=PolicySpec)
-    gamma: int | None = 5  # None for AR
-    temperature: float = 0.0
-    seed: int = 0
-    max_new_tokens: int = 128
+    gamma: int | None = DecodeConfig.gamma  # None for AR
+    temperature: float = DecodeConfig.temperature
+    seed: int = DecodeConfig.seed
+    max_new_tokens: int = DecodeConfig.max_new_tokens
     captioner: str | None = None  # only when C is among the methods
     engine: str = AUTO_ENGINE  # auto | static | eager: outputs agree, walltimes do not
 
@@ -175,13 +175,14 @@ class GridSpec:
     pairs: tuple[Pair, ...]
     methods: tuple[str, ...]
     policies: tuple[GridPolicy, ...]
-    window: tuple[int | None, ...] = (None,)
-    distance: tuple[str, ...] = ("kl",)
-    gamma: tuple[int, ...] = (5,)
-    temperature: tuple[float, ...] = (0.0,)
-    seed: tuple[int, ...] = (0,)
+    # each axis defaults to the one value the decoding configuration defaults to
+    window: tuple[int | None, ...] = (PolicySpec.window,)
+    distance: tuple[str, ...] = (PolicySpec.distance,)
+    gamma: tuple[int, ...] = (DecodeConfig.gamma,)
+    temperature: tuple[float, ...] = (DecodeConfig.temperature,)
+    seed: tuple[int, ...] = (DecodeConfig.seed,)
     engine: tuple[str, ...] = (AUTO_ENGINE,)
-    max_new_tokens: int = 128
+    max_new_tokens: int = DecodeConfig.max_new_tokens
     limit: int | None = None
     captioner: str | None = None
     shard_size: int = 8

@@ -14,7 +14,7 @@ from pipeline.decoding.config import DecodeConfig, PolicySpec
 from pipeline.drafting.policy_spec import DISTANCES
 from pipeline.models.dtypes import DTYPES
 from pipeline.planning.grid import (
-    AR, AUTO_ENGINE, ENGINE_CHOICES, FIRST_TURN, Catalog, GridError, GridPolicy, GridSpec, Pair,
+    AR, ENGINE_CHOICES, FIRST_TURN, Catalog, GridError, GridPolicy, GridSpec, Pair,
 )
 from pipeline.planning.model_ids import check_model_id, model_kind
 
@@ -59,20 +59,20 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None) -> GridSpec:
         pairs=tuple(_pair(entry, i) for i, entry in enumerate(_list(raw["pairs"], "pairs"))),
         methods=methods,
         policies=tuple(_policy(entry, i, methods) for i, entry in enumerate(_list(raw.get("policies", ["static"]), "policies"))),
-        window=tuple(_window(w, i) for i, w in enumerate(_list(raw.get("window", [None]), "window"))),
-        distance=tuple(_choice(d, DISTANCES, f"distance[{i}]") for i, d in enumerate(_list(raw.get("distance", ["kl"]), "distance"))),
-        gamma=tuple(_int(g, f"gamma[{i}]", minimum=1) for i, g in enumerate(_list(raw.get("gamma", [5]), "gamma"))),
-        temperature=tuple(_float(t, f"temperature[{i}]") for i, t in enumerate(_list(raw.get("temperature", [0.0]), "temperature"))),
-        seed=tuple(_int(s, f"seed[{i}]", minimum=0) for i, s in enumerate(_list(raw.get("seed", [0]), "seed"))),
-        engine=tuple(_engine(e, f"engine[{i}]") for i, e in enumerate(_list(raw.get("engine", [AUTO_ENGINE]), "engine"))),
-        max_new_tokens=_int(raw.get("max_new_tokens", 128), "max_new_tokens", minimum=1),
+        window=tuple(_window(w, i) for i, w in enumerate(_list(raw.get("window", list(GridSpec.window)), "window"))),
+        distance=tuple(_choice(d, DISTANCES, f"distance[{i}]") for i, d in enumerate(_list(raw.get("distance", list(GridSpec.distance)), "distance"))),
+        gamma=tuple(_int(g, f"gamma[{i}]", minimum=1) for i, g in enumerate(_list(raw.get("gamma", list(GridSpec.gamma)), "gamma"))),
+        temperature=tuple(_float(t, f"temperature[{i}]") for i, t in enumerate(_list(raw.get("temperature", list(GridSpec.temperature)), "temperature"))),
+        seed=tuple(_int(s, f"seed[{i}]", minimum=0) for i, s in enumerate(_list(raw.get("seed", list(GridSpec.seed)), "seed"))),
+        engine=tuple(_engine(e, f"engine[{i}]") for i, e in enumerate(_list(raw.get("engine", list(GridSpec.engine)), "engine"))),
+        max_new_tokens=_int(raw.get("max_new_tokens", GridSpec.max_new_tokens), "max_new_tokens", minimum=1),
         limit=None if raw.get("limit") is None else _int(raw["limit"], "limit", minimum=1),
         captioner=_captioner(raw.get("captioner")),
-        shard_size=_int(raw.get("shard_size", 8), "shard_size", minimum=1),
-        mode=_choice(raw.get("mode", "live"), MODES, "mode"),
-        live_samples=_int(raw.get("live_samples", 0), "live_samples", minimum=0),
+        shard_size=_int(raw.get("shard_size", GridSpec.shard_size), "shard_size", minimum=1),
+        mode=_choice(raw.get("mode", GridSpec.mode), MODES, "mode"),
+        live_samples=_int(raw.get("live_samples", GridSpec.live_samples), "live_samples", minimum=0),
         sources=_sources(raw.get("sources") or {}),
-        calibrate=_bool(raw.get("calibrate", False), "calibrate"),
+        calibrate=_bool(raw.get("calibrate", GridSpec.calibrate), "calibrate"),
     )
     _check_combinations(spec)
     return spec

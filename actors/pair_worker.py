@@ -19,7 +19,8 @@ from pipeline.decoding.records import SampleRecord
 from pipeline.drafting.captioner import load_captioner
 from pipeline.planning.grid import Pair, RunConfig, Shard
 from pipeline.models.loading import default_device, load_pair
-from pipeline.results import make_row, rows_to_table
+from pipeline.result_schema import make_row
+from pipeline.results import rows_to_table
 
 # What one bad sample may raise: a clear input error (ModelInputError is a ValueError), an
 # unreadable or oversized image, or a prompt too long for the device. Recorded, not fatal.

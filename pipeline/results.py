@@ -9,7 +9,6 @@ never see half a file, and a file that exists is complete.
 """
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Iterable
@@ -21,118 +20,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from pipeline.data.sample import Sample
-from pipeline.decoding.records import SampleRecord
-from pipeline.planning.grid import RunConfig, row_key
+from pipeline.result_schema import PARTITION_TYPE, SCHEMA
 
 PARTITIONS = ("run", "target", "draft", "dataset")
-_dict = pa.dictionary(pa.int32(), pa.string())
-
-SCHEMA = pa.schema(
-    [
-        ("key", pa.string()),  # hash of the configuration and the sample id
-        ("config_key", pa.string()),  # hash of the configuration alone
-        ("shard", pa.string()),
-        ("run", _dict),
-        ("target", _dict),
-        ("draft", _dict),
-        ("dataset", _dict),
-        ("dtype", pa.string()),
-        ("sample_id", pa.string()),
-        ("split", pa.string()),
-        ("row", pa.int64()),
-        ("turn", pa.string()),
-        ("category", pa.string()),
-        ("methods", pa.string()),  # letters of MTCP, or AR
-        ("method_label", pa.string()),  # paper notation: MT, MT*, MTCP* ...
-        ("policy", pa.string()),  # static | grid(<measure>) | inverse(T=<t>)
-        ("policy_kind", pa.string()),
-        ("measure", pa.string()),  # grid policy only
-        ("policy_temperature", pa.float64()),  # inverse policy only
-        ("window", pa.int32()),  # null = ALL history (or no dynamic policy)
-        ("distance", pa.string()),  # null without a dynamic policy
-        ("gamma", pa.int32()),  # null for AR
-        ("temperature", pa.float64()),
-        ("seed", pa.int64()),
-        ("max_new_tokens", pa.int32()),
-        ("captioner", pa.string()),
-        ("mode", pa.string()),  # live | replay | ar
-        ("engine", pa.string()),  # static | eager: what decoded (replay: what collected the traces)
-        ("accepted_per_block", pa.list_(pa.int32())),
-        ("weights_per_block", pa.list_(pa.list_(pa.float64()))),
-        ("blocks", pa.int32()),
-        ("tau", pa.float64()),  # per sample; aggregates pool blocks (pipeline.report)
-        ("new_tokens", pa.int32()),
-        ("output_ids", pa.list_(pa.int32())),
-        ("output_text", pa.string()),
-        ("time_prefill_s", pa.float64()),
-        ("time_draft_s", pa.float64()),
-        ("time_verify_s", pa.float64()),
-        ("time_total_s", pa.float64()),
-        ("time_tabed_s", pa.float64()),  # weights, mixing, history scoring: part of draft + verify
-        ("error", pa.string()),  # null when the sample decoded fine
-    ]
-)
-# Results written before `engine` and `time_tabed_s` existed still read: a dataset read with
-# this schema fills columns a file lacks with nulls.
-
-
-def config_columns(config: RunConfig) -> dict:
-    """The grid fields of a row; fields a configuration does not use are null."""
-    dynamic = config.policy.kind != "static"
-    return {
-        "target": config.pair.target,
-        "draft": config.pair.draft,
-        "dtype": config.pair.dtype,
-        "methods": config.methods,
-        "method_label": config.method_label,
-        "policy": config.policy.label,
-        "policy_kind": config.policy.kind,
-        "measure": config.policy.measure if config.policy.kind == "grid" else None,
-        "policy_temperature": config.policy.temperature if config.policy.kind == "inverse" else None,
-        "window": config.policy.window if dynamic else None,
-        "distance": config.policy.distance if dynamic else None,
-        "gamma": config.gamma,
-        "temperature": config.temperature,
-        "seed": config.seed,
-        "max_new_tokens": config.max_new_tokens,
-        "captioner": config.captioner,
-    }
-
-
-def make_row(run: str, shard: str, config: RunConfig, sample: Sample, record: SampleRecord) -> dict:
-    """One result row: the grid fields, the sample's identity and the engine's record."""
-    outcome = record.to_row()
-    tau = outcome["tau"]
-    config_key = config.key()
-    return {
-        "key": row_key(config_key, sample.sample_id),
-        "config_key": config_key,
-        "shard": shard,
-        "run": run,
-        "dataset": sample.dataset,
-        "sample_id": sample.sample_id,
-        "split": sample.split,
-        "row": sample.row,
-        "turn": sample.turn,
-        "category": sample.category,
-        **config_columns(config),
-        "mode": outcome["mode"],
-        "engine": record.engine or config.decode_engine,  # an error row: the engine the grid named, if any
-        "accepted_per_block": outcome["accepted_per_block"],
-        "weights_per_block": outcome["weights_per_block"],
-        "blocks": outcome["blocks"],
-        "tau": None if math.isnan(tau) else tau,
-        "new_tokens": outcome["new_tokens"],
-        "output_ids": outcome["output_ids"],
-        "output_text": outcome["output_text"],
-        "time_prefill_s": outcome["time_prefill_s"],
-        "time_draft_s": outcome["time_draft_s"],
-        "time_verify_s": outcome["time_verify_s"],
-        "time_total_s": outcome["time_total_s"],
-        "time_tabed_s": outcome["time_tabed_s"],
-        "error": outcome["error"],
-    }
 
 
 def rows_to_table(rows: list[dict]) -> pa.Table:
@@ -189,7 +79,7 @@ def read_results(out: str | Path, run: str | None = None) -> pd.DataFrame:
     """The results as a DataFrame: partition columns as plain strings, integer columns with
     nulls (window, gamma) as Python ints or None rather than floats."""
     table = read_table(out, run)
-    table = table.cast(pa.schema([pa.field(f.name, pa.string()) if f.type == _dict else f for f in SCHEMA]))
+    table = table.cast(pa.schema([pa.field(f.name, pa.string()) if f.type == PARTITION_TYPE else f for f in SCHEMA]))
     return table.to_pandas(integer_object_nulls=True)
 
 

@@ -10,7 +10,8 @@ from pipeline.decoding.config import PolicySpec
 from pipeline.decoding.records import SampleRecord
 from pipeline.planning.grid import Pair, RunConfig
 from pipeline.report import AVERAGE, markdown_table, tau_table
-from pipeline.results import make_row, read_results, rows_to_table, write_shard
+from pipeline.result_schema import make_row
+from pipeline.results import read_results, rows_to_table, write_shard
 
 PAIR = Pair("tiny:target", "tiny:draft")
 

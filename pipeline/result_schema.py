@@ -1,0 +1,124 @@
+"""The result row, defined once: every column's name, Arrow type and where its value comes from.
+
+The Parquet schema (`SCHEMA`) and the row builder (`make_row`) are both read off `COLUMNS`, so
+adding a column is one line here. Fields a configuration does not use are null (e.g. `gamma`
+for AR, `measure` unless the policy is a grid).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from pipeline.data.sample import Sample
+from pipeline.decoding.records import SampleRecord
+from pipeline.planning.grid import RunConfig, row_key
+
+PARTITION_TYPE = pa.dictionary(pa.int32(), pa.string())  # as hive partition discovery types them
+
+
+@dataclass(frozen=True)
+class RowSource:
+    """What one row is made of: where it ran, its grid point, its sample and the engine's record."""
+
+    run: str
+    shard: str
+    config: RunConfig
+    sample: Sample
+    record: SampleRecord
+
+    @cached_property
+    def config_key(self) -> str:
+        return self.config.key()
+
+    @cached_property
+    def outcome(self) -> dict:
+        return self.record.to_row()
+
+    @property
+    def dynamic(self) -> bool:
+        return self.config.policy.kind != "static"
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    value: Callable[[RowSource], Any]
+
+
+def _sample(field: str) -> Callable[[RowSource], Any]:
+    return lambda src: getattr(src.sample, field)
+
+
+def _config(field: str) -> Callable[[RowSource], Any]:
+    return lambda src: getattr(src.config, field)
+
+
+def _outcome(field: str) -> Callable[[RowSource], Any]:
+    return lambda src: src.outcome[field]
+
+
+def _tau(src: RowSource) -> float | None:
+    tau = src.outcome["tau"]
+    return None if math.isnan(tau) else tau
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("key", pa.string(), lambda src: row_key(src.config_key, src.sample.sample_id)),  # configuration + sample
+    Column("config_key", pa.string(), lambda src: src.config_key),  # hash of the configuration alone
+    Column("shard", pa.string(), lambda src: src.shard),
+    Column("run", PARTITION_TYPE, lambda src: src.run),
+    Column("target", PARTITION_TYPE, lambda src: src.config.pair.target),
+    Column("draft", PARTITION_TYPE, lambda src: src.config.pair.draft),
+    Column("dataset", PARTITION_TYPE, _sample("dataset")),
+    Column("dtype", pa.string(), lambda src: src.config.pair.dtype),
+    Column("sample_id", pa.string(), _sample("sample_id")),
+    Column("split", pa.string(), _sample("split")),
+    Column("row", pa.int64(), _sample("row")),
+    Column("turn", pa.string(), _sample("turn")),
+    Column("category", pa.string(), _sample("category")),
+    Column("methods", pa.string(), _config("methods")),  # letters of MTCP, or AR
+    Column("method_label", pa.string(), _config("method_label")),  # paper notation: MT, MT*, MTCP* ...
+    Column("policy", pa.string(), lambda src: src.config.policy.label),  # static | grid(<measure>) | inverse(T=<t>)
+    Column("policy_kind", pa.string(), lambda src: src.config.policy.kind),
+    Column("measure", pa.string(), lambda src: src.config.policy.measure if src.config.policy.kind == "grid" else None),
+    Column("policy_temperature", pa.float64(),
+           lambda src: src.config.policy.temperature if src.config.policy.kind == "inverse" else None),
+    Column("window", pa.int32(), lambda src: src.config.policy.window if src.dynamic else None),  # null = ALL history
+    Column("distance", pa.string(), lambda src: src.config.policy.distance if src.dynamic else None),
+    Column("gamma", pa.int32(), _config("gamma")),  # null for AR
+    Column("temperature", pa.float64(), _config("temperature")),
+    Column("seed", pa.int64(), _config("seed")),
+    Column("max_new_tokens", pa.int32(), _config("max_new_tokens")),
+    Column("captioner", pa.string(), _config("captioner")),
+    Column("mode", pa.string(), _outcome("mode")),  # live | replay | ar
+    # static | eager: what decoded (replay: what collected the traces); for an error row, what the grid named
+    Column("engine", pa.string(), lambda src: src.record.engine or src.config.decode_engine),
+    Column("accepted_per_block", pa.list_(pa.int32()), _outcome("accepted_per_block")),
+    Column("weights_per_block", pa.list_(pa.list_(pa.float64())), _outcome("weights_per_block")),
+    Column("blocks", pa.int32(), _outcome("blocks")),
+    Column("tau", pa.float64(), _tau),  # per sample; aggregates pool blocks (pipeline.report)
+    Column("new_tokens", pa.int32(), _outcome("new_tokens")),
+    Column("output_ids", pa.list_(pa.int32()), _outcome("output_ids")),
+    Column("output_text", pa.string(), _outcome("output_text")),
+    Column("time_prefill_s", pa.float64(), _outcome("time_prefill_s")),
+    Column("time_draft_s", pa.float64(), _outcome("time_draft_s")),
+    Column("time_verify_s", pa.float64(), _outcome("time_verify_s")),
+    Column("time_total_s", pa.float64(), _outcome("time_total_s")),
+    # weights, mixing, history scoring: part of draft + verify
+    Column("time_tabed_s", pa.float64(), _outcome("time_tabed_s")),
+    Column("error", pa.string(), _outcome("error")),  # null when the sample decoded fine
+)
+# Results written before `engine` and `time_tabed_s` existed still read: a dataset read with
+# this schema fills columns a file lacks with nulls.
+SCHEMA = pa.schema([(column.name, column.type) for column in COLUMNS])
+
+
+def make_row(run: str, shard: str, config: RunConfig, sample: Sample, record: SampleRecord) -> dict:
+    """One result row: the grid fields, the sample's identity and the engine's record."""
+    source = RowSource(run, shard, config, sample, record)
+    return {column.name: column.value(source) for column in COLUMNS}

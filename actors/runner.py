@@ -164,69 +164,70 @@ class GridRunner:
         return min(self.requested_workers or slots, slots), per_worker
 
     def _dispatch(self, shards: list[Shard], progress: Progress) -> None:
-        slots, gpus = self._worker_count()
-        pending: dict[Pair, deque[Shard]] = defaultdict(deque)
+        """Keep every worker busy until each shard is written (or has failed too often)."""
+        self._slots, self._gpus = self._worker_count()
+        self._pending: dict[Pair, deque[Shard]] = defaultdict(deque)
         for shard in shards:
-            pending[shard.pair].append(shard)
-        captioner = self.spec.captioner if any("C" in m for m in self.spec.methods) else None
-
-        def start_worker(pair: Pair) -> None:
-            handle = remote_worker(pair, captioner, num_gpus=gpus, num_cpus=self.cpus_per_worker)
-            self.workers.append(_Worker(pair, handle))
-
-        def neediest_pair() -> Pair | None:
-            live = defaultdict(int)
-            for w in self.workers:
-                live[w.pair] += 1
-            waiting = [p for p, q in pending.items() if q]
-            return max(waiting, key=lambda p: len(pending[p]) / (live[p] + 1), default=None)
-
-        def fill() -> None:
-            for worker in self.workers:
-                while pending[worker.pair] and len(worker.in_flight) < IN_FLIGHT_PER_WORKER:
-                    self._submit(worker, pending[worker.pair].popleft())
-            while True:
-                pair = neediest_pair()
-                if pair is None:
-                    return
-                if len(self.workers) >= slots:  # recycle a worker whose pair has nothing left
-                    idle = next((w for w in self.workers if not pending[w.pair] and not w.in_flight), None)
-                    if idle is None:
-                        return
-                    ray.kill(idle.handle)
-                    self.workers.remove(idle)
-                start_worker(pair)
-                worker = self.workers[-1]
-                while pending[pair] and len(worker.in_flight) < IN_FLIGHT_PER_WORKER:
-                    self._submit(worker, pending[pair].popleft())
-
-        fill()
+            self._pending[shard.pair].append(shard)
+        self._fill()
         while any(w.in_flight for w in self.workers):
-            refs = [ref for w in self.workers for ref in w.in_flight]
-            ready, _ = ray.wait(refs, num_returns=1)
-            ref = ready[0]
-            worker = next(w for w in self.workers if ref in w.in_flight)
-            shard = worker.in_flight.pop(ref)
-            try:
-                table = ray.get(ref)
-            except ray.exceptions.RayActorError as err:
-                if err.actor_init_failed:  # loading the pair failed: deterministic, retrying cannot help
-                    raise RuntimeError(f"the worker for {worker.pair.label} could not start: {err}") from err
-                self._redispatch(worker, shard, err, pending)
-            else:
-                path = write_shard(self.out, table)
-                self.report.shards_written += 1
-                self.report.rows_written += table.num_rows
-                progress.advance(table.num_rows)
-                if self.on_shard_written:
-                    self.on_shard_written(path, self)
-            fill()
+            self._collect_one(progress)
+            self._fill()
+
+    def _fill(self) -> None:
+        """Top up every worker's queue, then start workers for the pairs with the most shards
+        waiting per worker, recycling a worker whose pair has nothing left when all slots are taken."""
+        for worker in self.workers:
+            self._top_up(worker)
+        while (pair := self._neediest_pair()) is not None:
+            if len(self.workers) >= self._slots:
+                idle = next((w for w in self.workers if not self._pending[w.pair] and not w.in_flight), None)
+                if idle is None:
+                    return
+                ray.kill(idle.handle)
+                self.workers.remove(idle)
+            captioner = self.spec.captioner if any("C" in m for m in self.spec.methods) else None
+            handle = remote_worker(pair, captioner, num_gpus=self._gpus, num_cpus=self.cpus_per_worker)
+            self.workers.append(_Worker(pair, handle))
+            self._top_up(self.workers[-1])
+
+    def _top_up(self, worker: _Worker) -> None:
+        queue = self._pending[worker.pair]
+        while queue and len(worker.in_flight) < IN_FLIGHT_PER_WORKER:
+            self._submit(worker, queue.popleft())
+
+    def _neediest_pair(self) -> Pair | None:
+        live = defaultdict(int)
+        for worker in self.workers:
+            live[worker.pair] += 1
+        waiting = [pair for pair, queue in self._pending.items() if queue]
+        return max(waiting, key=lambda pair: len(self._pending[pair]) / (live[pair] + 1), default=None)
+
+    def _collect_one(self, progress: Progress) -> None:
+        """Wait for the next finished shard: write it, or re-dispatch a dead worker's shards."""
+        ready, _ = ray.wait([ref for w in self.workers for ref in w.in_flight], num_returns=1)
+        ref = ready[0]
+        worker = next(w for w in self.workers if ref in w.in_flight)
+        shard = worker.in_flight.pop(ref)
+        try:
+            table = ray.get(ref)
+        except ray.exceptions.RayActorError as err:
+            if err.actor_init_failed:  # loading the pair failed: deterministic, retrying cannot help
+                raise RuntimeError(f"the worker for {worker.pair.label} could not start: {err}") from err
+            self._redispatch(worker, shard, err)
+            return
+        path = write_shard(self.out, table)
+        self.report.shards_written += 1
+        self.report.rows_written += table.num_rows
+        progress.advance(table.num_rows)
+        if self.on_shard_written:
+            self.on_shard_written(path, self)
 
     def _submit(self, worker: _Worker, shard: Shard) -> None:
         samples = {sid: self._samples[self._sample_key(shard.pair, sid)] for sid in shard.sample_ids}
         worker.in_flight[worker.handle.run_shard.remote(shard, samples)] = shard
 
-    def _redispatch(self, worker: _Worker, shard: Shard, err: Exception, pending: dict) -> None:
+    def _redispatch(self, worker: _Worker, shard: Shard, err: Exception) -> None:
         """The actor is gone for good (Ray's restarts used up): replace it, queue its shards again."""
         lost = [shard, *worker.in_flight.values()]
         worker.in_flight.clear()
@@ -240,7 +241,7 @@ class GridRunner:
                     f"shard {item.shard_id} ({item.pair.label}, {item.dataset}/{item.turn}) failed "
                     f"{self._attempts[item.shard_id]} times; last error: {err}"
                 ) from err
-            pending[item.pair].appendleft(item)
+            self._pending[item.pair].appendleft(item)
             self.report.redispatched += 1
         print(f"worker for {worker.pair.label} died ({type(err).__name__}); re-dispatching {len(lost)} shard(s)",
               file=self.stream, flush=True)

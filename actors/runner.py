@@ -98,6 +98,7 @@ class GridRunner:
         self._attempts: dict[str, int] = defaultdict(int)
         self._samples: dict[str, Sample] = {}
         self._second_turn: dict[tuple, list[Sample]] = {}
+        self._captioner = spec.captioner if any("C" in m for m in spec.methods) else None  # for the actors
 
     # -- samples -------------------------------------------------------------------------
 
@@ -186,8 +187,7 @@ class GridRunner:
                     return
                 ray.kill(idle.handle)
                 self.workers.remove(idle)
-            captioner = self.spec.captioner if any("C" in m for m in self.spec.methods) else None
-            handle = remote_worker(pair, captioner, num_gpus=self._gpus, num_cpus=self.cpus_per_worker)
+            handle = remote_worker(pair, self._captioner, num_gpus=self._gpus, num_cpus=self.cpus_per_worker)
             self.workers.append(_Worker(pair, handle))
             self._top_up(self.workers[-1])
 

@@ -16,6 +16,12 @@ from tests.test_engine_lossless import CONFIGS, PROMPTS, sample_of
 
 MAX_NEW = 32
 SAMPLING = DecodeConfig(methods="MT", policy=PolicySpec(kind="inverse"), temperature=0.8, max_new_tokens=MAX_NEW, seed=3)
+BLOCK_CONFIGS = {  # one of each block kind: single method, grid weights, inverse weights, sampling
+    "M": DecodeConfig(methods="M", max_new_tokens=MAX_NEW),
+    "MT*": DecodeConfig(methods="MT", policy=PolicySpec(kind="grid"), max_new_tokens=MAX_NEW),
+    "MTCP*": DecodeConfig(methods="MTCP", policy=PolicySpec(kind="inverse", window=4), max_new_tokens=MAX_NEW),
+    "sampling": SAMPLING,
+}
 
 
 def decode_both(tiny_pair, config: DecodeConfig, sample):
@@ -98,12 +104,7 @@ def reads_per_block(monkeypatch, tiny_pair, config: DecodeConfig, engine: str) -
 
 
 @pytest.mark.parametrize("engine", ["static", "eager"])
-@pytest.mark.parametrize("config", [
-    DecodeConfig(methods="M", max_new_tokens=MAX_NEW),
-    DecodeConfig(methods="MT", policy=PolicySpec(kind="grid"), max_new_tokens=MAX_NEW),
-    DecodeConfig(methods="MTCP", policy=PolicySpec(kind="inverse", window=4), max_new_tokens=MAX_NEW),
-    SAMPLING,
-], ids=["M", "MT*", "MTCP*", "sampling"])
+@pytest.mark.parametrize("config", BLOCK_CONFIGS.values(), ids=BLOCK_CONFIGS.keys())
 def test_one_host_transfer_per_block(monkeypatch, tiny_pair, config, engine):
     """Proposals, mixing, acceptance, weights and history stay on the device: the block's
     outcome comes back in exactly one transfer."""
@@ -155,12 +156,7 @@ def test_one_device_sync_per_block_on_gpu(tiny_dirs):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("config", [
-    DecodeConfig(methods="M", max_new_tokens=MAX_NEW),
-    DecodeConfig(methods="MT", policy=PolicySpec(kind="grid"), max_new_tokens=MAX_NEW),
-    DecodeConfig(methods="MTCP", policy=PolicySpec(kind="inverse", window=4), max_new_tokens=MAX_NEW),
-    SAMPLING,
-], ids=["M", "MT*", "MTCP*", "sampling"])
+@pytest.mark.parametrize("config", BLOCK_CONFIGS.values(), ids=BLOCK_CONFIGS.keys())
 def test_captured_steps_match_eager_on_gpu(tiny_dirs, config):
     """fp32 on a GPU: CUDA-graph steps give eager's tokens and accepted counts, sample after
     sample (graphs are reused with new prompts and write positions)."""

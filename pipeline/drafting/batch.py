@@ -112,8 +112,9 @@ class StaticRows(BatchedRows):
     Every step attends over all slots: left padding is masked, and causality hides slots past
     the write position, so stale keys of rejected proposals are never read before they are
     overwritten, and every step of a kind has the same shapes. `compiled` runs the decode steps
-    (not the prefill) through the model's compiled forward (on a GPU: captured CUDA graphs). `role` names which pooled cache of the model to use,
-    so a target and a draft that are the same model never share one.
+    (not the prefill) through the model's compiled forward (on a GPU: captured CUDA graphs).
+    `role` names which pooled cache of the model to use, so a target and a draft that are the
+    same model never share one.
     """
 
     def __init__(self, model: LVLM, prompts: list[torch.Tensor], *, capacity: int, compiled: bool, role: str) -> None:
@@ -126,7 +127,7 @@ class StaticRows(BatchedRows):
         # slices them instead of launching a handful of small kernels to rebuild them
         continuation = self.slots - self.width
         self._mask_rows = self._attention_mask(start=self.width, n=continuation)  # [B, 1, continuation, slots]
-        self._position_rows = self._next_position[:, None] + torch.arange(continuation, device=model.device)[None, :]
+        self._position_rows = super()._step_positions(continuation)  # [B, continuation]; nothing fed yet
 
     def _open_keys(self, keys: int) -> torch.Tensor:
         return self._all_keys_open

@@ -54,7 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain
 
 from bench.real_shapes import build_pair, pair_shape, step_weight_bytes  # noqa: E402
 from pipeline.data.sample import Sample  # noqa: E402
-from pipeline.decoding.config import DecodeConfig, PolicySpec  # noqa: E402
+from pipeline.decoding.config import DecodeConfig  # noqa: E402
+from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy, StaticPolicy  # noqa: E402
 from pipeline.decoding.engine import ENGINES, prefilled_rows, tokenize  # noqa: E402
 from pipeline.decoding.live import autoregressive_decode, speculative_decode  # noqa: E402
 from pipeline.decoding.records import SampleRecord  # noqa: E402
@@ -70,9 +71,9 @@ COLOURS = [(200, 30, 30), (30, 30, 200), (30, 180, 30)]
 DRAFT_ROWS = {1: "M", 2: "MT", 4: "MTCP"}
 STEP_BLOCKS = 10  # timed draft blocks of gamma steps per row count
 SD_CONFIGS = {  # name: (methods, policy)
-    "sd_m": ("M", PolicySpec()),
-    "sd_mt_star": ("MT", PolicySpec(kind="grid")),
-    "sd_mtcp_star": ("MTCP", PolicySpec(kind="inverse")),
+    "sd_m": ("M", StaticPolicy()),
+    "sd_mt_star": ("MT", GridSearchPolicy()),
+    "sd_mtcp_star": ("MTCP", InverseErrorPolicy()),
 }
 Decode = Callable[[Sample], "SampleRecord | list[int]"]  # one sample -> our record or transformers' new ids
 

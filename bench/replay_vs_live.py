@@ -19,7 +19,8 @@ import torch
 from PIL import Image
 
 from pipeline.data.loading import load_samples
-from pipeline.decoding.config import DecodeConfig, PolicySpec
+from pipeline.decoding.config import DecodeConfig
+from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.decoding.live import speculative_decode
 from pipeline.decoding.replay import ForwardCounter, collect_traces, replay
 from pipeline.drafting.captioner import CachedCaptioner, load_captioner
@@ -31,9 +32,9 @@ def paper_grid(gammas: list[int], max_new_tokens: int) -> dict[str, DecodeConfig
     """The 8 drafting configurations of paper Table 1, the dynamic ones with each policy variant."""
     configs = {m: DecodeConfig(methods=m) for m in ("M", "T", "C", "P", "MT", "MTCP")}
     for measure, distance in (("hard+soft", "kl"), ("hard", "kl"), ("soft", "kl"), ("soft", "tvd")):
-        configs[f"MT*[{measure},{distance}]"] = DecodeConfig(methods="MT", policy=PolicySpec(kind="grid", measure=measure, distance=distance))
+        configs[f"MT*[{measure},{distance}]"] = DecodeConfig(methods="MT", policy=GridSearchPolicy(measure=measure, distance=distance))
     for distance in ("kl", "tvd"):
-        configs[f"MTCP*[inverse,{distance}]"] = DecodeConfig(methods="MTCP", policy=PolicySpec(kind="inverse", distance=distance))
+        configs[f"MTCP*[inverse,{distance}]"] = DecodeConfig(methods="MTCP", policy=InverseErrorPolicy(distance=distance))
     return {
         f"{name} g={gamma}": replace(config, gamma=gamma, max_new_tokens=max_new_tokens)
         for name, config in configs.items()

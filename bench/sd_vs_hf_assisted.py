@@ -17,7 +17,8 @@ import torch
 
 import pipeline.decoding.live as live
 from pipeline.data.sample import Sample
-from pipeline.decoding.config import DecodeConfig, PolicySpec
+from pipeline.decoding.config import DecodeConfig
+from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.models.loading import load_pair
 from pipeline.models.tiny import build_tiny_pair
 from PIL import Image
@@ -93,7 +94,7 @@ def main() -> None:
     # TABED overhead: choosing w*, mixing and scoring history positions (the engine times these
     # itself), as a share of all drafting + verify time
     overhead = {}
-    for label, methods, policy in [("mt_grid", "MT", PolicySpec(kind="grid")), ("mtcp_inverse", "MTCP", PolicySpec(kind="inverse"))]:
+    for label, methods, policy in [("mt_grid", "MT", GridSearchPolicy()), ("mtcp_inverse", "MTCP", InverseErrorPolicy())]:
         config = DecodeConfig(methods=methods, policy=policy, gamma=args.gamma, max_new_tokens=args.max_new_tokens)
         records = [live.speculative_decode(target, draft, s, config, captioner=_ColourCaptioner()) for s in data]
         block_time = sum(r.time_draft_s + r.time_verify_s for r in records)

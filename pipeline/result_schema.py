@@ -40,7 +40,7 @@ class RowSource:
 
     @property
     def dynamic(self) -> bool:
-        return self.config.policy.kind != "static"
+        return self.config.policy.dynamic
 
 
 @dataclass(frozen=True)
@@ -85,9 +85,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("method_label", pa.string(), _config("method_label")),  # paper notation: MT, MT*, MTCP* ...
     Column("policy", pa.string(), lambda src: src.config.policy.label),  # static | grid(<measure>) | inverse(T=<t>)
     Column("policy_kind", pa.string(), lambda src: src.config.policy.kind),
-    Column("measure", pa.string(), lambda src: src.config.policy.measure if src.config.policy.kind == "grid" else None),
-    Column("policy_temperature", pa.float64(),
-           lambda src: src.config.policy.temperature if src.config.policy.kind == "inverse" else None),
+    # a policy's own knobs, null where it has none of that name (measure: grid; temperature: inverse)
+    Column("measure", pa.string(), lambda src: getattr(src.config.policy, "measure", None)),
+    Column("policy_temperature", pa.float64(), lambda src: getattr(src.config.policy, "temperature", None)),
     Column("window", pa.int32(), lambda src: src.config.policy.window if src.dynamic else None),  # null = ALL history
     Column("distance", pa.string(), lambda src: src.config.policy.distance if src.dynamic else None),
     Column("gamma", pa.int32(), _config("gamma")),  # null for AR

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline.data.sample import Sample
-from pipeline.decoding.config import DecodeConfig, PolicySpec
+from pipeline.decoding.config import DecodeConfig
+from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy, make_policy
 from pipeline.decoding.live import speculative_decode
 from pipeline.models.base import ModelInputError
 from pipeline.models.loading import ModelLoadError, load_model, load_pair
@@ -22,16 +23,25 @@ IMAGE_PROMPT = "USER: <image>\nWhat is this? ASSISTANT:"
         (DecodeConfig(methods="MM"), "repeated"),
         (DecodeConfig(gamma=0), "gamma"),
         (DecodeConfig(temperature=-1), "temperature"),
-        (DecodeConfig(policy=PolicySpec(kind="oracle")), "unknown weight policy"),
-        (DecodeConfig(policy=PolicySpec(kind="grid", measure="best")), "unknown grid measure"),
-        (DecodeConfig(policy=PolicySpec(distance="js")), "unknown distance"),
-        (DecodeConfig(policy=PolicySpec(window=0)), "window"),
+        (DecodeConfig(policy=GridSearchPolicy(measure="best")), "unknown grid measure"),
+        (DecodeConfig(policy=GridSearchPolicy(distance="js")), "unknown distance"),
+        (DecodeConfig(policy=InverseErrorPolicy(window=0)), "window"),
+        (DecodeConfig(policy=InverseErrorPolicy(temperature=float("nan"))), "finite number > 0"),
     ],
 )
 def test_invalid_config_is_rejected_before_decoding(tiny_pair, config, message):
     target, draft = tiny_pair
     with pytest.raises(ValueError, match=message):
         speculative_decode(target, draft, Sample("u", "t", 0, "first", IMAGE_PROMPT, (solid((1, 2, 3)),)), config)
+
+
+@pytest.mark.parametrize(
+    "kind,fields,message",
+    [("oracle", {}, "unknown weight policy 'oracle'"), ("static", {"temperature": 2}, "not a field of the 'static' policy")],
+)
+def test_unknown_policy_or_field_is_named(kind, fields, message):
+    with pytest.raises(ValueError, match=message):
+        make_policy(kind, **fields)
 
 
 def test_image_count_must_match_placeholders(tiny_pair):

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline.data.sample import Sample
-from pipeline.decoding.config import DecodeConfig, PolicySpec
+from pipeline.decoding.config import DecodeConfig
+from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.decoding.live import autoregressive_decode, speculative_decode
 from pipeline.models.loading import load_model
 from tests.conftest import FixedCaptioner, solid
@@ -26,8 +27,8 @@ CONFIGS = {
     "P": DecodeConfig(methods="P"),
     "MT": DecodeConfig(methods="MT"),
     "MTCP": DecodeConfig(methods="MTCP"),
-    "MT*": DecodeConfig(methods="MT", policy=PolicySpec(kind="grid", measure="hard+soft")),
-    "MTCP*": DecodeConfig(methods="MTCP", policy=PolicySpec(kind="inverse", temperature=1.0)),
+    "MT*": DecodeConfig(methods="MT", policy=GridSearchPolicy(measure="hard+soft")),
+    "MTCP*": DecodeConfig(methods="MTCP", policy=InverseErrorPolicy(temperature=1.0)),
 }
 
 

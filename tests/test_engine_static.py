@@ -9,17 +9,18 @@ import pytest
 import torch
 
 import pipeline.decoding.live as live
-from pipeline.decoding.config import DecodeConfig, PolicySpec
+from pipeline.decoding.config import DecodeConfig
+from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.decoding.live import autoregressive_decode, speculative_decode
 from tests.conftest import FixedCaptioner
 from tests.test_engine_lossless import CONFIGS, PROMPTS, sample_of
 
 MAX_NEW = 32
-SAMPLING = DecodeConfig(methods="MT", policy=PolicySpec(kind="inverse"), temperature=0.8, max_new_tokens=MAX_NEW, seed=3)
+SAMPLING = DecodeConfig(methods="MT", policy=InverseErrorPolicy(), temperature=0.8, max_new_tokens=MAX_NEW, seed=3)
 BLOCK_CONFIGS = {  # one of each block kind: single method, grid weights, inverse weights, sampling
     "M": DecodeConfig(methods="M", max_new_tokens=MAX_NEW),
-    "MT*": DecodeConfig(methods="MT", policy=PolicySpec(kind="grid"), max_new_tokens=MAX_NEW),
-    "MTCP*": DecodeConfig(methods="MTCP", policy=PolicySpec(kind="inverse", window=4), max_new_tokens=MAX_NEW),
+    "MT*": DecodeConfig(methods="MT", policy=GridSearchPolicy(), max_new_tokens=MAX_NEW),
+    "MTCP*": DecodeConfig(methods="MTCP", policy=InverseErrorPolicy(window=4), max_new_tokens=MAX_NEW),
     "sampling": SAMPLING,
 }
 
@@ -132,7 +133,7 @@ def test_one_device_sync_per_block_on_gpu(tiny_dirs):
     target, draft = load_pair(tiny_dirs["target"], tiny_dirs["draft"], device="cuda")
     name, text, images = PROMPTS[2]
     sample = sample_of(name, text, images)
-    config = DecodeConfig(methods="MT", policy=PolicySpec(kind="grid"), max_new_tokens=MAX_NEW)
+    config = DecodeConfig(methods="MT", policy=GridSearchPolicy(), max_new_tokens=MAX_NEW)
     speculative_decode(target, draft, sample, config, engine="static")  # compile outside the count
     block, per_block = live.SpeculativeDecoder.block, []
 

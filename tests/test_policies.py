@@ -6,15 +6,8 @@ import math
 import pytest
 import torch
 
-from pipeline.decoding.config import PolicySpec
-from pipeline.drafting.policies import (
-    History,
-    choose_weights,
-    kl_divergence,
-    mix,
-    simplex_grid,
-    total_variation,
-)
+from pipeline.drafting.policies import POLICIES, GridSearchPolicy, InverseErrorPolicy, StaticPolicy, WeightPolicy, make_policy
+from pipeline.drafting.scoring import kl_divergence, mix, simplex_grid, total_variation
 
 
 def dist(*values: float) -> torch.Tensor:
@@ -22,12 +15,12 @@ def dist(*values: float) -> torch.Tensor:
     return t / t.sum()
 
 
-def weights_after(pairs, spec: PolicySpec) -> torch.Tensor:
+def weights_after(pairs, policy: WeightPolicy) -> torch.Tensor:
     """w* after a history of (per-method q rows, p) positions, added one block per position."""
-    h = History(len(pairs[0][0]), spec)
+    state = policy.start(len(pairs[0][0]))
     for q_rows, p in pairs:
-        h.add(torch.stack(q_rows)[None], p[None])
-    return choose_weights(h)
+        state.update(torch.stack(q_rows)[None], p[None])
+    return state.choose()
 
 
 def test_simplex_grid_counts_and_order():
@@ -52,14 +45,15 @@ def test_distances():
 
 def test_first_block_is_uniform_and_single_method_is_one():
     for kind in ("static", "grid", "inverse"):
-        assert torch.equal(choose_weights(History(3, PolicySpec(kind=kind))), torch.full((3,), 1 / 3, dtype=torch.float64))
-    assert torch.equal(choose_weights(History(1, PolicySpec(kind="grid"))), torch.ones(1, dtype=torch.float64))
+        assert torch.equal(make_policy(kind).start(3).choose(), torch.full((3,), 1 / 3, dtype=torch.float64))
+    assert torch.equal(GridSearchPolicy().start(1).choose(), torch.ones(1, dtype=torch.float64))
+    assert not GridSearchPolicy().start(1).learns and not StaticPolicy().start(3).learns
 
 
 def test_grid_hard_picks_the_method_that_matches_argmax():
     # method 0 always agrees with the target's argmax, method 1 never does
     pairs = [([dist(8, 1, 1), dist(1, 8, 1)], dist(6, 3, 1)) for _ in range(3)]
-    w = weights_after(pairs, PolicySpec(kind="grid", measure="hard"))
+    w = weights_after(pairs, GridSearchPolicy(measure="hard"))
     # every candidate with w0 > 0.5 has full hits; ties resolve to the first: [1, 0]
     assert w.tolist() == [1.0, 0.0]
 
@@ -70,8 +64,8 @@ def test_grid_hard_plus_soft_breaks_hit_ties_by_kl():
     p = dist(0.5, 0.3, 0.2)
     q0, q1 = dist(0.7, 0.1, 0.2), dist(0.3, 0.5, 0.2)
     positions = [([q0, q1], p)]
-    assert weights_after(positions, PolicySpec(kind="grid", measure="hard")).tolist() == [1.0, 0.0]
-    assert weights_after(positions, PolicySpec(kind="grid", measure="hard+soft")).tolist() == [0.5, 0.5]
+    assert weights_after(positions, GridSearchPolicy(measure="hard")).tolist() == [1.0, 0.0]
+    assert weights_after(positions, GridSearchPolicy(measure="hard+soft")).tolist() == [0.5, 0.5]
 
 
 def test_hard_plus_soft_never_trades_hits_for_kl():
@@ -80,10 +74,10 @@ def test_hard_plus_soft_never_trades_hits_for_kl():
     # target picks token 0 at position 2: 0.05 w0 + 0.9 (1 - w0) beats token 1 iff w0 < 0.47
     p2, q02, q12 = dist(0.9, 0.1, 1e-6), dist(0.05, 0.95, 1e-6), dist(0.9, 0.1, 1e-6)
     positions = [([q01, q11], p1), ([q02, q12], p2)]
-    w_hs = weights_after(positions, PolicySpec(kind="grid", measure="hard+soft"))
+    w_hs = weights_after(positions, GridSearchPolicy(measure="hard+soft"))
     # hits: w0 in (0.25, 0.47) hits both positions -> {0.3, 0.4}; KL then picks among them
     assert w_hs.tolist()[0] in (0.3, 0.4)
-    w_soft = weights_after(positions, PolicySpec(kind="grid", measure="soft"))
+    w_soft = weights_after(positions, GridSearchPolicy(measure="soft"))
     mixed = torch.einsum("hmv,cm->chv", torch.stack([torch.stack([q01, q11]), torch.stack([q02, q12])]).double(), simplex_grid(2, 10))
     kl = kl_divergence(torch.stack([p1, p2]).double(), mixed).sum(-1)
     assert w_soft.tolist() == simplex_grid(2, 10)[int(torch.argmin(kl))].tolist()
@@ -94,32 +88,32 @@ def test_grid_soft_with_tvd_vs_kl_differ_by_hand():
     # TVD sum = 2|0.8 - w0| + |0.3 - w0| is least at w0 = 0.8; summed KL is least at w0 = 1.9/3 -> grid 0.6.
     q = [dist(1, 0), dist(0, 1)]
     positions = [(q, dist(0.8, 0.2)), (q, dist(0.8, 0.2)), (q, dist(0.3, 0.7))]
-    assert weights_after(positions, PolicySpec(kind="grid", measure="soft", distance="tvd")).tolist() == [0.8, 0.2]
-    assert weights_after(positions, PolicySpec(kind="grid", measure="soft", distance="kl")).tolist() == [0.6, 0.4]
+    assert weights_after(positions, GridSearchPolicy(measure="soft", distance="tvd")).tolist() == [0.8, 0.2]
+    assert weights_after(positions, GridSearchPolicy(measure="soft", distance="kl")).tolist() == [0.6, 0.4]
 
 
 def test_window_only_sees_the_last_h_positions():
     good0 = ([dist(8, 1, 1), dist(1, 8, 1)], dist(6, 3, 1))  # method 0 right
     good1 = ([dist(8, 1, 1), dist(1, 8, 1)], dist(1, 6, 3))  # method 1 right
     positions = [good0, good0, good0, good1]
-    assert weights_after(positions, PolicySpec(kind="grid", measure="hard", window=None)).tolist()[0] > 0.5
-    assert weights_after(positions, PolicySpec(kind="grid", measure="hard", window=1)).tolist()[1] > 0.5
+    assert weights_after(positions, GridSearchPolicy(measure="hard", window=None)).tolist()[0] > 0.5
+    assert weights_after(positions, GridSearchPolicy(measure="hard", window=1)).tolist()[1] > 0.5
 
 
 def test_inverse_error_weights_by_hand():
     p = dist(0.5, 0.5)
     q0, q1 = dist(0.25, 0.75), dist(0.5 - 0.125, 0.5 + 0.125)  # TVD 0.25 and 0.125
-    w = weights_after([([q0, q1], p)], PolicySpec(kind="inverse", distance="tvd", temperature=1.0))
+    w = weights_after([([q0, q1], p)], InverseErrorPolicy(distance="tvd", temperature=1.0))
     assert w.tolist() == pytest.approx([1 / 3, 2 / 3])  # (1/e) normalised: 4 : 8
-    w2 = weights_after([([q0, q1], p)], PolicySpec(kind="inverse", distance="tvd", temperature=0.5))
+    w2 = weights_after([([q0, q1], p)], InverseErrorPolicy(distance="tvd", temperature=0.5))
     assert w2.tolist() == pytest.approx([1 / 5, 4 / 5])  # (1/e)^2: 16 : 64
 
 
 def test_inverse_error_zero_errors():
     p = dist(0.5, 0.5)
-    assert weights_after([([p, p], p)], PolicySpec(kind="inverse")).tolist() == [0.5, 0.5]
+    assert weights_after([([p, p], p)], InverseErrorPolicy()).tolist() == [0.5, 0.5]
     one_zero = [([p, dist(0.9, 0.1), p], p)]
-    assert weights_after(one_zero, PolicySpec(kind="inverse", distance="tvd")).tolist() == [0.5, 0.0, 0.5]
+    assert weights_after(one_zero, InverseErrorPolicy(distance="tvd")).tolist() == [0.5, 0.0, 0.5]
 
 
 def test_equal_mixtures_tie_to_the_first_candidate_despite_rounding():
@@ -129,14 +123,14 @@ def test_equal_mixtures_tie_to_the_first_candidate_despite_rounding():
     noisy = q + torch.tensor([1e-8, -1e-8, 0.0])
     positions = [([q, noisy], dist(0.2, 0.3, 0.5))]
     for measure in ("soft", "hard+soft"):
-        assert weights_after(positions, PolicySpec(kind="grid", measure=measure)).tolist() == [1.0, 0.0]
+        assert weights_after(positions, GridSearchPolicy(measure=measure)).tolist() == [1.0, 0.0]
 
 
 @pytest.mark.parametrize("spec", [
-    PolicySpec(kind="grid", measure="hard+soft"),
-    PolicySpec(kind="grid", measure="soft", distance="tvd", window=4),
-    PolicySpec(kind="grid", measure="hard", window=1),
-    PolicySpec(kind="inverse", temperature=0.5, window=6),
+    GridSearchPolicy(measure="hard+soft"),
+    GridSearchPolicy(measure="soft", distance="tvd", window=4),
+    GridSearchPolicy(measure="hard", window=1),
+    InverseErrorPolicy(temperature=0.5, window=6),
 ])
 def test_incremental_history_equals_scoring_the_whole_window(spec):
     # The history scores each position once as blocks arrive; the weights must be those of
@@ -145,13 +139,13 @@ def test_incremental_history_equals_scoring_the_whole_window(spec):
     m, vocab, blocks = 4, 50, [3, 1, 5, 2, 4]
     q = torch.softmax(3 * torch.randn(sum(blocks), m, vocab, generator=gen), -1)
     p = torch.softmax(3 * torch.randn(sum(blocks), vocab, generator=gen), -1)
-    history, start = History(m, spec), 0
+    state, start = spec.start(m), 0
     for n in blocks:
-        history.add(q[start:start + n], p[start:start + n])
+        state.update(q[start:start + n], p[start:start + n])
         start += n
         lo = 0 if spec.window is None else max(0, start - spec.window)
         qw, pw = q[lo:start].double(), p[lo:start].double()
-        if spec.kind == "grid":
+        if isinstance(spec, GridSearchPolicy):
             candidates = simplex_grid(m, 10)
             mixed = torch.einsum("hmv,cm->chv", qw, candidates)
             hits = (mixed.argmax(-1) == pw.argmax(-1)).sum(-1)
@@ -164,8 +158,37 @@ def test_incremental_history_equals_scoring_the_whole_window(spec):
                 dist = torch.where(eligible, dist, torch.inf)
                 # ties within float noise (relative 1e-5) go to the earliest candidate
                 expected = candidates[int(torch.nonzero(dist <= dist.min() * (1 + 1e-5) + 1e-7)[0])]
-            assert choose_weights(history).tolist() == expected.tolist()
+            assert state.choose().tolist() == expected.tolist()
         else:
             errors = kl_divergence(pw[:, None], qw).sum(0)
             expected = (1 / errors) ** (1 / spec.temperature)
-            assert choose_weights(history).tolist() == pytest.approx((expected / expected.sum()).tolist(), rel=1e-5)
+            assert state.choose().tolist() == pytest.approx((expected / expected.sum()).tolist(), rel=1e-5)
+
+
+def test_each_policy_knows_its_label_and_which_knobs_matter():
+    assert set(POLICIES) >= {"static", "grid", "inverse"}
+    assert [make_policy(k).label for k in ("static", "grid", "inverse")] == ["static", "grid(hard+soft)", "inverse(T=1)"]
+    # static reads neither window nor distance; a hits-based grid ignores the distance
+    assert StaticPolicy(window=4, distance="tvd").canonical() == StaticPolicy()
+    assert GridSearchPolicy(measure="hard", distance="tvd").canonical() == GridSearchPolicy(measure="hard")
+    assert GridSearchPolicy(measure="soft", distance="tvd").canonical().distance == "tvd"
+    assert InverseErrorPolicy(distance="tvd", window=3).canonical() == InverseErrorPolicy(distance="tvd", window=3)
+
+
+def test_a_new_policy_is_one_subclass():
+    """Defining a subclass registers it by kind: grid files and the decoder can use it at once."""
+    from dataclasses import dataclass
+
+    from pipeline.drafting.policies import FixedWeights
+
+    @dataclass(frozen=True)
+    class FirstMethodOnly(WeightPolicy, kind="test-first-only"):
+        def start_state(self, initial):
+            return FixedWeights(torch.nn.functional.one_hot(torch.tensor(0), len(initial)).double())
+
+    try:
+        assert make_policy("test-first-only").start(3).choose().tolist() == [1.0, 0.0, 0.0]
+        with pytest.raises(ValueError, match="defined twice"):
+            type("Again", (WeightPolicy,), {}, kind="test-first-only")
+    finally:
+        POLICIES.pop("test-first-only")

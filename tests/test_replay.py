@@ -16,7 +16,8 @@ import torch
 from PIL import Image
 
 from pipeline.data.sample import Sample
-from pipeline.decoding.config import DecodeConfig, PolicySpec
+from pipeline.decoding.config import DecodeConfig
+from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.decoding.live import speculative_decode
 from pipeline.decoding.replay import ForwardCounter, collect_traces, replay
 from pipeline.models.base import LVLM
@@ -137,20 +138,20 @@ def policy_configs() -> list[DecodeConfig]:
     """Every method set (in non-canonical orders too) and every policy knob replay must mirror."""
     static = [DecodeConfig(methods=m) for m in ("M", "T", "C", "P", "MT", "MTC", "MTP", "MTCP", "PC")]
     grid = [
-        DecodeConfig(methods="MT", policy=PolicySpec(kind="grid", measure=measure, distance=distance))
+        DecodeConfig(methods="MT", policy=GridSearchPolicy(measure=measure, distance=distance))
         for measure in ("hard", "soft", "hard+soft")
         for distance in ("kl", "tvd")
     ]
     grid += [
-        DecodeConfig(methods="TM", policy=PolicySpec(kind="grid", window=4)),
-        DecodeConfig(methods="MTCP", policy=PolicySpec(kind="grid", measure="hard+soft", window=16, steps=5)),
-        DecodeConfig(methods="MTC", policy=PolicySpec(kind="grid", measure="soft", distance="tvd", steps=4)),
+        DecodeConfig(methods="TM", policy=GridSearchPolicy(window=4)),
+        DecodeConfig(methods="MTCP", policy=GridSearchPolicy(measure="hard+soft", window=16, steps=5)),
+        DecodeConfig(methods="MTC", policy=GridSearchPolicy(measure="soft", distance="tvd", steps=4)),
     ]
     inverse = [
-        DecodeConfig(methods="MTCP", policy=PolicySpec(kind="inverse", distance=d, temperature=t, window=w))
+        DecodeConfig(methods="MTCP", policy=InverseErrorPolicy(distance=d, temperature=t, window=w))
         for d, t, w in (("kl", 1.0, None), ("tvd", 1.0, None), ("kl", 0.5, 1), ("tvd", 2.0, 4))
     ]
-    inverse.append(DecodeConfig(methods="CM", policy=PolicySpec(kind="inverse")))
+    inverse.append(DecodeConfig(methods="CM", policy=InverseErrorPolicy()))
     return static + grid + inverse
 
 
@@ -189,17 +190,17 @@ def test_replay_equals_live_exactly(fake_pair, traces, gamma):
 
 def test_dynamic_policies_move_the_weights(traces):
     """Guard against a vacuous equality: the dynamic policies must leave uniform weights."""
-    config = DecodeConfig(methods="MTCP", policy=PolicySpec(kind="inverse"), gamma=3, max_new_tokens=MAX_NEW)
+    config = DecodeConfig(methods="MTCP", policy=InverseErrorPolicy(), gamma=3, max_new_tokens=MAX_NEW)
     weights = [w for t in traces.values() for w in replay(t, config).weights_per_block[1:]]
     assert any(w != [0.25] * 4 for w in weights)
-    config = DecodeConfig(methods="MT", policy=PolicySpec(kind="grid"), gamma=3, max_new_tokens=MAX_NEW)
+    config = DecodeConfig(methods="MT", policy=GridSearchPolicy(), gamma=3, max_new_tokens=MAX_NEW)
     assert any(w != [0.5, 0.5] for t in traces.values() for w in replay(t, config).weights_per_block)
 
 
 @pytest.mark.parametrize("budget", [1, 7, 23])
 def test_shorter_budget_replays_like_a_shorter_live_run(fake_pair, traces, budget):
     target, draft = fake_pair
-    config = DecodeConfig(methods="MTCP", policy=PolicySpec(kind="grid"), gamma=5, max_new_tokens=budget)
+    config = DecodeConfig(methods="MTCP", policy=GridSearchPolicy(), gamma=5, max_new_tokens=budget)
     for sample in SAMPLES[:8]:
         live = speculative_decode(target, draft, sample, config, captioner=FixedCaptioner())
         replayed = replay(traces[sample.sample_id], config)

@@ -18,11 +18,12 @@ import torch
 from PIL import Image
 
 from pipeline.data.sample import Sample
-from pipeline.decoding.config import DecodeConfig, PolicySpec
+from pipeline.decoding.config import DecodeConfig
+from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.decoding.live import speculative_decode
 from pipeline.decoding.records import SampleRecord
 from pipeline.decoding.replay import Traces, collect_traces, replay
-from pipeline.drafting.policies import DISTANCE_FUNCTIONS, mix
+from pipeline.drafting.scoring import DISTANCE_FUNCTIONS, mix
 from pipeline.models.loading import load_pair
 from tests.conftest import FixedCaptioner, solid
 
@@ -33,10 +34,10 @@ INVERSE_WEIGHT_NOISE = 1e-5  # inverse-error weights are continuous: fp32 noise 
 
 CONFIGS = [DecodeConfig(methods=m) for m in ("M", "T", "C", "P", "MT", "MTC", "MTP", "MTCP")]
 CONFIGS += [
-    DecodeConfig(methods="MT", policy=PolicySpec(kind="grid", measure=measure, distance=distance))
+    DecodeConfig(methods="MT", policy=GridSearchPolicy(measure=measure, distance=distance))
     for measure, distance in (("hard", "kl"), ("soft", "kl"), ("hard+soft", "kl"), ("soft", "tvd"))
 ]
-CONFIGS += [DecodeConfig(methods="MTCP", policy=PolicySpec(kind="inverse", distance=d)) for d in ("kl", "tvd")]
+CONFIGS += [DecodeConfig(methods="MTCP", policy=InverseErrorPolicy(distance=d)) for d in ("kl", "tvd")]
 COMBOS = [replace(c, gamma=g, max_new_tokens=MAX_NEW) for c in CONFIGS for g in (1, 3, 5)]
 
 _QUESTIONS = [
@@ -177,8 +178,8 @@ def test_replay_equals_live_exactly_when_models_compute_in_fp64(tiny_dirs):
         model.model.double()
         model.dtype = torch.float64
     configs = [
-        DecodeConfig(methods="MTCP", policy=PolicySpec(kind="inverse", distance="kl")),
-        DecodeConfig(methods="MT", policy=PolicySpec(kind="grid", measure="hard+soft")),
+        DecodeConfig(methods="MTCP", policy=InverseErrorPolicy(distance="kl")),
+        DecodeConfig(methods="MT", policy=GridSearchPolicy(measure="hard+soft")),
     ]
     for sample in make_samples(3):
         trace = collect_traces(target, draft, sample, "MTCP", FixedCaptioner(), max_new_tokens=MAX_NEW)

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.data.sample import Sample
-from pipeline.decoding.config import PolicySpec
+from pipeline.drafting.policies import GridSearchPolicy
 from pipeline.decoding.records import SampleRecord
 from pipeline.planning.grid import Pair, RunConfig, row_key
 from pipeline.result_schema import SCHEMA, make_row
@@ -39,7 +39,7 @@ def shard_rows(config: RunConfig, turn: str = "first", n: int = 3, shard: str = 
 
 
 def test_rows_follow_the_documented_schema(tmp_path):
-    config = RunConfig(PAIR, "MT", PolicySpec("grid", window=4), gamma=5, max_new_tokens=64)
+    config = RunConfig(PAIR, "MT", GridSearchPolicy(window=4), gamma=5, max_new_tokens=64)
     path = write_shard(tmp_path, rows_to_table(shard_rows(config, error_row=2)))
     assert path.name == "part-s1.parquet"
     assert path.parent.relative_to(tmp_path).as_posix() == (

@@ -6,7 +6,7 @@ import pytest
 
 import jobs.summarize as summarize
 from pipeline.data.sample import Sample
-from pipeline.decoding.config import PolicySpec
+from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.decoding.records import SampleRecord
 from pipeline.planning.grid import Pair, RunConfig
 from pipeline.report import AVERAGE, markdown_table, tau_table
@@ -32,7 +32,7 @@ def rows(config, dataset, category, accepted, error_row=None):
 @pytest.fixture
 def results_dir(tmp_path):
     mt = RunConfig(PAIR, "MT")
-    mt_star = {w: RunConfig(PAIR, "MT", PolicySpec("grid", window=w)) for w in (None, 4)}
+    mt_star = {w: RunConfig(PAIR, "MT", GridSearchPolicy(window=w)) for w in (None, 4)}
     ar = RunConfig(PAIR, "AR", gamma=None)
     for config, accepted in [(mt, [[5, 1], [0]]), (mt_star[None], [[2, 2], [4]]), (mt_star[4], [[3], [3]]),
                              (ar, [[0, 0], [0]])]:
@@ -121,7 +121,7 @@ def test_findings_say_where_m_beats_t_and_where_mt_star_lands(tmp_path):
 
     configs = {
         "M": RunConfig(PAIR, "M"), "T": RunConfig(PAIR, "T"), "MT": RunConfig(PAIR, "MT"),
-        "MT*": RunConfig(PAIR, "MT", PolicySpec("grid")), "MT* inv": RunConfig(PAIR, "MT", PolicySpec("inverse")),
+        "MT*": RunConfig(PAIR, "MT", GridSearchPolicy()), "MT* inv": RunConfig(PAIR, "MT", InverseErrorPolicy()),
     }
     accepted = {  # one sample, one block each: tau = 1 + accepted
         "pope": {"M": 3, "T": 1, "MT": 2, "MT*": 4, "MT* inv": 0},

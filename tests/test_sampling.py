@@ -9,7 +9,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from pipeline.data.sample import Sample
-from pipeline.decoding.config import DecodeConfig, PolicySpec
+from pipeline.decoding.config import DecodeConfig
+from pipeline.drafting.policies import make_policy
 from pipeline.decoding.live import speculative_decode
 from pipeline.drafting.batch import BatchedRows
 from pipeline.drafting.methods import method_embeddings
@@ -82,7 +83,7 @@ def test_sd_sampling_matches_target_distribution(word_pair, methods, policy):
     exact_draft = exact_two_token_distribution(draft, methods)
     assert total_variation(exact_target, exact_draft) > 0.3  # the draft alone is far off
     counts: dict[tuple[int, ...], int] = {}
-    config = DecodeConfig(methods=methods, policy=PolicySpec(kind=policy), gamma=2, temperature=1.0, max_new_tokens=2)
+    config = DecodeConfig(methods=methods, policy=make_policy(policy), gamma=2, temperature=1.0, max_new_tokens=2)
     for seed in range(RUNS):
         out = tuple(speculative_decode(target, draft, SAMPLE, DecodeConfig(**{**config.__dict__, "seed": seed})).output_ids)
         counts[out] = counts.get(out, 0) + 1

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.drafting.policy_spec import PolicySpec
+from pipeline.drafting.policies import StaticPolicy, WeightPolicy
 
 METHOD_LETTERS = "MTCP"  # docs/algorithm.md §2: multimodal, text-only, caption, pooled
 
@@ -14,7 +14,7 @@ class DecodeConfig:
     single letter is plain SD with that drafting method. `temperature` 0 means greedy."""
 
     methods: str = "M"
-    policy: PolicySpec = field(default_factory=PolicySpec)
+    policy: WeightPolicy = field(default_factory=StaticPolicy)
     gamma: int = 5
     temperature: float = 0.0
     max_new_tokens: int = 128

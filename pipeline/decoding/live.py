@@ -26,7 +26,7 @@ from pipeline.decoding.records import SampleRecord
 from pipeline.decoding.verify import sample_token, verify_greedy, verify_sampling
 from pipeline.drafting.batch import BatchedRows
 from pipeline.drafting.captioner import Captioner
-from pipeline.drafting.policies import History, choose_weights, mix
+from pipeline.drafting.scoring import mix
 from pipeline.models.base import LVLM
 
 
@@ -72,14 +72,14 @@ def draft_block(
 
 class SpeculativeDecoder:
     """The state of one sample's SD run between blocks: both row sets, the tokens each has not
-    seen yet, the history and the output so far."""
+    seen yet, the weight policy's state and the output so far."""
 
     def __init__(self, target_rows: BatchedRows, draft_rows: BatchedRows, first_token: int, config: DecodeConfig,
                  generator: torch.Generator, eos: set[int], timer: PhaseTimer) -> None:
         self.target_rows, self.draft_rows = target_rows, draft_rows
         self.config, self.generator, self.eos, self.timer = config, generator, eos, timer
         self.device = target_rows.model.device
-        self.history = History(len(config.methods), config.policy, self.device)
+        self.weights = config.policy.start(len(config.methods), self.device)
         self.uniforms = self._draw_uniforms()
         self.blocks = 0
         self.target_pending = self.draft_pending = torch.tensor([first_token], device=self.device)
@@ -90,13 +90,13 @@ class SpeculativeDecoder:
         config, gamma, timer = self.config, self.config.gamma, self.timer
         with timer.phase("draft"):
             with timer.phase("tabed"):
-                weights = choose_weights(self.history)
+                weights = self.weights.choose()
             uniforms = None if self.uniforms is None else self.uniforms[self.blocks]
             self.blocks += 1
-            draft = draft_block(self.draft_rows, self.draft_pending, weights, config, uniforms, self.history.tracks, timer)
+            draft = draft_block(self.draft_rows, self.draft_pending, weights, config, uniforms, self.weights.learns, timer)
         with timer.phase("verify"):
             logits = self.target_rows.feed(torch.cat([self.target_pending, draft.proposals]), keep=gamma + 1)[0]
-            p = probabilities(logits, config.temperature) if self.history.tracks or not config.greedy else None
+            p = probabilities(logits, config.temperature) if self.weights.learns or not config.greedy else None
             if config.greedy:
                 accepted, next_token = verify_greedy(draft.proposals, logits)
             else:
@@ -107,9 +107,9 @@ class SpeculativeDecoder:
             outcome = settle_block(proposals[:a], token, gamma=gamma, produced=len(self.output),
                                    max_new_tokens=config.max_new_tokens, eos=self.eos)
             self.output.extend(outcome.tokens)
-            if outcome.history and self.history.tracks:
+            if outcome.history and self.weights.learns:
                 with timer.phase("tabed"):
-                    self.history.add(draft.method_probs[: outcome.history], p[: outcome.history])
+                    self.weights.update(draft.method_probs[: outcome.history], p[: outcome.history])
             if not outcome.stop:
                 self._roll_back(a, torch.cat([draft.proposals[:a], next_token.view(1)]))
         return outcome, recorded_weights(values[2 + gamma:])

@@ -31,7 +31,7 @@ from pipeline.decoding.engine import default_engine, prefilled_rows, tokenize
 from pipeline.decoding.live import autoregressive_decode, probabilities
 from pipeline.decoding.records import SampleRecord
 from pipeline.drafting.captioner import Captioner
-from pipeline.drafting.policies import History, choose_weights, mix
+from pipeline.drafting.scoring import mix
 from pipeline.models.base import LVLM
 
 
@@ -166,7 +166,7 @@ def _check_replayable(traces: Traces, config: DecodeConfig) -> None:
 def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
     """The record a live greedy run of `config` would produce, computed from traces.
 
-    Mirrors `live.SpeculativeDecoder.block` block by block: weights from `choose_weights`,
+    Mirrors `live.SpeculativeDecoder.block` block by block: weights from the policy state's `choose`,
     proposal i = argmax of the mixed distribution at position t+i (only reached while earlier
     proposals matched y), then `settle_block` — the live engine's own rule — decides what is
     kept, recorded and added to the history. Timings stay 0: replay decodes nothing,
@@ -179,11 +179,11 @@ def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
     rows = [traces.methods.index(m) for m in methods]
     q = traces.draft_probs[:n, rows].contiguous()  # [n, m, V] in the config's method order
     p = traces.target_probs
-    history = History(len(methods), policy)
+    state = policy.start(len(methods))
     record = SampleRecord(sample_id=traces.sample_id, mode="replay", engine=traces.engine)
     t = 0  # tokens decoded so far = position of the block's first proposal
     while t < n:
-        weights = choose_weights(history)
+        weights = state.choose()
         accepted = 0  # one position at a time, as live mixes them (same shapes, same rounding)
         while accepted < gamma and t + accepted < n and int(mix(q[t + accepted], weights).argmax()) == y[t + accepted]:
             accepted += 1
@@ -192,8 +192,8 @@ def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
                                max_new_tokens=config.max_new_tokens, eos=traces.eos_token_ids)
         record.accepted_per_block.append(outcome.accepted)
         record.weights_per_block.append(recorded_weights(weights))
-        if outcome.history and history.tracks:
-            history.add(q[t : t + outcome.history], p[t : t + outcome.history])
+        if outcome.history and state.learns:
+            state.update(q[t : t + outcome.history], p[t : t + outcome.history])
         t += len(outcome.tokens)
         if outcome.stop:
             break

@@ -1,189 +1,153 @@
-"""Ensemble weight policies (docs/algorithm.md §3): pure tensor code, usable without any model.
+"""Ensemble weight policies (docs/algorithm.md §3): how the weights that mix the drafting
+methods are chosen for each block.
 
-A policy sees the history of positions where both the target distribution `p` and every
-drafting method's distribution `q_i` were computed from the true prefix, and returns the
-weights `w` (one per method) to mix the methods with for the next block. The same code serves
-the live engine and trace replay, which is what makes replay exact.
+A policy is a frozen value: its knobs, its name in grid files (`kind`), its label in tables,
+its own validation and which knobs can change its result (`canonical`). For each sample it
+starts a `WeightState`, which the decoder drives with two calls, like transformers'
+`CandidateGenerator`: `choose()` the weights for the next block, then `update(q, p)` with the
+positions the verified block added to the history (positions where the target's p and every
+method's q_i were computed from the true prefix). Live decoding and trace replay drive the
+same states, which is what makes replay exact.
+
+Adding a policy is one subclass here: `class Mine(WeightPolicy, kind="mine")` with its fields,
+`label`, `validate`, `canonical` if some knobs do not matter, and `start_state`.
 """
 from __future__ import annotations
 
-import itertools
-from functools import lru_cache
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import ClassVar
 
 import torch
 
-from pipeline.drafting.policy_spec import PolicySpec
+from pipeline.drafting.scoring import (
+    grid_position_scores, inverse_error_from_errors, method_position_errors, select_grid_candidate,
+    simplex_grid, uniform_weights,
+)
 
-_EPS = 1e-12  # keeps log() finite where a probability underflows to 0
-_MAX_MIXED_ELEMENTS = 2**25  # bound on candidate-mixture elements held at once
-_TIE_RTOL, _TIE_ATOL = 1e-5, 1e-7  # scores closer than this are ties (fp32 rounding, ~1e-7 relative)
-
-
-def kl_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """KL(p || q) over the last dim (target first, docs/algorithm.md §3)."""
-    return (p * (torch.log(p + _EPS) - torch.log(q + _EPS))).sum(-1)
-
-
-def total_variation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """0.5 * sum |p - q| over the last dim."""
-    return 0.5 * (p - q).abs().sum(-1)
+POLICIES: dict[str, type["WeightPolicy"]] = {}  # kind -> class, filled as policies are defined
+DISTANCES = ("kl", "tvd")
+GRID_MEASURES = ("hard", "soft", "hard+soft")
+# Knobs a configuration key carried for every policy, at these values where a policy did not
+# use them, when all policies shared one field set: keys keep them so that result directories
+# written then still resume (pipeline.planning.grid.RunConfig.key).
+_KEY_FIELDS_OF_EVERY_POLICY = {"measure": "hard+soft", "temperature": 1.0, "steps": 10}
 
 
-DISTANCE_FUNCTIONS = {"kl": kl_divergence, "tvd": total_variation}
+class WeightState:
+    """One sample's weights between blocks. When `learns` is False the decoder never calls
+    `update`, and skips computing the distributions it would pass."""
+
+    learns: bool = True
+
+    def choose(self) -> torch.Tensor:
+        """Weights for the next block: float64 `[m]` on the decoder's device (no host sync)."""
+        raise NotImplementedError
+
+    def update(self, q_methods: torch.Tensor, p_target: torch.Tensor) -> None:
+        """Add verified positions: each method's `q_methods` `[n, m, V]`, the target's `p_target` `[n, V]`."""
+        raise NotImplementedError
 
 
-@lru_cache(maxsize=None)
-def simplex_grid(m: int, steps: int) -> torch.Tensor:
-    """All weight vectors on the simplex with step 1/steps, `[N, m]`, in a fixed order.
+@dataclass(frozen=True)
+class WeightPolicy:
+    """Base of every policy. `window`: score only the last h history positions (None: all);
+    `distance`: `kl` = KL(p || q) or `tvd`. Both are grid axes, so they sit on every policy;
+    a policy that reads neither resets them in `canonical`."""
 
-    For m=2 the order is [1-j/n, j/n] for j = 0..n, as docs/algorithm.md §3 lists it: ties resolve to the
-    earliest candidate in this order.
-    """
-    points = [
-        (steps - sum(rest),) + rest
-        for rest in itertools.product(range(steps + 1), repeat=m - 1)
-        if sum(rest) <= steps
-    ]
-    points.sort(key=lambda w: tuple(-x for x in w))
-    return torch.tensor(points, dtype=torch.float64) / steps
+    kind: ClassVar[str] = ""
+    dynamic: ClassVar[bool] = True  # learns from the history: a starred method set (MT*)
+    window: int | None = None
+    distance: str = "kl"
 
+    def __init_subclass__(cls, kind: str = "", **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if kind:
+            if kind in POLICIES:
+                raise ValueError(f"weight policy {kind!r} is defined twice ({POLICIES[kind].__qualname__}, {cls.__qualname__})")
+            cls.kind = kind
+            POLICIES[kind] = cls
 
-def uniform_weights(m: int) -> torch.Tensor:
-    return torch.full((m,), 1.0 / m, dtype=torch.float64)
+    @property
+    def label(self) -> str:
+        """Short name used in tables, e.g. `grid(hard+soft)`."""
+        return self.kind
 
+    def validate(self) -> None:
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1):
+            raise ValueError(f"window must be an integer >= 1 or None (ALL), got {self.window!r}")
+        if self.distance not in DISTANCES:
+            raise ValueError(f"unknown distance {self.distance!r}; choose one of {DISTANCES}")
 
-def mix(q_methods: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Ensemble distribution sum_i w_i q_i (probabilities, not logits): `[..., m, V]` -> `[..., V]`.
-    A single method is its own distribution (w = 1 multiplies exactly), without a kernel."""
-    if q_methods.shape[-2] == 1:
-        return q_methods[..., 0, :]
-    return torch.einsum("...mv,m->...v", q_methods, weights.to(q_methods.device, q_methods.dtype))
+    def canonical(self) -> WeightPolicy:
+        """The same policy with knobs that cannot change its weights reset to their defaults,
+        so equivalent grid points collapse into one configuration."""
+        return self
 
+    def key_fields(self) -> dict:
+        """What a configuration key hashes for this policy."""
+        return {"kind": self.kind, **_KEY_FIELDS_OF_EVERY_POLICY, **asdict(self)}
 
-def grid_position_scores(
-    q: torch.Tensor, p: torch.Tensor, candidates: torch.Tensor, distance: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per position and candidate: argmax hit against the target and distance, `[n, C]` each.
+    def start(self, m: int, device: torch.device | str = "cpu") -> WeightState:
+        """A fresh state for one sample with `m` drafting methods: uniform weights (1 for a
+        single method, which takes no weights) until the history holds positions."""
+        initial = uniform_weights(m).to(device)  # made on the device once: choosing never copies
+        return FixedWeights(initial) if m == 1 else self.start_state(initial)
 
-    Candidates are scored in chunks so the mixed distributions (`chunk x n x V`) stay small
-    even for m=4 (286 candidates) and a 32k vocabulary.
-    """
-    target_ids = p.argmax(-1)
-    chunk = max(1, _MAX_MIXED_ELEMENTS // max(1, q.shape[0] * q.shape[-1]))
-    hits, dist = [], []
-    for part in candidates.to(q.dtype).split(chunk):
-        mixed = torch.matmul(part, q)  # [n, c, V], contiguous: argmax over a strided layout is ~5x slower
-        hits.append(mixed.argmax(-1) == target_ids[:, None])
-        dist.append(_distance_to_mixtures(p, mixed, distance))
-    return torch.cat(hits, 1).double(), torch.cat(dist, 1).double()
-
-
-def _distance_to_mixtures(p: torch.Tensor, mixed: torch.Tensor, distance: str) -> torch.Tensor:
-    """D(p_s || each mixture of position s): `p [n, V]`, `mixed [n, c, V]` (overwritten) -> `[n, c]`.
-
-    KL is `kl_divergence` computed in place with one batched product for the weighted sum:
-    fewer passes over the `c x V` mixtures (the hot spot of a 286-candidate grid on a 49k
-    vocabulary). It sums p * (log p - log q) like the direct form; sum p log p - sum p log q
-    would be faster still but cancels in fp32 when q is close to p, which moves grid ties.
-    """
-    if distance == "tvd":
-        return total_variation(p[:, None], mixed)
-    log_ratio = mixed.add_(_EPS).log_().neg_().add_(torch.log(p + _EPS)[:, None])  # log p - log q_w
-    return torch.bmm(log_ratio, p.unsqueeze(-1)).squeeze(-1)
+    def start_state(self, initial: torch.Tensor) -> WeightState:
+        raise NotImplementedError
 
 
-def method_position_errors(q: torch.Tensor, p: torch.Tensor, distance: str) -> torch.Tensor:
-    """Distance of each method alone from the target, per position: `[n, m]`."""
-    return DISTANCE_FUNCTIONS[distance](p.unsqueeze(1), q).double()
+def policy_class(kind: str) -> type[WeightPolicy]:
+    if kind not in POLICIES:
+        raise ValueError(f"unknown weight policy {kind!r}; choose one of {tuple(POLICIES)}")
+    return POLICIES[kind]
 
 
-def select_grid_candidate(hits: torch.Tensor, dist: torch.Tensor, candidates: torch.Tensor, measure: str) -> torch.Tensor:
-    """TABED MT*: the candidate with the best summed hits `[C]` / distances `[C]` on the window.
-
-    Pure device code (no `.item()`), so the live engine picks weights without a host sync.
-    """
-    if measure == "soft":
-        index = _first_least(dist)
-    else:
-        best = hits == hits.max()
-        if measure == "hard":
-            index = _first_true(best)
-        else:
-            index = _first_least(torch.where(best, dist, torch.full_like(dist, float("inf"))))
-    return candidates.index_select(0, index.view(1))[0]
+def make_policy(kind: str, **fields) -> WeightPolicy:
+    """The validated policy `kind` with `fields`; an unknown kind or field is a ValueError naming it."""
+    cls = policy_class(kind)
+    known = set(cls.__dataclass_fields__)
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"{unknown} not a field of the {kind!r} policy; its fields: {sorted(known)}")
+    policy = cls(**fields)
+    policy.validate()
+    return policy
 
 
-def _first_true(mask: torch.Tensor) -> torch.Tensor:
-    """Index of the first True, as a 0-d device tensor (argmax returns the first maximum)."""
-    return mask.to(torch.uint8).argmax()
+class FixedWeights(WeightState):
+    """The same weights every block: the static policy, and any single drafting method."""
+
+    learns = False
+
+    def __init__(self, weights: torch.Tensor) -> None:
+        self.weights = weights
+
+    def choose(self) -> torch.Tensor:
+        return self.weights
+
+    def update(self, q_methods: torch.Tensor, p_target: torch.Tensor) -> None:
+        pass
 
 
-def _first_least(scores: torch.Tensor) -> torch.Tensor:
-    """Index of the earliest candidate within float noise of the least score.
+class ScoreWindow:
+    """Per-position scores of the verified history, summed over its last `window` positions.
 
-    Mixtures that are mathematically equal (e.g. M and T rows of a prompt with no image) score
-    equal up to rounding, which differs with tensor shapes; without a tolerance the winner
-    would depend on that noise, and trace replay could not reproduce live runs.
-    """
-    least = scores.min()
-    tolerance = _TIE_RTOL * least.abs() + _TIE_ATOL
-    return _first_true(scores <= least + tolerance)
-
-
-def inverse_error_from_errors(errors: torch.Tensor, temperature: float) -> torch.Tensor:
-    """TABED MTCP*: w_i proportional to (1/e_i)^(1/T), e_i = method i's summed distance `[m]`.
-
-    docs/algorithm.md §3: the paper writes softmax(1/e; T) but the reference computes this normalised form,
-    which produced the paper's numbers. Methods with zero error share all the weight (all zero:
-    uniform).
-    """
-    perfect = errors <= 0
-    shared = perfect.double() / perfect.sum().clamp_min(1)
-    inverse = torch.softmax(torch.log(1.0 / errors) / temperature, dim=0)  # NaN if some e_i = 0: not chosen then
-    return torch.where(perfect.any(), shared, inverse)
-
-
-def _grid_distance(spec: PolicySpec) -> str:
-    # hard+soft breaks ties by summed KL whatever `distance` says (docs/algorithm.md §3)
-    return "kl" if spec.measure == "hard+soft" else spec.distance
-
-
-class History:
-    """What a dynamic policy remembers of past verified positions: only the per-position scores
-    it sums over its window, computed once when a position is added.
-
-    Positions are those where both the target's `p` and every method's `q_i` were computed from
-    the true prefix (docs/algorithm.md §3). Every score (argmax hit, distance) is a sum over positions, so a
-    block costs the scoring of its new positions only, not of the whole history again, and no
-    `[V]`-sized distribution is kept. Scores stay on the history's device, which must be the
-    distributions' (one float64 row per position in a growing buffer), so the live engine
-    never waits for them. Static policies and single methods keep nothing.
+    Every score a built-in policy uses (argmax hit, distance) is a sum over positions, so a
+    block costs the scoring of its new positions only and no `[V]`-sized distribution is
+    kept: one float64 row per position in a growing buffer on the scores' device.
     """
 
-    def __init__(self, m: int, spec: PolicySpec, device: torch.device | str = "cpu") -> None:
-        self.m, self.spec = m, spec
-        self.tracks = spec.kind != "static" and m > 1
-        # made on the device once, so that choosing weights never copies from the host
-        self.initial_weights = (torch.ones(1, dtype=torch.float64) if m == 1 else uniform_weights(m)).to(device)
-        self.candidates = simplex_grid(m, spec.steps).to(device) if spec.kind == "grid" and self.tracks else None
+    def __init__(self, window: int | None) -> None:
+        self.window = window
         self._buffer: torch.Tensor | None = None  # [capacity, scores per position]
         self._length = 0
 
     def __len__(self) -> int:
         return self._length
 
-    def add(self, q_methods: torch.Tensor, p_target: torch.Tensor) -> None:
-        """Append positions: `q_methods` `[n, m, V]`, `p_target` `[n, V]`."""
-        if not self.tracks or q_methods.shape[0] == 0:
-            return
-        if self.candidates is not None:
-            hits, dist = grid_position_scores(q_methods, p_target, self.candidates, _grid_distance(self.spec))
-            rows = torch.cat([hits, dist], 1)
-        else:
-            rows = method_position_errors(q_methods, p_target, self.spec.distance)
-        self._append(rows)
-
-    def _append(self, rows: torch.Tensor) -> None:
+    def add(self, rows: torch.Tensor) -> None:
         end = self._length + rows.shape[0]
         if self._buffer is None or end > self._buffer.shape[0]:
             grown = rows.new_zeros(max(2 * end, 64), rows.shape[1])
@@ -193,21 +157,105 @@ class History:
         self._buffer[self._length : end] = rows
         self._length = end
 
-    def window_totals(self) -> torch.Tensor:
-        """Scores summed over the last `window` positions (all when None)."""
-        h = self.spec.window
-        start = 0 if h is None else max(0, self._length - h)
+    def totals(self) -> torch.Tensor:
+        start = 0 if self.window is None else max(0, self._length - self.window)
         return self._buffer[start : self._length].sum(0)
 
 
-def choose_weights(history: History) -> torch.Tensor:
-    """Weights w* for the next block, float64 `[m]` on the history's device: uniform (1 for a
-    single method) until the history holds positions."""
-    if not history.tracks or len(history) == 0:
-        return history.initial_weights
-    spec = history.spec
-    totals = history.window_totals()
-    if history.candidates is not None:
-        hits, dist = totals.split(len(history.candidates))
-        return select_grid_candidate(hits, dist, history.candidates, spec.measure)
-    return inverse_error_from_errors(totals, spec.temperature)
+@dataclass(frozen=True)
+class StaticPolicy(WeightPolicy, kind="static"):
+    """Uniform weights throughout (IbED's averaging of the methods)."""
+
+    dynamic: ClassVar[bool] = False
+
+    def canonical(self) -> WeightPolicy:
+        return StaticPolicy()
+
+    def start_state(self, initial: torch.Tensor) -> WeightState:
+        return FixedWeights(initial)
+
+
+@dataclass(frozen=True)
+class GridSearchPolicy(WeightPolicy, kind="grid"):
+    """TABED MT*: the weight vector of a simplex grid (step 1/`steps`) that best fits the
+    history by `measure`: `hard` most argmax hits, `soft` least summed distance, `hard+soft`
+    most hits with ties broken by least summed KL."""
+
+    measure: str = "hard+soft"
+    steps: int = 10
+
+    @property
+    def label(self) -> str:
+        return f"grid({self.measure})"
+
+    @property
+    def scoring_distance(self) -> str:
+        # hard+soft breaks ties by summed KL whatever `distance` says (docs/algorithm.md §3)
+        return "kl" if self.measure == "hard+soft" else self.distance
+
+    def validate(self) -> None:
+        super().validate()
+        if self.measure not in GRID_MEASURES:
+            raise ValueError(f"unknown grid measure {self.measure!r}; choose one of {GRID_MEASURES}")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"grid steps must be an integer >= 1, got {self.steps!r}")
+
+    def canonical(self) -> WeightPolicy:
+        uses_distance = self.measure == "soft"  # hard counts hits; hard+soft always uses KL
+        return self if uses_distance else replace(self, distance="kl")
+
+    def start_state(self, initial: torch.Tensor) -> WeightState:
+        return GridSearchState(self, simplex_grid(len(initial), self.steps).to(initial.device), initial)
+
+
+class GridSearchState(WeightState):
+    def __init__(self, policy: GridSearchPolicy, candidates: torch.Tensor, initial: torch.Tensor) -> None:
+        self.policy, self.candidates, self.initial = policy, candidates, initial
+        self.scores = ScoreWindow(policy.window)  # per position: hit and distance of every candidate
+
+    def update(self, q_methods: torch.Tensor, p_target: torch.Tensor) -> None:
+        if q_methods.shape[0]:
+            hits, dist = grid_position_scores(q_methods, p_target, self.candidates, self.policy.scoring_distance)
+            self.scores.add(torch.cat([hits, dist], 1))
+
+    def choose(self) -> torch.Tensor:
+        if not len(self.scores):
+            return self.initial
+        hits, dist = self.scores.totals().split(len(self.candidates))
+        return select_grid_candidate(hits, dist, self.candidates, self.policy.measure)
+
+
+@dataclass(frozen=True)
+class InverseErrorPolicy(WeightPolicy, kind="inverse"):
+    """TABED MTCP*: w_i proportional to (1 / e_i)^(1 / `temperature`), e_i = method i's summed
+    distance from the target over the window."""
+
+    temperature: float = 1.0
+
+    @property
+    def label(self) -> str:
+        return f"inverse(T={self.temperature:g})"
+
+    def validate(self) -> None:
+        super().validate()
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
+                or not math.isfinite(self.temperature) or self.temperature <= 0:
+            raise ValueError(f"inverse-error temperature must be a finite number > 0, got {self.temperature!r}")
+
+    def start_state(self, initial: torch.Tensor) -> WeightState:
+        return InverseErrorState(self, initial)
+
+
+class InverseErrorState(WeightState):
+    def __init__(self, policy: InverseErrorPolicy, initial: torch.Tensor) -> None:
+        self.policy, self.initial = policy, initial
+        self.errors = ScoreWindow(policy.window)  # per position: each method's distance
+
+    def update(self, q_methods: torch.Tensor, p_target: torch.Tensor) -> None:
+        if q_methods.shape[0]:
+            self.errors.add(method_position_errors(q_methods, p_target, self.policy.distance))
+
+    def choose(self) -> torch.Tensor:
+        if not len(self.errors):
+            return self.initial
+        return inverse_error_from_errors(self.errors.totals(), self.policy.temperature)

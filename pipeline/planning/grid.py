@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from typing import Collection, Iterable
 
-from pipeline.decoding.config import DecodeConfig, PolicySpec
+from pipeline.decoding.config import DecodeConfig
+from pipeline.drafting.policies import StaticPolicy, WeightPolicy
 
 AR = "AR"  # method-set name of the autoregressive baseline (rows with mode "ar")
 FIRST_TURN = "first"
@@ -44,7 +45,7 @@ class Pair:
 
 
 @dataclass(frozen=True)
-class GridPolicy:
+class PolicyEntry:
     """A weight policy of the grid and the ensembles it runs on (None: every ensemble).
 
     The paper pairs policies with method sets (MT* = MT with the grid, MTCP* = MTCP with
@@ -52,7 +53,7 @@ class GridPolicy:
     Single methods and AR take no weights, so a restriction never removes them.
     """
 
-    spec: PolicySpec
+    policy: WeightPolicy
     methods: tuple[str, ...] | None = None
 
     def applies_to(self, methods: str) -> bool:
@@ -65,7 +66,7 @@ class RunConfig:
 
     pair: Pair
     methods: str  # letters of MTCP, or "AR"
-    policy: PolicySpec = field(default_factory=PolicySpec)
+    policy: WeightPolicy = field(default_factory=StaticPolicy)
     gamma: int | None = DecodeConfig.gamma  # None for AR
     temperature: float = DecodeConfig.temperature
     seed: int = DecodeConfig.seed
@@ -84,7 +85,7 @@ class RunConfig:
     @property
     def method_label(self) -> str:
         """Paper notation: a dynamic (TABED) ensemble carries a star, e.g. `MT*`."""
-        return self.methods + ("*" if self.policy.kind != "static" else "")
+        return self.methods + ("*" if self.policy.dynamic else "")
 
     @property
     def decode_engine(self) -> str | None:
@@ -106,7 +107,8 @@ class RunConfig:
     def key(self) -> str:
         """Hash of every field that changes results (not the run name or decoding mode); the
         engine counts, since walltimes depend on it."""
-        payload = json.dumps(asdict(self), sort_keys=True, default=str)
+        fields = asdict(self) | {"policy": self.policy.key_fields()}
+        payload = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -174,10 +176,10 @@ class GridSpec:
     turns: tuple[str, ...]
     pairs: tuple[Pair, ...]
     methods: tuple[str, ...]
-    policies: tuple[GridPolicy, ...]
+    policies: tuple[PolicyEntry, ...]
     # each axis defaults to the one value the decoding configuration defaults to
-    window: tuple[int | None, ...] = (PolicySpec.window,)
-    distance: tuple[str, ...] = (PolicySpec.distance,)
+    window: tuple[int | None, ...] = (WeightPolicy.window,)
+    distance: tuple[str, ...] = (WeightPolicy.distance,)
     gamma: tuple[int, ...] = (DecodeConfig.gamma,)
     temperature: tuple[float, ...] = (DecodeConfig.temperature,)
     seed: tuple[int, ...] = (DecodeConfig.seed,)
@@ -211,7 +213,7 @@ class GridSpec:
             config = RunConfig(
                 pair=pair,
                 methods=methods,
-                policy=replace(policy.spec, window=window, distance=distance),
+                policy=replace(policy.policy, window=window, distance=distance),
                 gamma=gamma,
                 temperature=temperature,
                 seed=seed,
@@ -250,13 +252,7 @@ def normalise(config: RunConfig) -> RunConfig:
     """Reset fields that cannot change this configuration's result to their defaults, so
     equivalent grid points collapse into one work unit."""
     if config.is_ar:
-        return replace(config, policy=PolicySpec(), gamma=None, captioner=None)
-    if len(config.methods) == 1 or config.policy.kind == "static":
-        policy = PolicySpec()
-    elif config.policy.kind == "grid":
-        kl_only = config.policy.measure in ("hard", "hard+soft")  # the distance is not used
-        policy = replace(config.policy, temperature=1.0, distance="kl" if kl_only else config.policy.distance)
-    else:  # inverse: the grid's measure and steps are not used
-        policy = replace(config.policy, measure=PolicySpec.measure, steps=PolicySpec.steps)
+        return replace(config, policy=StaticPolicy(), gamma=None, captioner=None)
+    policy = StaticPolicy() if len(config.methods) == 1 else config.policy.canonical()  # one method: no weights
     captioner = config.captioner if "C" in config.methods else None
     return replace(config, policy=policy, captioner=captioner)

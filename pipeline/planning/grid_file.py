@@ -10,11 +10,11 @@ from typing import Any, Iterable
 
 import yaml
 
-from pipeline.decoding.config import DecodeConfig, PolicySpec
-from pipeline.drafting.policy_spec import DISTANCES
+from pipeline.decoding.config import DecodeConfig
+from pipeline.drafting.policies import DISTANCES, POLICIES, make_policy, policy_class
 from pipeline.models.dtypes import DTYPES
 from pipeline.planning.grid import (
-    AR, ENGINE_CHOICES, FIRST_TURN, Catalog, GridError, GridPolicy, GridSpec, Pair,
+    AR, ENGINE_CHOICES, FIRST_TURN, Catalog, GridError, GridSpec, PolicyEntry, Pair,
 )
 from pipeline.planning.model_ids import check_model_id, model_kind
 
@@ -156,35 +156,33 @@ def _methods(value: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(sets))
 
 
-POLICY_KEYS = {"kind", "measure", "temperature", "steps", "methods"}
+GRID_AXES_OF_POLICIES = ("window", "distance")  # set once for every policy, as grid axes
 
 
-def _policy(entry: Any, i: int, method_sets: tuple[str, ...]) -> GridPolicy:
+def _policy(entry: Any, i: int, method_sets: tuple[str, ...]) -> PolicyEntry:
+    """`kind` names the policy; `methods` restricts it to some ensembles; every other key is
+    one of that policy's own fields (pipeline.drafting.policies)."""
     where = f"policies[{i}]"
     if isinstance(entry, str):
         entry = {"kind": entry}
     if not isinstance(entry, dict) or "kind" not in entry:
-        raise GridError(f"{where}: expected a kind (static | grid | inverse) or a mapping with 'kind', got {entry!r}")
+        raise GridError(f"{where}: expected a kind ({' | '.join(POLICIES)}) or a mapping with 'kind', got {entry!r}")
     entry = dict(entry)
-    methods = entry.pop("methods", None)
+    kind, methods = entry.pop("kind"), entry.pop("methods", None)
     if methods is not None:
         methods = tuple(str(m) for m in _list(methods, f"{where}.methods"))
         for m in methods:
             if m not in method_sets or len(m) < 2 or m == AR:
                 raise GridError(f"{where}.methods: {m!r} is not an ensemble of this grid's methods {list(method_sets)}")
-    unknown = sorted(set(entry) - POLICY_KEYS)
-    if unknown:
-        raise GridError(f"{where}: unknown key(s) {unknown}; known: {sorted(POLICY_KEYS)} (window and distance are grid axes)")
-    if entry["kind"] != "grid" and "measure" in entry:
-        raise GridError(f"{where}: 'measure' applies to the grid policy only")
-    if entry["kind"] != "inverse" and "temperature" in entry:
-        raise GridError(f"{where}: 'temperature' applies to the inverse policy only")
     try:
-        spec = PolicySpec(**entry)
-        spec.validate()
-    except (TypeError, ValueError) as err:
+        own = sorted(set(policy_class(str(kind)).__dataclass_fields__) - set(GRID_AXES_OF_POLICIES))
+        unknown = sorted(set(entry) - set(own))
+        if unknown:
+            raise ValueError(f"{unknown} not a field of the {kind!r} policy; its fields: {own} "
+                             f"({' and '.join(GRID_AXES_OF_POLICIES)} are grid axes)")
+        return PolicyEntry(make_policy(str(kind), **entry), methods)
+    except ValueError as err:
         raise GridError(f"{where}: {err}") from err
-    return GridPolicy(spec, methods)
 
 
 def _window(value: Any, i: int) -> int | None:

@@ -19,8 +19,8 @@ from pipeline.decoding.records import SampleRecord
 from pipeline.drafting.captioner import load_captioner
 from pipeline.planning.grid import Pair, RunConfig, Shard
 from pipeline.models.loading import default_device, load_pair
-from pipeline.result_schema import make_row
-from pipeline.results import rows_to_table
+from pipeline.results.schema import make_row
+from pipeline.results.store import rows_to_table
 
 # What one bad sample may raise: a clear input error (ModelInputError is a ValueError), an
 # unreadable or oversized image, or a prompt too long for the device. Recorded, not fatal.
@@ -110,7 +110,7 @@ def remote_worker(
     pair: Pair, captioner: str | None, *, num_gpus: float, num_cpus: float, max_restarts: int = 2
 ):
     """Start a `PairEvaluator` actor. Ray restarts it up to `max_restarts` times and retries
-    calls that were in flight when it died; the scheduler re-dispatches beyond that."""
+    calls that were in flight when it died; the runner (`actors.runner`) re-dispatches beyond that."""
     import ray
 
     actor = ray.remote(PairEvaluator).options(

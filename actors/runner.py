@@ -1,8 +1,9 @@
 """Runs a validated grid on Ray: keep one actor per model pair busy, write each finished shard
 at once, survive dead actors, resume from what is already written.
 
-First turns run first; second turns are built from the target's greedy first-turn answers
-as read back from the results dataset (docs/cluster.md, "Turns"), then run on the same actors.
+First turns run first; second turns (`pipeline.planning.samples`) are built from the target's
+greedy first-turn answers as read back from the results dataset (docs/cluster.md, "Turns"),
+then run on the same actors.
 """
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from typing import Callable, TextIO
 import ray
 
 from actors.pair_worker import remote_worker
-from pipeline.data.sample import Sample
-from pipeline.planning.grid import FIRST_TURN, GridSpec, Pair, Shard, WorkUnit
-from pipeline.planning.shards import RegistrySource, SampleSource, plan_shards
-from pipeline.results import done_keys, first_turn_answers, write_shard
+from pipeline.planning.grid import FIRST_TURN, GridSpec, Pair, Shard
+from pipeline.planning.samples import RegistrySource, RunSamples, SampleSource
+from pipeline.planning.shards import plan_shards
+from pipeline.results.store import done_keys, first_turn_answers, write_shard
 
 IN_FLIGHT_PER_WORKER = 2  # one running, one queued behind it, so a worker never waits on the driver
 
@@ -87,7 +88,7 @@ class GridRunner:
         stream: TextIO = sys.stdout,
     ) -> None:
         self.spec, self.out = spec, Path(out)
-        self.source = source or RegistrySource(dict(spec.sources))
+        self.samples = RunSamples(spec, source or RegistrySource(dict(spec.sources)), self._first_turn_answers)
         self.run_name = run or spec.name
         self.requested_workers, self.gpus_per_worker, self.cpus_per_worker = workers, gpus_per_worker, cpus_per_worker
         self.max_attempts = max_attempts
@@ -96,34 +97,11 @@ class GridRunner:
         self.workers: list[_Worker] = []
         self.report = RunReport()
         self._attempts: dict[str, int] = defaultdict(int)
-        self._samples: dict[str, Sample] = {}
-        self._second_turn: dict[tuple, list[Sample]] = {}
         self._captioner = spec.captioner if any("C" in m for m in spec.methods) else None  # for the actors
 
-    # -- samples -------------------------------------------------------------------------
-
-    def samples_for(self, unit: WorkUnit) -> list[Sample]:
-        if unit.turn == FIRST_TURN:
-            samples = self.source.first_turn(unit.dataset, self.spec.limit)
-        else:
-            pair, config = unit.config.pair, unit.config
-            key = (pair.target, pair.dtype, unit.dataset, unit.turn, config.max_new_tokens)
-            if key not in self._second_turn:
-                answers = first_turn_answers(
-                    self.out, self.run_name, target=pair.target, dtype=pair.dtype,
-                    dataset=unit.dataset, max_new_tokens=config.max_new_tokens,
-                )
-                first = self.source.first_turn(unit.dataset, self.spec.limit)
-                self._second_turn[key] = self.source.second_turn(first, answers, unit.turn)
-            samples = self._second_turn[key]
-        for sample in samples:
-            self._samples.setdefault(self._sample_key(unit.config.pair, sample.sample_id), sample)
-        return samples
-
-    @staticmethod
-    def _sample_key(pair: Pair, sample_id: str) -> str:
-        # second-turn prompts hold the target's own answer: the same id differs per target
-        return f"{pair.target}|{pair.dtype}|{sample_id}"
+    def _first_turn_answers(self, pair: Pair, dataset: str, max_new_tokens: int) -> dict[str, str]:
+        return first_turn_answers(self.out, self.run_name, target=pair.target, dtype=pair.dtype,
+                                  dataset=dataset, max_new_tokens=max_new_tokens)
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -137,11 +115,11 @@ class GridRunner:
                 units = self.spec.units(turns)
                 done = done_keys(self.out, self.run_name)
                 planned = plan_shards(
-                    self.run_name, units, self.samples_for, shard_size=self.spec.shard_size,
+                    self.run_name, units, self.samples.for_unit, shard_size=self.spec.shard_size,
                     grid_mode=self.spec.mode, live_samples=self.spec.live_samples, done=done,
                 )
                 self.report.rows_skipped += sum(
-                    len(self.samples_for(u)) for u in units
+                    len(self.samples.for_unit(u)) for u in units
                 ) - sum(len(s.items) for s in planned)
                 self.report.shards_planned += len(planned)
                 print(f"[{label}] {len(planned)} shards to run ({len(units)} work units)", file=self.stream, flush=True)
@@ -224,7 +202,7 @@ class GridRunner:
             self.on_shard_written(path, self)
 
     def _submit(self, worker: _Worker, shard: Shard) -> None:
-        samples = {sid: self._samples[self._sample_key(shard.pair, sid)] for sid in shard.sample_ids}
+        samples = {sid: self.samples.get(shard.pair, sid) for sid in shard.sample_ids}
         worker.in_flight[worker.handle.run_shard.remote(shard, samples)] = shard
 
     def _redispatch(self, worker: _Worker, shard: Shard, err: Exception) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline.calibration import Calibration, calibrate, write_calibration  # noqa: E402
+from pipeline.results.calibration import Calibration, calibrate, write_calibration  # noqa: E402
 from pipeline.decoding.config import DecodeConfig  # noqa: E402
 from pipeline.models.loading import default_device, load_pair  # noqa: E402
 from pipeline.planning.grid_file import load_grid  # noqa: E402

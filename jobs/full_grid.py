@@ -22,8 +22,8 @@ from jobs.calibrate import calibrate_pairs  # noqa: E402
 from pipeline.planning.grid import GridError  # noqa: E402
 from pipeline.planning.grid_file import load_grid  # noqa: E402
 from pipeline.planning.shards import unit_counts  # noqa: E402
-from pipeline.results import read_results  # noqa: E402
-from pipeline.summary import write_summary  # noqa: E402
+from pipeline.results.store import read_results  # noqa: E402
+from pipeline.results.summary import write_summary  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.calibration import MAX_ROWS, calibrate, expected_speedup, read_calibrations, write_calibration
+from pipeline.results.calibration import MAX_ROWS, calibrate, expected_speedup, read_calibrations, write_calibration
 from pipeline.decoding.engine import default_engine
 
 

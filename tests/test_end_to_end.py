@@ -53,5 +53,5 @@ def test_notebook_runs_headless_on_smoke_results(smoke_results):
     finally:
         del os.environ["TABED_RESULTS"]
     outputs = "".join(o.get("text", "") for cell in notebook.cells for o in cell.get("outputs", []))
-    assert "matches pipeline.report.tau_table" in outputs
+    assert "matches pipeline.results.report.tau_table" in outputs
     assert (out / "_notebook_weights.png").stat().st_size > 0

@@ -215,7 +215,7 @@ def test_invalid_grid_fails_before_ray_or_models(tmp_path, monkeypatch, capsys):
 def test_local_copies_reach_the_data_loaders(tmp_path, monkeypatch):
     """`sources` in a grid is how a cluster without hub access points at its local copies."""
     import pipeline.data
-    from pipeline.planning.shards import RegistrySource
+    from pipeline.planning.samples import RegistrySource
 
     (tmp_path / "toy").mkdir()
     spec = grid(sources={"toy": str(tmp_path / "toy")})
@@ -226,6 +226,34 @@ def test_local_copies_reach_the_data_loaders(tmp_path, monkeypatch):
     source.first_turn("toy", None)
     source.second_turn([], {}, "nq")
     assert seen == {"toy": str(tmp_path / "toy"), "nq": None}
+
+
+def test_second_turns_are_built_once_per_target_from_its_own_answers():
+    from pipeline.planning.samples import RunSamples
+
+    class Source:
+        def first_turn(self, dataset, limit):
+            return [sample(i) for i in range(limit)]
+
+        def second_turn(self, first, outputs, task):
+            return [Sample("toy", "test", s.row, task, s.prompt + outputs[s.sample_id]) for s in first]
+
+    reads = []
+
+    def answers(pair, dataset, max_new_tokens):
+        reads.append((pair.target, dataset, max_new_tokens))
+        return {sample(i).sample_id: f" [{pair.target}]" for i in range(2)}
+
+    spec = grid(pairs=[{"target": "tiny:target", "draft": "tiny:draft"}, {"target": "tiny:next_target", "draft": "tiny:draft"}], limit=2)
+    book = RunSamples(spec, Source(), answers)
+    second = [u for u in spec.units(["again"]) if u.config.methods == "M"]
+    by_target = {u.config.pair.target: book.for_unit(u) for u in second}
+    for u in spec.units(["again"]):
+        book.for_unit(u)
+    assert sorted(reads) == [("tiny:next_target", "toy", 16), ("tiny:target", "toy", 16)]  # once per target, not per unit
+    assert by_target["tiny:target"][0].prompt.endswith("[tiny:target]") and by_target["tiny:next_target"][0].prompt.endswith("[tiny:next_target]")
+    pair_b = second[-1].config.pair
+    assert book.get(pair_b, by_target["tiny:next_target"][1].sample_id).prompt.endswith("[tiny:next_target]")
 
 
 def test_a_policy_can_name_the_ensembles_it_runs_on():

@@ -1,9 +1,11 @@
 """The code's layers import only downward, and no modules import each other in a circle.
 
-Layers, lowest first: the core (`pipeline.models`, then `pipeline.drafting`, then
-`pipeline.decoding`: no Ray, no grid files), the rest of the library (grid planning, data, results, reports), the
-Ray actors (`actors`), the entry points (`jobs`). Imports inside functions count too: they are
-imports all the same, only later.
+Three wings, lowest first, then the entry points: the **core** (`pipeline.models`, then
+`pipeline.drafting`, then `pipeline.decoding`: no Ray, no grid files), **planning** (samples
+in `pipeline.data`, grids and shards in `pipeline.planning`, the result schema, storage and
+reports in `pipeline.results`: no Ray), the **cluster** (`actors`: the Ray runner and the
+worker), and the entry points (`jobs`). Imports inside functions count too: they are imports
+all the same, only later.
 """
 from __future__ import annotations
 
@@ -12,7 +14,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # lowest first; a module may import its own layer and those below
-LAYERS = ("pipeline.models", "pipeline.drafting", "pipeline.decoding", "pipeline", "actors", "jobs")
+LAYERS = (
+    "pipeline.models", "pipeline.drafting", "pipeline.decoding",  # core
+    "pipeline.data", "pipeline.planning", "pipeline.results", "pipeline",  # planning
+    "actors",  # cluster
+    "jobs",
+)
 CORE = LAYERS[:3]
 CORE_MAY_USE = {"pipeline.data.sample"}  # the value type the core decodes (a leaf module)
 
@@ -79,4 +86,11 @@ def test_the_checker_sees_an_upward_import():
     """Guard against a vacuous check: the core importing the grid would be caught."""
     assert layer("pipeline.grid") > layer("pipeline.decoding.live") > layer("pipeline.drafting.policies")
     assert layer("pipeline.data.loading") > layer("pipeline.decoding.live") == layer("pipeline.decoding.config")
+    assert layer("pipeline.results.schema") > layer("pipeline.planning.grid") > layer("pipeline.data.turns")
     assert "pipeline.planning.grid" in import_graph()["actors.runner"]  # function-level or not, edges are seen
+
+
+def test_no_library_file_outgrows_one_reading():
+    """Largest library module <= 300 lines: past that a file is doing more than one job."""
+    sizes = {name: len(path.read_text().splitlines()) for name, path in module_files().items()}
+    assert max(sizes.values()) <= 300, sorted(sizes.items(), key=lambda kv: -kv[1])[:3]

@@ -17,7 +17,7 @@ from pipeline.data.sample import Sample
 from pipeline.decoding.live import autoregressive_decode, speculative_decode
 from pipeline.planning.grid import Catalog, Pair, RunConfig, Shard
 from pipeline.planning.grid_file import parse_grid
-from pipeline.results import read_results
+from pipeline.results.store import read_results
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,8 @@ import pytest
 from ray._common.utils import get_ray_address_file
 
 from pipeline.planning.grid_file import load_grid
-from pipeline.result_schema import SCHEMA
-from pipeline.results import read_results
+from pipeline.results.schema import SCHEMA
+from pipeline.results.store import read_results
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

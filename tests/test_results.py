@@ -10,8 +10,8 @@ from pipeline.data.sample import Sample
 from pipeline.drafting.policies import GridSearchPolicy
 from pipeline.decoding.records import SampleRecord
 from pipeline.planning.grid import Pair, RunConfig, row_key
-from pipeline.result_schema import SCHEMA, make_row
-from pipeline.results import done_keys, first_turn_answers, read_results, rows_to_table, write_shard
+from pipeline.results.schema import SCHEMA, make_row
+from pipeline.results.store import done_keys, first_turn_answers, read_results, rows_to_table, write_shard
 
 PAIR = Pair("llava-hf/llava-1.5-7b-hf", "mjbooo/lvlm68m", "fp16")
 DOCUMENTED = (

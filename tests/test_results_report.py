@@ -9,9 +9,9 @@ from pipeline.data.sample import Sample
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.decoding.records import SampleRecord
 from pipeline.planning.grid import Pair, RunConfig
-from pipeline.report import AVERAGE, markdown_table, tau_table
-from pipeline.result_schema import make_row
-from pipeline.results import read_results, rows_to_table, write_shard
+from pipeline.results.report import AVERAGE, markdown_table, tau_table
+from pipeline.results.schema import make_row
+from pipeline.results.store import read_results, rows_to_table, write_shard
 
 PAIR = Pair("tiny:target", "tiny:draft")
 
@@ -79,7 +79,7 @@ def test_markdown_marks_best_bold_and_second_italic():
 
 
 def test_speedup_uses_calibration_and_live_walltime():
-    from pipeline.report import speedup_table
+    from pipeline.results.report import speedup_table
 
     base = {"target": "t", "draft": "d", "turn": "first", "error": None, "gamma": 5.0, "blocks": 2, "policy": "static",
             "engine": "static"}
@@ -102,7 +102,7 @@ def test_speedup_uses_calibration_and_live_walltime():
 
 
 def test_speedup_never_pools_walltimes_of_different_engines():
-    from pipeline.report import speedup_table
+    from pipeline.results.report import speedup_table
 
     base = {"target": "t", "draft": "d", "turn": "first", "error": None, "gamma": 5.0, "blocks": 2, "policy": "static",
             "accepted_per_block": [1, 1], "sample_id": "s0"}
@@ -117,7 +117,7 @@ def test_speedup_never_pools_walltimes_of_different_engines():
 
 
 def test_findings_say_where_m_beats_t_and_where_mt_star_lands(tmp_path):
-    from pipeline.report import findings_text, method_findings
+    from pipeline.results.report import findings_text, method_findings
 
     configs = {
         "M": RunConfig(PAIR, "M"), "T": RunConfig(PAIR, "T"), "MT": RunConfig(PAIR, "MT"),

@@ -1,6 +1,6 @@
 """Scenarios: the paper's datasets and the embedded offline set, as immutable Samples.
 
-API used by the grid and the scheduler:
+API used by grid planning and the run's samples (`pipeline.planning`):
 
 - ``DATASETS: dict[str, DatasetSpec]`` and ``get_dataset(name)`` (unknown name: ValueError
   listing the known ones). Names: llava_bench, docvqa, pope, mmvet, iedit, magicbrush,

@@ -1,43 +1,14 @@
-"""What a grid run has to compute, in shards: samples per dataset (from the data registry or
-an injected source), which configurations replay and which run live, and the `--dry-run`
-summary. No Ray here: `actors.runner` dispatches the shards.
+"""What a grid run has to compute, in shards: which configurations replay and which run
+live, cut into shards of a few samples, and the `--dry-run` summary. No Ray here:
+`actors.runner` dispatches the shards.
 """
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable, Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Sequence
 
 from pipeline.data.sample import Sample
 from pipeline.planning.grid import FIRST_TURN, GridSpec, Pair, RunConfig, Shard, WorkUnit, row_key
-
-
-class SampleSource(Protocol):
-    """Where samples come from (the data registry by default; tests inject their own)."""
-
-    def first_turn(self, dataset: str, limit: int | None) -> list[Sample]: ...
-
-    def second_turn(self, first_samples: list[Sample], first_outputs: dict[str, str], task: str) -> list[Sample]: ...
-
-
-class RegistrySource:
-    """Samples from `pipeline.data.registry`, loaded once per dataset, from the local copies
-    in `sources` (dataset or question-task name -> path) where given, else the hub."""
-
-    def __init__(self, sources: dict[str, str] | None = None) -> None:
-        self.sources = sources or {}
-        self._cache: dict[tuple[str, int | None], list[Sample]] = {}
-
-    def first_turn(self, dataset: str, limit: int | None) -> list[Sample]:
-        from pipeline.data import load_samples
-
-        if (dataset, limit) not in self._cache:
-            self._cache[(dataset, limit)] = load_samples(dataset, limit=limit, source=self.sources.get(dataset))
-        return self._cache[(dataset, limit)]
-
-    def second_turn(self, first_samples: list[Sample], first_outputs: dict[str, str], task: str) -> list[Sample]:
-        from pipeline.data import build_second_turn
-
-        return build_second_turn(first_samples, first_outputs, task, source=self.sources.get(task))
 
 
 def decode_mode(config: RunConfig, grid_mode: str) -> str:
@@ -78,14 +49,7 @@ def plan_shards(
         timed_first_turn = grid_mode == "auto" and turn == FIRST_TURN
         live_here = timed_per_dataset(live_samples, first_turn_datasets[pair], dataset) if timed_first_turn else 0
         timed = set(sample_ids[:live_here])
-        replayed = [c for c in configs if decode_mode(c, grid_mode) == "replay"]
-        # (mode, configs, sample ids): one replay bundle, then one live bundle per configuration
-        bundles = [("replay", replayed, sample_ids)] + [
-            ("live", [c], sample_ids if decode_mode(c, grid_mode) == "live" else [s for s in sample_ids if s in timed])
-            for c in configs
-            if decode_mode(c, grid_mode) == "live" or (timed and not c.is_ar)
-        ]
-        for mode, bundle, ids in bundles:
+        for mode, bundle, ids in _bundles(configs, sample_ids, timed, grid_mode):
             for start in range(0, len(ids), shard_size):
                 items = tuple(
                     (config, sample_id)
@@ -97,6 +61,22 @@ def plan_shards(
                 if items:
                     shards.append(Shard(run, pair, dataset, turn, mode, items))
     return shards
+
+
+def _bundles(
+    configs: list[RunConfig], sample_ids: list[str], timed: set[str], grid_mode: str
+) -> list[tuple[str, list[RunConfig], list[str]]]:
+    """(mode, configurations, sample ids) of one pair, dataset and turn: one replay bundle of
+    every replayable configuration, then one live bundle per configuration that runs live on
+    all samples, or only on the `timed` ones (SD configurations; AR's replay row is timed)."""
+    replayed = [c for c in configs if decode_mode(c, grid_mode) == "replay"]
+    bundles = [("replay", replayed, sample_ids)]
+    for config in configs:
+        if decode_mode(config, grid_mode) == "live":
+            bundles.append(("live", [config], sample_ids))
+        elif timed and not config.is_ar:
+            bundles.append(("live", [config], [s for s in sample_ids if s in timed]))
+    return bundles
 
 
 def timed_per_dataset(live_samples: int, datasets: Sequence[str], dataset: str) -> int:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.calibration import read_calibrations
-from pipeline.plots import plot_tau_bars, plot_weight_trajectories
-from pipeline.report import (
+from pipeline.results.calibration import read_calibrations
+from pipeline.results.plots import plot_tau_bars, plot_weight_trajectories
+from pipeline.results.report import (
     category_table, error_counts, findings_text, markdown_table, method_findings, speedup_table, tau_table,
 )
 

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from pipeline.result_schema import PARTITION_TYPE, SCHEMA
+from pipeline.results.schema import PARTITION_TYPE, SCHEMA
 
 PARTITIONS = ("run", "target", "draft", "dataset")
 

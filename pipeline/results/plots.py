@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from pipeline.report import method_order, pooled_tau  # noqa: E402
+from pipeline.results.report import method_order, pooled_tau  # noqa: E402
 
 METHOD_COLOURS = {"M": "tab:blue", "T": "tab:orange", "C": "tab:green", "P": "tab:red"}
 

@@ -101,7 +101,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("accepted_per_block", pa.list_(pa.int32()), _outcome("accepted_per_block")),
     Column("weights_per_block", pa.list_(pa.list_(pa.float64())), _outcome("weights_per_block")),
     Column("blocks", pa.int32(), _outcome("blocks")),
-    Column("tau", pa.float64(), _tau),  # per sample; aggregates pool blocks (pipeline.report)
+    Column("tau", pa.float64(), _tau),  # per sample; aggregates pool blocks (pipeline.results.report)
     Column("new_tokens", pa.int32(), _outcome("new_tokens")),
     Column("output_ids", pa.list_(pa.int32()), _outcome("output_ids")),
     Column("output_text", pa.string(), _outcome("output_text")),

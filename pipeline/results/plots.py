@@ -27,7 +27,7 @@ def block_starts(accepted: list[int]) -> np.ndarray:
 
 def plot_weight_trajectories(df: pd.DataFrame, path: str | Path, max_samples: int = 4) -> Path | None:
     """One panel per sample of the first dynamic-policy configuration found (None if none)."""
-    dynamic = df[(df["error"].isna()) & (df["policy_kind"].isin(["grid", "inverse"])) & (df["blocks"] > 1)]
+    dynamic = df[(df["error"].isna()) & df["method_label"].str.endswith("*") & (df["blocks"] > 1)]
     dynamic = dynamic[dynamic["weights_per_block"].map(len) == dynamic["blocks"]]
     if dynamic.empty:
         return None

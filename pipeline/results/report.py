@@ -172,7 +172,7 @@ def method_findings(df: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for key, group in cells.rename("tau").reset_index().groupby(keys, sort=False):
         group = group.sort_values("tau", ascending=False, kind="stable").reset_index(drop=True)
-        single = group[group["policy_kind"] == "static"].set_index("method_label")["tau"]
+        single = group[~group["method_label"].str.endswith("*")].set_index("method_label")["tau"]
         row = dict(zip(keys, key))
         row["M"], row["T"] = single.get("M", float("nan")), single.get("T", float("nan"))
         if pd.notna(row["M"]) and pd.notna(row["T"]):

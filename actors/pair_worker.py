@@ -6,6 +6,7 @@ so a lost worker costs time but never rows.
 """
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 import pyarrow as pa
@@ -22,13 +23,23 @@ from pipeline.models.loading import default_device, load_pair
 from pipeline.results.schema import make_row
 from pipeline.results.store import rows_to_table
 
-# What one bad sample may raise: a clear input error (ModelInputError is a ValueError), an
-# unreadable or oversized image, or a prompt too long for the device. Recorded, not fatal.
-SAMPLE_ERRORS = (ValueError, OSError, Image.DecompressionBombError, torch.OutOfMemoryError)
+# A bad input: a clear input error (ModelInputError is a ValueError), an unreadable or
+# oversized image.
+INPUT_ERRORS = (ValueError, OSError, Image.DecompressionBombError)
 
 
-def failed(sample_id: str, mode: str, err: BaseException) -> SampleRecord:
-    return SampleRecord(sample_id=sample_id, mode=mode, error=f"{type(err).__name__}: {err}")
+def error_category(err: Exception) -> str:
+    """input | resource | model (pipeline.decoding.records.ERROR_CATEGORIES)."""
+    if isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower():
+        return "resource"
+    return "input" if isinstance(err, INPUT_ERRORS) else "model"
+
+
+def failed(sample_id: str, mode: str, err: Exception) -> SampleRecord:
+    """The error row of one sample under one configuration; the text carries no object
+    addresses, so reruns write the same text."""
+    text = re.sub(r" at 0x[0-9a-fA-F]+", "", f"{type(err).__name__}: {err}")
+    return SampleRecord(sample_id=sample_id, mode=mode, error=text, error_category=error_category(err))
 
 
 class PairEvaluator:
@@ -69,7 +80,7 @@ class PairEvaluator:
             return speculative_decode(
                 self.target, self.draft, sample, config.decode_config(), self.captioner, engine=config.decode_engine
             )
-        except SAMPLE_ERRORS as err:
+        except Exception as err:  # one sample under one configuration; the shard goes on
             return failed(sample.sample_id, mode, err)
 
     def _replay(self, shard: Shard, samples: dict[str, Sample]) -> dict[tuple[RunConfig, str], SampleRecord]:
@@ -91,8 +102,8 @@ class PairEvaluator:
                     self.target, self.draft, samples[sample_id], letters, self.captioner,
                     max_new_tokens=max(c.max_new_tokens for c in configs), engine=configs[0].decode_engine,
                 )
-            except SAMPLE_ERRORS as err:
-                records.update({(c, sample_id): failed(sample_id, "replay", err) for c in configs})
+            except Exception as err:  # this sample's rows fail; the shard goes on
+                records.update({(c, sample_id): failed(sample_id, "ar" if c.is_ar else "replay", err) for c in configs})
                 continue
             for config in configs:
                 if config.is_ar:  # the decode that produced y is the baseline row, when budgets match
@@ -101,7 +112,7 @@ class PairEvaluator:
                     continue
                 try:
                     records[(config, sample_id)] = replay(traces, config.decode_config())
-                except SAMPLE_ERRORS as err:
+                except Exception as err:  # one configuration of this sample
                     records[(config, sample_id)] = failed(sample_id, "replay", err)
         return records
 

@@ -7,7 +7,7 @@ then run on the same actors.
 """
 from __future__ import annotations
 
-import math
+import re
 import sys
 import time
 from collections import defaultdict, deque
@@ -18,38 +18,21 @@ from typing import Callable, TextIO
 import ray
 
 from actors.pair_worker import remote_worker
+from actors.progress import Progress
 from pipeline.planning.grid import FIRST_TURN, GridSpec, Pair, Shard
 from pipeline.planning.samples import RegistrySource, RunSamples, SampleSource
+from pipeline.planning.resume import reconcile, wanted_rows
 from pipeline.planning.shards import plan_shards
-from pipeline.results.store import done_keys, first_turn_answers, write_shard
+from pipeline.results.run_lock import run_lock
+from pipeline.results.store import drop_rows, first_turn_answers, write_shard, written_rows
 
 IN_FLIGHT_PER_WORKER = 2  # one running, one queued behind it, so a worker never waits on the driver
+POLL_S = 10.0  # how often a waiting driver checks that the cluster can still run its workers
+PLACEMENT_TIMEOUT_S = 900.0  # a worker not placed on any node by then never will be
 
 
-class Progress:
-    """One console line per finished shard: done/total shards, samples/s, ETA. A sample here
-    is one row: a sample decoded (or replayed) under one configuration."""
-
-    def __init__(self, label: str, total: int, stream: TextIO = sys.stdout) -> None:
-        self.label, self.total, self.stream = label, total, stream
-        self.done = self.rows = 0
-        self.start = time.monotonic()
-
-    def advance(self, rows: int) -> None:
-        self.done += 1
-        self.rows += rows
-        elapsed = max(time.monotonic() - self.start, 1e-9)
-        eta = elapsed / self.done * (self.total - self.done)
-        print(
-            f"[{self.label}] {self.done}/{self.total} shards, {self.rows} samples, "
-            f"{self.rows / elapsed:.2f} samples/s, ETA {_clock(eta)}",
-            file=self.stream, flush=True,
-        )
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(math.ceil(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+class RunFailed(RuntimeError):
+    """The run cannot go on. What is written stays written; a rerun resumes from it."""
 
 
 @dataclass
@@ -58,6 +41,7 @@ class RunReport:
     shards_written: int = 0
     rows_written: int = 0
     rows_skipped: int = 0  # already present from an earlier run
+    rows_recomputed: int = 0  # written earlier, dropped and computed again (pipeline.planning.resume)
     redispatched: int = 0
     seconds: float = 0.0
 
@@ -66,6 +50,8 @@ class RunReport:
 class _Worker:
     pair: Pair
     handle: object
+    placed: object  # ObjectRef that resolves once the actor runs (placed and its pair loaded)
+    started: float = field(default_factory=time.monotonic)
     in_flight: dict = field(default_factory=dict)  # ObjectRef -> Shard
 
 
@@ -84,6 +70,8 @@ class GridRunner:
         gpus_per_worker: float | None = None,
         cpus_per_worker: float = 1,
         max_attempts: int = 3,
+        poll_s: float = POLL_S,
+        placement_timeout_s: float = PLACEMENT_TIMEOUT_S,
         on_shard_written: Callable[[Path, "GridRunner"], None] | None = None,
         stream: TextIO = sys.stdout,
     ) -> None:
@@ -91,7 +79,7 @@ class GridRunner:
         self.samples = RunSamples(spec, source or RegistrySource(dict(spec.sources)), self._first_turn_answers)
         self.run_name = run or spec.name
         self.requested_workers, self.gpus_per_worker, self.cpus_per_worker = workers, gpus_per_worker, cpus_per_worker
-        self.max_attempts = max_attempts
+        self.max_attempts, self.poll_s, self.placement_timeout_s = max_attempts, poll_s, placement_timeout_s
         self.on_shard_written = on_shard_written
         self.stream = stream
         self.workers: list[_Worker] = []
@@ -106,38 +94,48 @@ class GridRunner:
     # -- the run ---------------------------------------------------------------------------
 
     def run(self) -> RunReport:
+        """Every phase (first turn, then second turns) under the run's lock."""
         start = time.monotonic()
-        try:
-            phases = [("first turn", [FIRST_TURN])] if FIRST_TURN in self.spec.turns else []
-            if self.spec.second_turns:
-                phases.append(("second turn", list(self.spec.second_turns)))
-            for label, turns in phases:
-                units = self.spec.units(turns)
-                done = done_keys(self.out, self.run_name)
-                planned = plan_shards(
-                    self.run_name, units, self.samples.for_unit, shard_size=self.spec.shard_size,
-                    grid_mode=self.spec.mode, live_samples=self.spec.live_samples, done=done,
-                )
-                self.report.rows_skipped += sum(
-                    len(self.samples.for_unit(u)) for u in units
-                ) - sum(len(s.items) for s in planned)
-                self.report.shards_planned += len(planned)
-                print(f"[{label}] {len(planned)} shards to run ({len(units)} work units)", file=self.stream, flush=True)
-                if planned:
-                    self._dispatch(planned, Progress(label, len(planned), self.stream))
-        finally:
-            for worker in self.workers:
-                ray.kill(worker.handle)
-            self.workers.clear()
-            self.report.seconds = time.monotonic() - start
+        phases = [("first turn", [FIRST_TURN])] if FIRST_TURN in self.spec.turns else []
+        if self.spec.second_turns:
+            phases.append(("second turn", list(self.spec.second_turns)))
+        with run_lock(self.out, self.run_name):
+            try:
+                for label, turns in phases:
+                    self._run_phase(label, turns)
+            finally:
+                for worker in self.workers:
+                    ray.kill(worker.handle)
+                self.workers.clear()
+                self.report.seconds = time.monotonic() - start
         return self.report
+
+    def _run_phase(self, label: str, turns: list[str]) -> None:
+        """Sort the rows already written (pipeline.planning.resume), drop those to compute
+        again, then plan and dispatch the rest."""
+        units = self.spec.units(turns)
+        resume = reconcile(written_rows(self.out, self.run_name, turns), wanted_rows(units, self.samples.for_unit))
+        if resume.recompute:
+            drop_rows(self.out, self.run_name, set(resume.recompute))
+        for line in resume.lines():
+            print(f"[{label}] {line}", file=self.stream, flush=True)
+        planned = plan_shards(
+            self.run_name, units, self.samples.for_unit, shard_size=self.spec.shard_size,
+            grid_mode=self.spec.mode, live_samples=self.spec.live_samples, done=resume.keep,
+        )
+        self.report.rows_skipped += len(resume.keep)
+        self.report.rows_recomputed += len(resume.recompute)
+        self.report.shards_planned += len(planned)
+        print(f"[{label}] {len(planned)} shards to run ({len(units)} work units)", file=self.stream, flush=True)
+        if planned:
+            self._dispatch(planned, Progress(label, len(planned), self.stream))
 
     def _worker_count(self) -> tuple[int, float]:
         resources = ray.cluster_resources()
         gpus = resources.get("GPU", 0.0)
         per_worker = self.gpus_per_worker if self.gpus_per_worker is not None else (1.0 if gpus else 0.0)
         if per_worker > gpus:
-            raise RuntimeError(f"workers need {per_worker} GPU each but the Ray cluster has {gpus:g}")
+            raise RunFailed(f"workers need {per_worker:g} GPU each but the Ray cluster has {gpus:g}")
         slots = max(1, int(gpus / per_worker if per_worker else resources.get("CPU", 1.0) / self.cpus_per_worker))
         # more actors than the cluster can place would hold shards that never run
         return min(self.requested_workers or slots, slots), per_worker
@@ -166,7 +164,7 @@ class GridRunner:
                 ray.kill(idle.handle)
                 self.workers.remove(idle)
             handle = remote_worker(pair, self._captioner, num_gpus=self._gpus, num_cpus=self.cpus_per_worker)
-            self.workers.append(_Worker(pair, handle))
+            self.workers.append(_Worker(pair, handle, handle.device_name.remote()))
             self._top_up(self.workers[-1])
 
     def _top_up(self, worker: _Worker) -> None:
@@ -183,7 +181,9 @@ class GridRunner:
 
     def _collect_one(self, progress: Progress) -> None:
         """Wait for the next finished shard: write it, or re-dispatch a dead worker's shards."""
-        ready, _ = ray.wait([ref for w in self.workers for ref in w.in_flight], num_returns=1)
+        refs = [ref for w in self.workers for ref in w.in_flight]
+        while not (ready := ray.wait(refs, num_returns=1, timeout=self.poll_s)[0]):
+            self._check_cluster()
         ref = ready[0]
         worker = next(w for w in self.workers if ref in w.in_flight)
         shard = worker.in_flight.pop(ref)
@@ -191,8 +191,11 @@ class GridRunner:
             table = ray.get(ref)
         except ray.exceptions.RayActorError as err:
             if err.actor_init_failed:  # loading the pair failed: deterministic, retrying cannot help
-                raise RuntimeError(f"the worker for {worker.pair.label} could not start: {err}") from err
+                raise RunFailed(f"the worker for {worker.pair.label} could not start: {last_error_line(err)}") from None
             self._redispatch(worker, shard, err)
+            return
+        except ray.exceptions.RayTaskError as err:  # the shard itself failed (per-sample errors are rows)
+            self._retry(shard, err)
             return
         path = write_shard(self.out, table)
         self.report.shards_written += 1
@@ -212,14 +215,42 @@ class GridRunner:
         if worker in self.workers:
             self.workers.remove(worker)
             ray.kill(worker.handle)
-        for item in lost:
-            self._attempts[item.shard_id] += 1
-            if self._attempts[item.shard_id] >= self.max_attempts:
-                raise RuntimeError(
-                    f"shard {item.shard_id} ({item.pair.label}, {item.dataset}/{item.turn}) failed "
-                    f"{self._attempts[item.shard_id]} times; last error: {err}"
-                ) from err
-            self._pending[item.pair].appendleft(item)
-            self.report.redispatched += 1
         print(f"worker for {worker.pair.label} died ({type(err).__name__}); re-dispatching {len(lost)} shard(s)",
               file=self.stream, flush=True)
+        for item in lost:
+            self._retry(item, err)
+
+    def _retry(self, shard: Shard, err: Exception) -> None:
+        self._attempts[shard.shard_id] += 1
+        if self._attempts[shard.shard_id] >= self.max_attempts:
+            raise RunFailed(
+                f"shard {shard.shard_id} ({shard.pair.label}, {shard.dataset}/{shard.turn}) failed "
+                f"{self._attempts[shard.shard_id]} times; last error: {last_error_line(err)}"
+            ) from None
+        self._pending[shard.pair].appendleft(shard)
+        self.report.redispatched += 1
+
+    def _check_cluster(self) -> None:
+        """While nothing finishes: end the run if no live node can host a worker (the last
+        one that could has died) or a worker has waited too long to be placed; Ray itself
+        would wait for capacity forever."""
+        fits = [
+            node for node in ray.nodes()
+            if node.get("Alive") and node["Resources"].get("GPU", 0.0) >= self._gpus
+            and node["Resources"].get("CPU", 0.0) >= self.cpus_per_worker
+        ]
+        if not fits:
+            raise RunFailed(f"no live node in the Ray cluster can host a worker ({self._gpus:g} GPU, "
+                            f"{self.cpus_per_worker:g} CPU each); the nodes that could have left")
+        for worker in self.workers:
+            waited = time.monotonic() - worker.started
+            if waited > self.placement_timeout_s and not ray.wait([worker.placed], timeout=0)[0]:
+                raise RunFailed(f"the worker for {worker.pair.label} was not placed on any node in {waited:.0f} s")
+
+
+def last_error_line(err: BaseException) -> str:
+    """The root cause of a remote failure in one line: the last `SomeError: message` line of
+    Ray's text (which carries the remote traceback), else its first line."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    causes = [line for line in lines if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b", line)]
+    return (causes or lines or [type(err).__name__])[-1 if causes else 0]

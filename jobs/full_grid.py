@@ -17,13 +17,11 @@ from pathlib import Path
 # from there (not from wherever it happens to be installed on the head node).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from actors.runner import GridRunner  # noqa: E402
-from jobs.calibrate import calibrate_pairs  # noqa: E402
-from pipeline.planning.grid import GridError  # noqa: E402
+from pipeline.planning.grid import GridError, GridSpec  # noqa: E402  (light: no Ray, no transformers)
 from pipeline.planning.grid_file import load_grid  # noqa: E402
-from pipeline.planning.shards import unit_counts  # noqa: E402
-from pipeline.results.store import read_results  # noqa: E402
-from pipeline.results.summary import write_summary  # noqa: E402
+from pipeline.planning.samples import RegistrySource, SampleSource  # noqa: E402
+
+EXIT_INVALID, EXIT_FAILED, EXIT_LOCKED, EXIT_INTERRUPTED = 2, 1, 3, 130
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,12 +42,43 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_grid(args.grid)
     except GridError as err:
         print(f"invalid grid {args.grid}: {err}", file=sys.stderr)
-        return 2
+        return EXIT_INVALID
     if args.dry_run:
+        from pipeline.planning.shards import unit_counts
+
         print("\n".join(unit_counts(spec)))
         return 0
+    from pipeline.planning.preflight import preflight
 
+    source = RegistrySource(dict(spec.sources))
+    try:
+        preflight(spec, args.out, source)
+    except GridError as err:
+        print(f"cannot run {args.grid}: {err}", file=sys.stderr)
+        return EXIT_INVALID
+    return run(spec, args, source)
+
+
+def run(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -> int:
+    """Hold the run's lock from before Ray starts: a second driver is refused at once."""
+    from pipeline.results.run_lock import RunLocked, run_lock
+
+    try:
+        with run_lock(args.out, args.run or spec.name):
+            return run_locked(spec, args, source)
+    except RunLocked as err:
+        print(f"not started: {err}", file=sys.stderr)
+        return EXIT_LOCKED
+
+
+def run_locked(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -> int:
+    """Start Ray, run the grid, summarise; every way it can end says what to do next."""
     import ray
+
+    from actors.runner import GridRunner, RunFailed
+    from jobs.calibrate import calibrate_pairs
+    from pipeline.results.store import read_results
+    from pipeline.results.summary import write_summary
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if os.environ.get("RAY_ADDRESS"):
@@ -57,14 +86,25 @@ def main(argv: list[str] | None = None) -> int:
     else:  # "local": a new Ray for this job, even when some `ray start` cluster is running
         ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1")
     runner = GridRunner(
-        spec, args.out, run=args.run, workers=args.workers,
+        spec, args.out, source=source, run=args.run, workers=args.workers,
         gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker,
     )
-    report = runner.run()
+
+    def resume() -> str:
+        return f"rerun the same command to resume ({runner.report.rows_written} rows written this time are kept)"
+
+    try:
+        report = runner.run()
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; {resume()}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except RunFailed as err:
+        print(f"run {runner.run_name} stopped: {err}\n{resume()}", file=sys.stderr)
+        return EXIT_FAILED
     print(
         f"run {runner.run_name}: {report.rows_written} rows written in {report.shards_written} shards, "
-        f"{report.rows_skipped} already present, {report.redispatched} re-dispatched, "
-        f"{report.seconds:.1f} s -> {Path(args.out).resolve()}"
+        f"{report.rows_skipped} already present, {report.rows_recomputed} computed again, "
+        f"{report.redispatched} re-dispatched, {report.seconds:.1f} s -> {Path(args.out).resolve()}"
     )
     if spec.calibrate:
         pairs = [(p.target, p.draft, p.dtype) for p in spec.pairs]

@@ -54,8 +54,9 @@ def test_keys_are_stable_and_cover_result_fields_only():
     assert len({c.key() for c in first}) == len(first)
     config = first[1]
     assert RunConfig(**{**config.__dict__, "seed": 1}).key() != config.key()
-    assert row_key(config.key(), "toy/test/0/first") != row_key(config.key(), "toy/test/1/first")
-    assert row_key(config.key(), "toy/test/0/first") == row_key(config.key(), "toy/test/0/first")
+    assert row_key(config.key(), "toy/test/0/first", "h") != row_key(config.key(), "toy/test/1/first", "h")
+    assert row_key(config.key(), "toy/test/0/first", "h") == row_key(config.key(), "toy/test/0/first", "h")
+    assert row_key(config.key(), "toy/test/0/first", "h") != row_key(config.key(), "toy/test/0/first", "other prompt")
 
 
 def test_engine_is_an_axis_that_every_config_keeps():
@@ -113,6 +114,13 @@ def test_grid_engine_choices_are_the_cores_engines():
         ({"live_samples": 2}, "live_samples: 2 only applies to mode 'auto'"),
         ({"engine": ["static", "fast"]}, "engine[1]: unknown engine 'fast'; choose one of auto, static, eager"),
         ({"engine": []}, "grid field 'engine' is an empty list"),
+        ({"temperature": [0.0, float("nan")]}, "temperature[1]: expected a finite number"),
+        ({"temperature": [0.0, float("inf")]}, "temperature[1]: expected a finite number"),
+        ({"policies": [{"kind": "inverse", "temperature": float("nan")}]}, "policies[0]: inverse-error temperature"),
+        ({"datasets": ["toy", "other", "toy"]}, "datasets[2]: 'toy' is already listed as datasets[0]"),
+        ({"methods": ["M", "MT", "M"]}, "methods[2]: 'M' is already listed"),
+        ({"gamma": [3, 3]}, "gamma[1]: 3 is already listed"),
+        ({"pairs": [{"target": "tiny:target", "draft": "tiny:draft"}] * 2}, "pairs[1]: 'tiny:target <- tiny:draft (fp32)' is already listed"),
     ],
 )
 def test_invalid_entries_are_named(changes, named):
@@ -125,6 +133,20 @@ def test_pooled_drafting_rejected_for_a_local_llava_next_draft(tiny_dirs):
     with pytest.raises(GridError, match=r"methods\[0\] 'MP' with pairs\[0\].draft"):
         grid(methods=["MP"], pairs=[{"target": tiny_dirs["target"], "draft": tiny_dirs["next_target"]}])
     assert grid(methods=["MP"], pairs=[{"target": tiny_dirs["target"], "draft": tiny_dirs["draft"]}]).configs()
+
+
+def test_model_directories_are_checked_on_disk(tiny_dirs, tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(GridError, match=r"pairs\[0\].target: directory .* is not a model \(it has no config.json\)"):
+        grid(pairs=[{"target": str(tmp_path / "empty"), "draft": tiny_dirs["draft"]}])
+    from pipeline.models.tiny import build_llava, build_tokenizer, llava_processor
+
+    other = build_tokenizer(vocab_size=320)
+    build_llava(other).save_pretrained(tmp_path / "other")
+    llava_processor(other).save_pretrained(tmp_path / "other")
+    with pytest.raises(GridError, match=r"pairs\[0\]: target .* and draft .* have different tokenizers"):
+        grid(pairs=[{"target": tiny_dirs["target"], "draft": str(tmp_path / "other")}])
+    assert grid(pairs=[{"target": tiny_dirs["target"], "draft": tiny_dirs["draft"]}]).pairs
 
 
 def test_repo_grids_validate():

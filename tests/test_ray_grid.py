@@ -195,10 +195,78 @@ def test_worker_decodes_on_each_configs_engine_with_identical_outputs(tiny_dirs)
     configs = [RunConfig(pair, methods, gamma=None if methods == "AR" else 3, max_new_tokens=8, engine=engine)
                for methods in ("AR", "MT") for engine in ("eager", "static")]
     for mode in ("live", "replay"):  # replay: one trace collection per engine, AR rows included
-        shard = Shard("r", pair, "toy", "first", mode, tuple((c, sample.sample_id) for c in configs))
+        shard = Shard("r", pair, "toy", "first", mode, tuple((c, sample.sample_id) for c in configs),
+                      ((sample.sample_id, sample.prompt_hash),))
         rows = worker.run_shard(shard, {sample.sample_id: sample}).to_pylist()
         assert [r["engine"] for r in rows] == ["eager", "static"] * 2 and all(r["error"] is None for r in rows)
         for ar_or_sd in (rows[:2], rows[2:]):
             eager, static = ar_or_sd
             assert eager["output_ids"] == static["output_ids"] and eager["accepted_per_block"] == static["accepted_per_block"]
             assert eager["key"] != static["key"]
+
+
+def embedded_spec(tiny_dirs, limit):
+    return parse_grid({
+        "name": "qa", "datasets": ["embedded_vqa"], "turns": ["first", "qaorg"],
+        "pairs": [{"target": tiny_dirs["target"], "draft": tiny_dirs["draft"]}],
+        "methods": ["AR", "M"], "gamma": [3], "max_new_tokens": 8, "limit": limit, "shard_size": 2,
+    })
+
+
+def test_a_resume_recomputes_rows_whose_prompt_changed(ray_local, tiny_dirs, tmp_path):
+    """qaorg's last second turn wraps to the first sample: a larger limit changes its prompt."""
+    def go(out, limit):
+        stream = io.StringIO()
+        report = GridRunner(embedded_spec(tiny_dirs, limit), out, workers=1, stream=stream).run()
+        return report, stream.getvalue()
+
+    go(tmp_path / "resumed", 2)
+    report, log = go(tmp_path / "resumed", 3)
+    assert report.rows_recomputed == 2 and "2 rows are computed again: made from another prompt" in log
+    go(tmp_path / "fresh", 3)
+    resumed, fresh = results(tmp_path / "resumed"), results(tmp_path / "fresh")
+    assert resumed.key.is_unique and len(resumed) == len(fresh) == 2 * 2 * 3
+    pd.testing.assert_frame_equal(comparable(resumed), comparable(fresh))
+
+
+class RepairedSource(ToySource):
+    """ToySource with the broken sample's image put back."""
+
+    def first_turn(self, dataset, limit):
+        samples = super().first_turn(dataset, limit)
+        samples[4] = dataclasses.replace(samples[4], images=(Image.new("RGB", (60, 50), (90, 90, 90)),))
+        return samples
+
+
+def test_a_rerun_retries_resource_errors_and_inputs_that_were_fixed(ray_local, tiny_dirs, full_run, tmp_path):
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shutil.copytree(full_run[0], tmp_path, dirs_exist_ok=True)
+    path = next(p for p in sorted(tmp_path.rglob("part-*.parquet")) if 4 not in pq.read_table(p)["row"].to_pylist())
+    table = pq.read_table(path)  # pretend its first row ran out of device memory
+    oom = table["key"][0].as_py()
+    for column, value in (("error", "OutOfMemoryError: CUDA out of memory"), ("error_category", "resource")):
+        values = table[column].to_pylist()
+        values[0] = value
+        table = table.set_column(table.schema.get_field_index(column), column, pa.array(values, pa.string()))
+    pq.write_table(table, path)
+    stream = io.StringIO()
+    report = GridRunner(spec(tiny_dirs), tmp_path, source=RepairedSource(), workers=1, stream=stream).run()
+    df = results(tmp_path)
+    broken = df[df["row"] == 4]
+    assert df.key.is_unique and len(df) == len(results(full_run[0]))
+    assert broken.error.isna().all() and len(broken) == len(spec(tiny_dirs).units())  # the fixed sample, both turns
+    assert pd.isna(df.set_index("key").loc[oom, "error"])  # the resource error was retried
+    assert report.rows_recomputed == len(broken) + 1 and "retrying resource errors" in stream.getvalue()
+
+
+def test_a_second_driver_on_the_same_run_is_refused(ray_local, tiny_dirs, tmp_path):
+    from pipeline.results.run_lock import RunLocked, run_lock
+
+    with run_lock(tmp_path, "toy"):
+        with pytest.raises(RunLocked, match="being written by pid"):
+            run(tiny_dirs, tmp_path)
+    assert not list(tmp_path.rglob("*.parquet"))

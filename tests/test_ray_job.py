@@ -25,8 +25,9 @@ from pipeline.results.store import read_results
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-# The smoke run's rows (timings left out) as the code wrote them before the layout moved
-# into core / planning / cluster wings: a refactor must not change a single value.
+# The smoke run's rows (timings left out): a refactor must not change a single value. Written
+# before the layout moved into core / planning / cluster wings; rewritten once when row keys
+# came to include the prompt hash, checked equal on every other column.
 SMOKE_ROWS = REPO / "tests" / "fixtures" / "smoke_rows.json"
 
 

@@ -29,10 +29,14 @@ def record(sample_id: str, text: str = "a cat", error: str | None = None) -> Sam
     )
 
 
+def sample_at(i: int, turn: str = "first") -> Sample:
+    return Sample("pope", "test", i, turn, "USER: <image>\nq? ASSISTANT:")
+
+
 def shard_rows(config: RunConfig, turn: str = "first", n: int = 3, shard: str = "s1", error_row: int | None = None) -> list[dict]:
     rows = []
     for i in range(n):
-        sample = Sample("pope", "test", i, turn, "USER: <image>\nq? ASSISTANT:")
+        sample = sample_at(i, turn)
         rec = record(sample.sample_id, f"answer {i}", "ValueError: bad" if i == error_row else None)
         rows.append(make_row("r", shard, config, sample, rec))
     return rows
@@ -55,7 +59,7 @@ def test_rows_follow_the_documented_schema(tmp_path):
     assert row.policy == "grid(hard+soft)" and row.window == 4 and row.distance == "kl" and row.gamma == 5
     assert list(row.accepted_per_block) == [2, 0] and row.tau == 2.0 and row.blocks == 2 and row.new_tokens == 3
     assert [list(w) for w in row.weights_per_block] == [[0.5, 0.5], [0.7, 0.3]]
-    assert row.key == row_key(config.key(), "pope/test/0/first") and pd.isna(row.error)
+    assert row.key == row_key(config.key(), "pope/test/0/first", sample_at(0).prompt_hash) and pd.isna(row.error)
     assert row.engine == "static" and row.time_tabed_s == 0.05
     failed = df.iloc[2]
     assert failed.error == "ValueError: bad" and pd.isna(failed.tau) and failed.blocks == 0
@@ -85,7 +89,7 @@ def test_results_written_before_engine_columns_still_read(tmp_path):
     df = read_results(tmp_path)
     assert len(df) == 3 and df["engine"].isna().all() and df["time_tabed_s"].isna().all()
     assert list(df.columns) == SCHEMA.names and df.output_text.iloc[0] == "answer 0"
-    assert done_keys(tmp_path, "r") == {row_key(config.key(), f"pope/test/{i}/first") for i in range(3)}
+    assert done_keys(tmp_path, "r") == {row_key(config.key(), f"pope/test/{i}/first", sample_at(i).prompt_hash) for i in range(3)}
     new = RunConfig(PAIR, "T")
     write_shard(tmp_path, rows_to_table(shard_rows(new, shard="s2")))  # old and new files side by side
     both = read_results(tmp_path)
@@ -98,7 +102,7 @@ def test_done_keys_ignore_unfinished_temporary_files(tmp_path):
     path = write_shard(tmp_path, rows_to_table(shard_rows(config)))
     (path.parent / ".part-s2.parquet.123.tmp").write_bytes(b"half a file")
     keys = done_keys(tmp_path, "r")
-    assert keys == {row_key(config.key(), f"pope/test/{i}/first") for i in range(3)}
+    assert keys == {row_key(config.key(), f"pope/test/{i}/first", sample_at(i).prompt_hash) for i in range(3)}
     assert done_keys(tmp_path, "other-run") == set()
     assert len(read_results(tmp_path)) == 3
 

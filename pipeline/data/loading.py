@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import datasets
+import pyarrow.parquet as pq
 from PIL import Image
 
 from pipeline.data.prompts import PromptError
@@ -169,6 +170,8 @@ def _open_local(label: str, path: Path, split: str) -> datasets.IterableDataset:
         raise DataSourceError(
             f"dataset {label!r}: {path} is neither a datasets.save_to_disk directory nor Parquet file(s)"
         )
+    if sum(pq.read_metadata(f).num_rows for f in files) == 0:  # streaming it would fail obscurely
+        raise DataSourceError(f"dataset {label!r}: local copy {path} holds no rows")
     return datasets.load_dataset("parquet", data_files=[str(f) for f in files], split="train", streaming=True)
 
 

@@ -1,7 +1,9 @@
 """The immutable unit of work: one prompt (with its images) of one dataset row and turn."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from PIL import Image
 
@@ -31,6 +33,19 @@ class Sample:
     def sample_id(self) -> str:
         """Stable id used in result keys: dataset/split/row/turn."""
         return f"{self.dataset}/{self.split}/{self.row}/{self.turn}"
+
+    @cached_property
+    def prompt_hash(self) -> str:
+        """Hash of everything the decoder is given: prompt text, image pixels, and the error
+        when there is one. Result rows are keyed by it, so a row made from another prompt
+        under the same id (a second turn built from another answer, an image restored since)
+        is recognised as stale on resume."""
+        digest = hashlib.sha256(self.prompt.encode())
+        for image in self.images:
+            digest.update(f"|{image.mode}:{image.size}|".encode())
+            digest.update(image.tobytes())
+        digest.update(f"|error:{self.error}".encode())
+        return digest.hexdigest()[:16]
 
     def check(self) -> None:
         """Raise ValueError naming the sample when its placeholders and images disagree."""

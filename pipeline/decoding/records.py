@@ -3,6 +3,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+# Why a sample failed: its input (prompt, image), the model or decoding itself, or a resource
+# (device memory). Only resource failures can go away by themselves: a rerun retries them.
+# A fixed input changes the prompt hash, so its rows are recomputed as new rows anyway.
+ERROR_CATEGORIES = ("input", "model", "resource")
+RETRYABLE_ERRORS = frozenset({"resource"})
+
 
 @dataclass
 class SampleRecord:
@@ -27,6 +33,7 @@ class SampleRecord:
     time_total_s: float = 0.0
     time_tabed_s: float = 0.0  # choosing weights, mixing and scoring history (inside draft/verify)
     error: str | None = None
+    error_category: str | None = None  # one of ERROR_CATEGORIES when `error` is set
 
     @property
     def blocks(self) -> int:

@@ -112,9 +112,11 @@ class RunConfig:
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def row_key(config_key: str, sample_id: str) -> str:
-    """The stable key of one result row: a configuration applied to one sample."""
-    return hashlib.sha256(f"{config_key}|{sample_id}".encode()).hexdigest()[:20]
+def row_key(config_key: str, sample_id: str, prompt_hash: str) -> str:
+    """The key of one result row: a configuration applied to one sample's prompt (its
+    `Sample.prompt_hash`: the same id may carry another prompt on another run, e.g. a
+    second turn built from another answer)."""
+    return hashlib.sha256(f"{config_key}|{sample_id}|{prompt_hash}".encode()).hexdigest()[:20]
 
 
 @dataclass(frozen=True)
@@ -139,10 +141,12 @@ class Shard:
     turn: str
     mode: str
     items: tuple[tuple[RunConfig, str], ...]
+    prompt_hashes: tuple[tuple[str, str], ...]  # (sample id, prompt hash) of every sample in items
 
     @cached_property
     def keys(self) -> tuple[str, ...]:
-        return tuple(row_key(config.key(), sample_id) for config, sample_id in self.items)
+        hashes = dict(self.prompt_hashes)
+        return tuple(row_key(config.key(), sample_id, hashes[sample_id]) for config, sample_id in self.items)
 
     @cached_property
     def shard_id(self) -> str:

@@ -4,6 +4,7 @@ executed.
 """
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Iterable
@@ -16,7 +17,7 @@ from pipeline.models.dtypes import DTYPES
 from pipeline.planning.grid import (
     AR, ENGINE_CHOICES, FIRST_TURN, Catalog, GridError, GridSpec, PolicyEntry, Pair,
 )
-from pipeline.planning.model_ids import check_model_id, model_kind
+from pipeline.planning.model_ids import check_model_id, check_same_tokenizer, model_kind
 
 MODES = ("live", "replay", "auto")
 
@@ -113,7 +114,7 @@ def _datasets(value: Any, catalog: Catalog) -> tuple[str, ...]:
     for i, name in enumerate(names):
         if name not in catalog.datasets:
             raise GridError(f"datasets[{i}]: unknown dataset {name!r}; known: {sorted(catalog.datasets)}")
-    return tuple(dict.fromkeys(names))
+    return tuple(names)
 
 
 def _turns(value: Any, catalog: Catalog) -> tuple[str, ...]:
@@ -124,7 +125,7 @@ def _turns(value: Any, catalog: Catalog) -> tuple[str, ...]:
                 f"turns[{i}]: unknown turn {turn!r}; use {FIRST_TURN!r} or a second-turn task of "
                 f"{sorted(catalog.turn_tasks)}"
             )
-    return tuple(dict.fromkeys(turns))
+    return tuple(turns)
 
 
 def _pair(entry: Any, i: int) -> Pair:
@@ -137,11 +138,13 @@ def _pair(entry: Any, i: int) -> Pair:
     for key in ("target", "draft"):
         if key not in entry:
             raise GridError(f"{where}: missing {key!r}")
-    return Pair(
+    pair = Pair(
         target=check_model_id(entry["target"], f"{where}.target"),
         draft=check_model_id(entry["draft"], f"{where}.draft"),
         dtype=_choice(entry.get("dtype", "fp32"), tuple(DTYPES), f"{where}.dtype"),
     )
+    check_same_tokenizer(pair.target, pair.draft, where)
+    return pair
 
 
 def _methods(value: Any) -> tuple[str, ...]:
@@ -153,7 +156,7 @@ def _methods(value: Any) -> tuple[str, ...]:
             DecodeConfig(methods=methods).validate()
         except ValueError as err:
             raise GridError(f"methods[{i}] {methods!r}: {err} (or {AR!r} for the autoregressive baseline)") from err
-    return tuple(dict.fromkeys(sets))
+    return tuple(sets)
 
 
 GRID_AXES_OF_POLICIES = ("window", "distance")  # set once for every policy, as grid axes
@@ -211,8 +214,8 @@ def _int(value: Any, where: str, *, minimum: int) -> int:
 
 
 def _float(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise GridError(f"{where}: expected a number >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise GridError(f"{where}: expected a finite number >= 0, got {value!r}")
     return float(value)
 
 
@@ -224,8 +227,22 @@ def _captioner(value: Any) -> str | None:
     return value
 
 
+LISTED_FIELDS = ("datasets", "turns", "pairs", "methods", "policies", *AXES)
+
+
+def _check_no_repeats(spec: GridSpec) -> None:
+    """A value listed twice would silently run once: say so instead."""
+    for name in LISTED_FIELDS:
+        values = getattr(spec, name)
+        for j, value in enumerate(values):
+            if value in values[:j]:
+                shown = value.label if isinstance(value, Pair) else value
+                raise GridError(f"{name}[{j}]: {shown!r} is already listed as {name}[{values.index(value)}]")
+
+
 def _check_combinations(spec: GridSpec) -> None:
     """Combinations no single field can rule out."""
+    _check_no_repeats(spec)
     if spec.live_samples and spec.mode != "auto":
         raise GridError(f"live_samples: {spec.live_samples} only applies to mode 'auto' (mode is {spec.mode!r})")
     for name, _ in spec.sources:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,8 @@ def check_model_id(name: Any, where: str) -> str:
             raise GridError(f"{where}: unknown tiny model {name!r}; known: {[TINY_PREFIX + m for m in TINY_MODELS]}")
         return name
     if Path(name).expanduser().is_dir():
+        if not (Path(name).expanduser() / "config.json").is_file():
+            raise GridError(f"{where}: directory {name!r} is not a model (it has no config.json)")
         return name
     looks_local = name.startswith(("/", ".", "~")) or name.count("/") != 1
     if looks_local or not HUB_ID.fullmatch(name):
@@ -52,3 +55,36 @@ def check_model_id(name: Any, where: str) -> str:
             "(nor embedded:target|draft, tiny:target|draft|next_target)"
         )
     return name
+
+
+def check_cached_when_offline(name: str, where: str) -> None:
+    """With HF_HUB_OFFLINE set here, a hub id must already be in this machine's hub cache
+    (checked before a run, not by `--dry-run`, which plans without models)."""
+    if not HUB_ID.fullmatch(name) or Path(name).expanduser().is_dir():
+        return
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() not in ("1", "true", "yes", "on"):
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(name, "config.json"), str):
+        raise GridError(f"{where}: {name!r} is not in the local hub cache and HF_HUB_OFFLINE is set")
+
+
+def check_same_tokenizer(target: str, draft: str, where: str) -> None:
+    """Target and draft must share a tokenizer: proposals are token ids. Checked where both
+    are local directories with a `tokenizer.json` (hub ids are checked when the pair loads)."""
+    vocabularies = []
+    for name in (target, draft):
+        path = Path(name).expanduser() / "tokenizer.json"
+        if not path.is_file():
+            return
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise GridError(f"{where}: cannot read {path}: {err}") from err
+        vocab = (data.get("model") or {}).get("vocab")
+        added = sorted((t.get("id"), t.get("content")) for t in data.get("added_tokens") or [])
+        vocabularies.append((vocab, added))
+    if vocabularies[0] != vocabularies[1]:
+        raise GridError(f"{where}: target {target!r} and draft {draft!r} have different tokenizers; "
+                        "speculative decoding needs the draft to share the target's vocabulary")

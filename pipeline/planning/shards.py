@@ -45,7 +45,8 @@ def plan_shards(
             first_turn_datasets[pair].append(dataset)
     shards = []
     for (pair, dataset, turn), configs in groups.items():
-        sample_ids = [s.sample_id for s in samples_for(WorkUnit(configs[0], dataset, turn))]
+        hashes = {s.sample_id: s.prompt_hash for s in samples_for(WorkUnit(configs[0], dataset, turn))}
+        sample_ids = list(hashes)
         timed_first_turn = grid_mode == "auto" and turn == FIRST_TURN
         live_here = timed_per_dataset(live_samples, first_turn_datasets[pair], dataset) if timed_first_turn else 0
         timed = set(sample_ids[:live_here])
@@ -55,11 +56,12 @@ def plan_shards(
                     (config, sample_id)
                     for sample_id in ids[start:start + shard_size]
                     for config in bundle
-                    if row_key(config.key(), sample_id) not in done
+                    if row_key(config.key(), sample_id, hashes[sample_id]) not in done
                     and not (mode == "replay" and sample_id in timed and not config.is_ar)
                 )
                 if items:
-                    shards.append(Shard(run, pair, dataset, turn, mode, items))
+                    prompts = tuple((sid, hashes[sid]) for sid in dict.fromkeys(sid for _, sid in items))
+                    shards.append(Shard(run, pair, dataset, turn, mode, items, prompts))
     return shards
 
 

@@ -68,7 +68,7 @@ def _tau(src: RowSource) -> float | None:
 
 
 COLUMNS: tuple[Column, ...] = (
-    Column("key", pa.string(), lambda src: row_key(src.config_key, src.sample.sample_id)),  # configuration + sample
+    Column("key", pa.string(), lambda src: row_key(src.config_key, src.sample.sample_id, src.sample.prompt_hash)),  # configuration + prompt
     Column("config_key", pa.string(), lambda src: src.config_key),  # hash of the configuration alone
     Column("shard", pa.string(), lambda src: src.shard),
     Column("run", PARTITION_TYPE, lambda src: src.run),
@@ -77,6 +77,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("dataset", PARTITION_TYPE, _sample("dataset")),
     Column("dtype", pa.string(), lambda src: src.config.pair.dtype),
     Column("sample_id", pa.string(), _sample("sample_id")),
+    Column("prompt_hash", pa.string(), _sample("prompt_hash")),  # prompt text + image pixels (Sample.prompt_hash)
     Column("split", pa.string(), _sample("split")),
     Column("row", pa.int64(), _sample("row")),
     Column("turn", pa.string(), _sample("turn")),
@@ -112,6 +113,7 @@ COLUMNS: tuple[Column, ...] = (
     # weights, mixing, history scoring: part of draft + verify
     Column("time_tabed_s", pa.float64(), _outcome("time_tabed_s")),
     Column("error", pa.string(), _outcome("error")),  # null when the sample decoded fine
+    Column("error_category", pa.string(), _outcome("error_category")),  # input | model | resource (records.py)
 )
 # Results written before `engine` and `time_tabed_s` existed still read: a dataset read with
 # this schema fills columns a file lacks with nulls.

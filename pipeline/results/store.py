@@ -46,10 +46,14 @@ def write_shard(out: str | Path, table: pa.Table) -> Path:
     first = table.slice(0, 1).to_pylist()[0]
     path = shard_path(out, first["run"], first["target"], first["draft"], first["dataset"], first["shard"])
     path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomically(table, path)
+    return path
+
+
+def _write_atomically(table: pa.Table, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     pq.write_table(table.cast(SCHEMA), tmp)
     os.replace(tmp, path)
-    return path
 
 
 def _dataset(path: Path) -> ds.Dataset | None:
@@ -60,11 +64,32 @@ def _dataset(path: Path) -> ds.Dataset | None:
 
 
 def done_keys(out: str | Path, run: str) -> set[str]:
-    """Keys of every row already written for this run (the resume check)."""
-    dataset = _dataset(run_dir(out, run))
-    if dataset is None:
-        return set()
-    return set(dataset.to_table(columns=["key"]).column("key").to_pylist())
+    """Keys of every row already written for this run."""
+    return set(read_table(out, run, columns=["key"]).column("key").to_pylist())
+
+
+def written_rows(out: str | Path, run: str, turns: Iterable[str]) -> list[dict]:
+    """Identity and error category of this run's rows of `turns` (what a resume sorts)."""
+    table = read_table(out, run, columns=["key", "config_key", "sample_id", "prompt_hash", "turn", "error_category"])
+    return table.filter(pc.is_in(table["turn"], pa.array(list(turns), pa.string()))).to_pylist()
+
+
+def drop_rows(out: str | Path, run: str, keys: set[str]) -> int:
+    """Remove the rows with these keys from this run's files, each file rewritten atomically
+    (removed when nothing is left); returns how many rows went. Call it under the run lock."""
+    dropped = 0
+    for path in sorted(run_dir(out, run).rglob("part-*.parquet")):
+        table = pq.read_table(path, schema=SCHEMA)
+        stays = pc.invert(pc.is_in(table["key"], pa.array(sorted(keys), pa.string())))
+        kept = table.filter(stays)
+        if kept.num_rows == table.num_rows:
+            continue
+        dropped += table.num_rows - kept.num_rows
+        if kept.num_rows:
+            _write_atomically(kept, path)
+        else:
+            path.unlink()
+    return dropped
 
 
 def read_table(out: str | Path, run: str | None = None, columns: Iterable[str] | None = None) -> pa.Table:

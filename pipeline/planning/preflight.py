@@ -1,0 +1,65 @@
+"""What a run checks before Ray starts or any model loads: everything about its input that can
+be read from this machine. `load_grid` has already checked the grid file itself; here the
+output directory must be writable, every dataset must yield samples (local copies opened,
+columns present, not empty), question copies for second turns must open, and hub ids must be
+in the local cache when the hub is off. Each failure is one `GridError` line naming the entry.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pipeline.planning.grid import GridError, GridSpec
+from pipeline.planning.model_ids import check_cached_when_offline
+from pipeline.planning.samples import SampleSource
+
+QUESTION_TASKS_NEED = 1  # one question proves a copy opens and has the column
+
+
+def check_output_dir(out: str | Path) -> None:
+    """The results directory exists (or can be made) and takes a file."""
+    path = Path(out).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise GridError(f"--out {out}: cannot write results there: {err.strerror or err}") from err
+
+
+def check_models(spec: GridSpec) -> None:
+    for i, pair in enumerate(spec.pairs):
+        check_cached_when_offline(pair.target, f"pairs[{i}].target")
+        check_cached_when_offline(pair.draft, f"pairs[{i}].draft")
+
+
+def check_samples(spec: GridSpec, source: SampleSource) -> None:
+    """Load every dataset's first turn (the run reuses what `source` caches) and open the
+    local question copies that second turns read."""
+    from pipeline.data import DataSourceError
+    from pipeline.data.turns import QUESTION_SETS, load_questions
+
+    for i, dataset in enumerate(spec.datasets):
+        try:
+            samples = source.first_turn(dataset, spec.limit)
+        except (DataSourceError, ValueError, OSError) as err:
+            raise GridError(f"datasets[{i}] {dataset!r}: {_first_line(err)}") from err
+        if not samples:
+            raise GridError(f"datasets[{i}] {dataset!r}: no rows to run (is its source empty?)")
+    for task, path in spec.sources:
+        if task in QUESTION_SETS and task in spec.turns:
+            try:
+                load_questions(task, QUESTION_TASKS_NEED, source=path)
+            except (DataSourceError, ValueError, OSError) as err:
+                raise GridError(f"sources.{task}: {_first_line(err)}") from err
+
+
+def preflight(spec: GridSpec, out: str | Path, source: SampleSource) -> None:
+    check_output_dir(out)
+    check_models(spec)
+    check_samples(spec, source)
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

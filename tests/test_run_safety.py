@@ -1,0 +1,213 @@
+"""What keeps a run's results whole without Ray: resume sorting (stale prompts, retryable
+errors), rows dropped atomically, the run lock, checks that fail before Ray starts, and a
+worker that turns one configuration's crash into an error row."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from pipeline.data.sample import Sample
+from pipeline.planning.grid import Pair, RunConfig, Shard, WorkUnit
+from pipeline.planning.resume import OLD_KEY, PROMPT_CHANGED, reconcile, wanted_rows
+from pipeline.results.run_lock import RunLocked, run_lock
+from pipeline.results.store import drop_rows, read_results, run_dir, write_shard, written_rows
+from tests.test_results import record
+from pipeline.results.schema import make_row
+from pipeline.results.store import rows_to_table
+
+ROOT = Path(__file__).resolve().parents[1]
+PAIR = Pair("tiny:target", "tiny:draft")
+
+
+def sample(i: int, prompt: str = "USER: <image>\nq? ASSISTANT:", colour=(200, 0, 0)) -> Sample:
+    return Sample("toy", "test", i, "first", prompt, (Image.new("RGB", (8, 8), colour),))
+
+
+def rows_for(config: RunConfig, samples: list[Sample], shard: str, errors: dict[int, str] | None = None) -> list[dict]:
+    rows = []
+    for s in samples:
+        rec = record(s.sample_id, "answer", None)
+        if errors and s.row in errors:
+            rec.error, rec.error_category = "boom", errors[s.row]
+        rows.append(make_row("r", shard, config, s, rec))
+    return rows
+
+
+def test_prompt_hash_covers_text_pixels_and_error():
+    base = sample(0)
+    assert base.prompt_hash == sample(0).prompt_hash
+    assert base.prompt_hash != sample(0, prompt="USER: <image>\nother? ASSISTANT:").prompt_hash
+    assert base.prompt_hash != sample(0, colour=(0, 0, 200)).prompt_hash  # same text, another image
+    broken = Sample("toy", "test", 0, "first", base.prompt, (), error="image 0 is missing")
+    assert broken.prompt_hash != base.prompt_hash  # restoring the image changes the key
+
+
+def test_resume_keeps_good_rows_and_recomputes_stale_and_retryable_ones(tmp_path):
+    config = RunConfig(PAIR, "M")
+    old = [sample(0), sample(1), sample(2), sample(3)]
+    write_shard(tmp_path, rows_to_table(rows_for(config, old[:2], "s1", errors={1: "input"})))
+    write_shard(tmp_path, rows_to_table(rows_for(config, old[2:], "s2", errors={3: "resource"})))
+    write_shard(tmp_path, rows_to_table(rows_for(RunConfig(PAIR, "T"), old[:1], "s3")))  # not in the grid below
+    now = [sample(0), sample(1), sample(2, colour=(0, 200, 0)), sample(3)]  # sample 2's image changed
+    unit = WorkUnit(config, "toy", "first")
+    resume = reconcile(written_rows(tmp_path, "r", ["first"]), wanted_rows([unit], lambda u: now))
+    keys = {s.row: make_row("r", "x", config, s, record(s.sample_id, "", None))["key"] for s in old}
+    assert resume.keep == {keys[0], keys[1]} and resume.kept_errors == {"input": 1}
+    assert resume.recompute == {keys[2]: PROMPT_CHANGED, keys[3]: "retrying resource errors"}
+    assert resume.other == 1
+    assert any("1 rows are computed again: made from another prompt" in line for line in resume.lines())
+    # dropping rewrites only the affected file, atomically, and keeps everything else
+    assert drop_rows(tmp_path, "r", set(resume.recompute)) == 2
+    df = read_results(tmp_path, "r")
+    assert sorted(df.key) == sorted([keys[0], keys[1], *df.key[df.methods == "T"]])
+    assert not [p for p in run_dir(tmp_path, "r").rglob("*") if p.name.startswith(".")]
+    assert len(list(run_dir(tmp_path, "r").rglob("part-s2.parquet"))) == 0  # emptied file removed
+
+
+def test_rows_written_before_prompt_hashes_are_recomputed(tmp_path):
+    config = RunConfig(PAIR, "M")
+    path = write_shard(tmp_path, rows_to_table(rows_for(config, [sample(0)], "s1")))
+    table = pq.read_table(path).drop_columns(["prompt_hash", "error_category"])
+    pq.write_table(table.set_column(0, "key", pa.array(["old-format-key"])), path)
+    resume = reconcile(written_rows(tmp_path, "r", ["first"]), wanted_rows([WorkUnit(config, "toy", "first")], lambda u: [sample(0)]))
+    assert resume.recompute == {"old-format-key": OLD_KEY} and not resume.keep
+
+
+def test_a_second_driver_is_refused_and_a_dead_ones_lock_is_taken_over(tmp_path):
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # a live "driver"
+    lock = run_dir(tmp_path, "r") / ".lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": other.pid, "since": "earlier"}))
+    try:
+        with pytest.raises(RunLocked, match=f"being written by pid {other.pid} on {socket.gethostname()} since earlier"):
+            with run_lock(tmp_path, "r"):
+                pass
+    finally:
+        other.kill()
+        other.wait()
+    with run_lock(tmp_path, "r") as held:  # its driver died on this host: taken over
+        assert json.loads(held.read_text())["pid"] == os.getpid()
+        with run_lock(tmp_path, "r"):  # the job holds it and its runner takes it again: nested
+            pass
+        assert held.exists()
+    assert not lock.exists()
+
+
+def test_one_configuration_that_crashes_is_an_error_row(tiny_dirs, monkeypatch):
+    import actors.pair_worker as worker_module
+
+    pair = Pair(tiny_dirs["target"], tiny_dirs["draft"])
+    worker = worker_module.PairEvaluator(pair)
+    s = Sample("toy", "test", 0, "first", "USER: <image>\nWhat? ASSISTANT:", (Image.new("RGB", (30, 30), "red"),))
+    ok, bad = RunConfig(pair, "M", gamma=2, max_new_tokens=4), RunConfig(pair, "MT", gamma=2, max_new_tokens=4)
+    real = worker_module.speculative_decode
+
+    def crash_on_mt(target, draft, sample, config, *args, **kwargs):
+        if config.methods == "MT":
+            raise RuntimeError(f"probability tensor contains inf, nan or element < 0 in {object()}")
+        return real(target, draft, sample, config, *args, **kwargs)
+
+    monkeypatch.setattr(worker_module, "speculative_decode", crash_on_mt)
+    shard = Shard("r", pair, "toy", "first", "live", ((ok, s.sample_id), (bad, s.sample_id)), ((s.sample_id, s.prompt_hash),))
+    rows = worker.run_shard(shard, {s.sample_id: s}).to_pylist()
+    assert rows[0]["error"] is None and rows[0]["new_tokens"] > 0
+    assert rows[1]["error_category"] == "model" and " at 0x" not in rows[1]["error"]
+    assert rows[1]["error"].startswith("RuntimeError: probability tensor")
+    # a sample that cannot be traced fails its AR row as "ar", its SD rows as "replay"
+    broken = Sample("toy", "test", 1, "first", "USER: <image>\nWhat? ASSISTANT:")
+    ar = RunConfig(pair, "AR", gamma=None, max_new_tokens=4)
+    shard = Shard("r", pair, "toy", "first", "replay", ((ar, broken.sample_id), (ok, broken.sample_id)),
+                  ((broken.sample_id, broken.prompt_hash),))
+    rows = worker.run_shard(shard, {broken.sample_id: broken}).to_pylist()
+    assert [(r["mode"], r["error_category"]) for r in rows] == [("ar", "input"), ("replay", "input")]
+
+
+# -- checks before Ray -------------------------------------------------------------------
+
+def grid_file(tmp_path: Path, **fields) -> Path:
+    grid = {"name": "g", "datasets": ["embedded_vqa"], "pairs": [{"target": "tiny:target", "draft": "tiny:draft"}],
+            "methods": ["AR", "M"], "limit": 2, **fields}
+    path = tmp_path / "grid.yaml"
+    path.write_text(json.dumps(grid))  # JSON is YAML
+    return path
+
+
+def run_job(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0"}
+    code = ("import sys, runpy; sys.argv = ['full_grid.py', *sys.argv[1:]]\n"
+            "try:\n    runpy.run_path('jobs/full_grid.py', run_name='__main__')\n"
+            "except SystemExit as e:\n    print('HEAVY', sorted(m for m in ('ray', 'transformers', 'datasets') if m in sys.modules), file=sys.stderr)\n"
+            "    raise\n")
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_broken_grid_fails_without_importing_ray_or_transformers(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ndatasets: [embedded_vqa\n")
+    done = run_job("--grid", str(bad))
+    assert done.returncode == 2 and "invalid grid" in done.stderr and "HEAVY []" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("case,message", [
+    ("out_is_a_file", "--out"),
+    ("empty_parquet", "holds no rows"),
+    ("not_parquet", "neither a datasets.save_to_disk directory nor Parquet"),
+    ("embedded_with_source", "takes no source"),
+    ("offline_hub_id", "not in the local hub cache"),
+])
+def test_input_problems_fail_before_ray_with_one_line(tmp_path, case, message):
+    fields, out = {}, tmp_path / "out"
+    if case == "out_is_a_file":
+        out.write_text("not a directory")
+    elif case in ("empty_parquet", "not_parquet"):
+        copy = tmp_path / "docvqa.parquet"
+        if case == "empty_parquet":
+            pq.write_table(pa.table({"question": pa.array([], pa.string()), "image": pa.array([], pa.binary())}), copy)
+        else:
+            copy = tmp_path / "notes"
+            copy.mkdir()
+            (copy / "readme.txt").write_text("hello")
+        fields = {"datasets": ["docvqa"], "sources": {"docvqa": str(copy)}}
+    elif case == "embedded_with_source":
+        fields = {"sources": {"embedded_vqa": str(tmp_path)}}
+    elif case == "offline_hub_id":
+        fields = {"pairs": [{"target": "nobody/not-cached-llava", "draft": "tiny:draft"}]}
+    done = run_job("--grid", str(grid_file(tmp_path, **fields)), "--out", str(out))
+    lines = [line for line in done.stderr.splitlines() if not line.startswith("HEAVY")]
+    assert done.returncode == 2 and message in done.stderr and len(lines) == 1, done.stderr
+    assert "HEAVY ['datasets']" in done.stderr or "HEAVY []" in done.stderr  # never Ray or transformers
+
+
+def test_ctrl_c_ends_with_how_to_resume(tmp_path, monkeypatch, capsys):
+    import ray
+
+    import actors.runner
+    from jobs import full_grid
+
+    def interrupted(runner):
+        runner.report.rows_written = 7
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray, "init", lambda *args, **kwargs: None)
+    monkeypatch.setattr(actors.runner.GridRunner, "run", interrupted)
+    code = full_grid.main(["--grid", str(grid_file(tmp_path)), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == full_grid.EXIT_INTERRUPTED and "interrupted; rerun the same command to resume (7 rows" in err
+    assert "Traceback" not in err
+
+
+def test_a_second_driver_is_refused_before_ray_starts(tmp_path):
+    out = tmp_path / "out"
+    with run_lock(out, "g"):
+        done = run_job("--grid", str(grid_file(tmp_path)), "--out", str(out))
+    assert done.returncode == 3 and f"being written by pid {os.getpid()}" in done.stderr, done.stderr
+    assert "'ray'" not in done.stderr.split("HEAVY")[-1]

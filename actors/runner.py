@@ -50,7 +50,7 @@ class RunReport:
 class _Worker:
     pair: Pair
     handle: object
-    placed: object  # ObjectRef that resolves once the actor runs (placed and its pair loaded)
+    placed: object | None  # ObjectRef resolving once the actor runs (placed, pair loaded); None after
     started: float = field(default_factory=time.monotonic)
     in_flight: dict = field(default_factory=dict)  # ObjectRef -> Shard
 
@@ -147,7 +147,7 @@ class GridRunner:
         for shard in shards:
             self._pending[shard.pair].append(shard)
         self._fill()
-        while any(w.in_flight for w in self.workers):
+        while any(w.in_flight or w.placed is not None for w in self.workers):
             self._collect_one(progress)
             self._fill()
 
@@ -164,10 +164,15 @@ class GridRunner:
                 ray.kill(idle.handle)
                 self.workers.remove(idle)
             handle = remote_worker(pair, self._captioner, num_gpus=self._gpus, num_cpus=self.cpus_per_worker)
-            self.workers.append(_Worker(pair, handle, handle.device_name.remote()))
+            probe = handle.device_name.options(max_task_retries=0).remote()  # fails once, quietly, if the pair cannot load
+            self.workers.append(_Worker(pair, handle, probe))
             self._top_up(self.workers[-1])
 
     def _top_up(self, worker: _Worker) -> None:
+        """Queue shards on a running worker; one still starting gets none, so a pair that
+        cannot load fails once (its start) rather than once per shard sent to it."""
+        if worker.placed is not None:
+            return
         queue = self._pending[worker.pair]
         while queue and len(worker.in_flight) < IN_FLIGHT_PER_WORKER:
             self._submit(worker, queue.popleft())
@@ -180,18 +185,23 @@ class GridRunner:
         return max(waiting, key=lambda pair: len(self._pending[pair]) / (live[pair] + 1), default=None)
 
     def _collect_one(self, progress: Progress) -> None:
-        """Wait for the next finished shard: write it, or re-dispatch a dead worker's shards."""
-        refs = [ref for w in self.workers for ref in w.in_flight]
+        """Wait for the next finished shard or worker start: write the shard, take the started
+        worker into service, or re-dispatch a dead worker's shards."""
+        starting = {w.placed: w for w in self.workers if w.placed is not None}
+        refs = [ref for w in self.workers for ref in w.in_flight] + list(starting)
         while not (ready := ray.wait(refs, num_returns=1, timeout=self.poll_s)[0]):
             self._check_cluster()
         ref = ready[0]
+        if ref in starting:
+            self._started(starting[ref])
+            return
         worker = next(w for w in self.workers if ref in w.in_flight)
         shard = worker.in_flight.pop(ref)
         try:
             table = ray.get(ref)
         except ray.exceptions.RayActorError as err:
             if err.actor_init_failed:  # loading the pair failed: deterministic, retrying cannot help
-                raise RunFailed(f"the worker for {worker.pair.label} could not start: {last_error_line(err)}") from None
+                raise self._cannot_start(worker, err) from None
             self._redispatch(worker, shard, err)
             return
         except ray.exceptions.RayTaskError as err:  # the shard itself failed (per-sample errors are rows)
@@ -203,6 +213,23 @@ class GridRunner:
         progress.advance(table.num_rows)
         if self.on_shard_written:
             self.on_shard_written(path, self)
+
+    def _started(self, worker: _Worker) -> None:
+        """A worker's start finished: it takes shards from now on, or the run ends when its
+        pair cannot load (deterministic: another start would fail the same way)."""
+        try:
+            ray.get(worker.placed)
+        except ray.exceptions.RayActorError as err:
+            if err.actor_init_failed:
+                raise self._cannot_start(worker, err) from None
+            self.workers.remove(worker)  # lost before it ran (its node died): _fill starts another
+            ray.kill(worker.handle)
+            return
+        worker.placed = None
+
+    @staticmethod
+    def _cannot_start(worker: _Worker, err: Exception) -> RunFailed:
+        return RunFailed(f"the worker for {worker.pair.label} could not start: {last_error_line(err)}")
 
     def _submit(self, worker: _Worker, shard: Shard) -> None:
         samples = {sid: self.samples.get(shard.pair, sid) for sid in shard.sample_ids}
@@ -244,7 +271,7 @@ class GridRunner:
                             f"{self.cpus_per_worker:g} CPU each); the nodes that could have left")
         for worker in self.workers:
             waited = time.monotonic() - worker.started
-            if waited > self.placement_timeout_s and not ray.wait([worker.placed], timeout=0)[0]:
+            if worker.placed is not None and waited > self.placement_timeout_s:
                 raise RunFailed(f"the worker for {worker.pair.label} was not placed on any node in {waited:.0f} s")
 
 

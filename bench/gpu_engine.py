@@ -59,7 +59,7 @@ from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy, Sta
 from pipeline.decoding.engine import ENGINES, prefilled_rows, tokenize  # noqa: E402
 from pipeline.decoding.live import autoregressive_decode, speculative_decode  # noqa: E402
 from pipeline.decoding.records import SampleRecord  # noqa: E402
-from pipeline.models.dtypes import DTYPES  # noqa: E402
+from pipeline.models.dtypes import DTYPES, resolve_dtype  # noqa: E402
 from pipeline.models.hf import HFLlava  # noqa: E402
 
 PROMPTS = [  # of equal token counts: transformers sizes its static cache by prompt + new tokens
@@ -118,7 +118,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="default: bf16 on cuda, fp32 on cpu")
     args = parser.parse_args(argv)
     args.device = torch.device(args.device)
-    args.dtype = DTYPES[args.dtype or ("bf16" if args.device.type == "cuda" else "fp32")]
+    args.dtype = resolve_dtype(args.dtype or ("bf16" if args.device.type == "cuda" else "fp32"))
     args.engines = ENGINES if args.engine == "both" else (args.engine,)
     return args
 

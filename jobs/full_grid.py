@@ -82,9 +82,9 @@ def run_locked(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if os.environ.get("RAY_ADDRESS"):
-        ray.init()
+        ray.init(log_to_driver=False)  # workers log to files: the driver prints one line per shard
     else:  # "local": a new Ray for this job, even when some `ray start` cluster is running
-        ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1")
+        ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     runner = GridRunner(
         spec, args.out, source=source, run=args.run, workers=args.workers,
         gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker,
@@ -99,7 +99,7 @@ def run_locked(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -
         print(f"\ninterrupted; {resume()}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except RunFailed as err:
-        print(f"run {runner.run_name} stopped: {err}\n{resume()}", file=sys.stderr)
+        print(f"run {runner.run_name} stopped: {err}\nonce that is fixed, {resume()}", file=sys.stderr)
         return EXIT_FAILED
     print(
         f"run {runner.run_name}: {report.rows_written} rows written in {report.shards_written} shards, "

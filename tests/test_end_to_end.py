@@ -55,3 +55,30 @@ def test_notebook_runs_headless_on_smoke_results(smoke_results):
     outputs = "".join(o.get("text", "") for cell in notebook.cells for o in cell.get("outputs", []))
     assert "matches pipeline.results.report.tau_table" in outputs
     assert (out / "_notebook_weights.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_a_pair_that_fails_to_load_in_the_actor_ends_the_job_in_one_line(tmp_path):
+    """Only the actor can find out that weights are corrupt: the job says so once, without
+    the hundreds of traceback lines Ray would relay for every retried call."""
+    import shutil
+
+    import yaml
+
+    from actors.model_files import ensure_tiny_models
+
+    broken = tmp_path / "broken_target"
+    shutil.copytree(ensure_tiny_models() / "target", broken)
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(b"not weights")
+    grid = tmp_path / "broken.yaml"
+    grid.write_text(yaml.safe_dump({"name": "broken", "datasets": ["embedded_vqa"], "methods": ["AR", "M"], "limit": 2,
+                                    "pairs": [{"target": str(broken), "draft": "tiny:draft"}]}))
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, "jobs/full_grid.py", "--grid", str(grid), "--out", str(tmp_path / "out")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    ours = [line for line in (done.stdout + done.stderr).splitlines() if "ray" not in line.lower() or "run broken" in line]
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    assert "could not start: safetensors" in done.stderr and "SafetensorError" in done.stderr
+    assert len(ours) <= 4, ours

@@ -179,7 +179,7 @@ def test_a_new_policy_is_one_subclass():
     """Defining a subclass registers it by kind: grid files and the decoder can use it at once."""
     from dataclasses import dataclass
 
-    from pipeline.drafting.policies import FixedWeights
+    from pipeline.drafting.weight_states import FixedWeights
 
     @dataclass(frozen=True)
     class FirstMethodOnly(WeightPolicy, kind="test-first-only"):

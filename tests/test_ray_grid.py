@@ -264,9 +264,22 @@ def test_a_rerun_retries_resource_errors_and_inputs_that_were_fixed(ray_local, t
 
 
 def test_a_second_driver_on_the_same_run_is_refused(ray_local, tiny_dirs, tmp_path):
-    from pipeline.results.run_lock import RunLocked, run_lock
+    import json
+    import socket
+    import subprocess
+    import sys
 
-    with run_lock(tmp_path, "toy"):
-        with pytest.raises(RunLocked, match="being written by pid"):
+    from pipeline.results.run_lock import RunLocked
+    from pipeline.results.store import run_dir
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # the first driver
+    lock = run_dir(tmp_path, "toy") / ".lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": other.pid, "since": "earlier"}))
+    try:
+        with pytest.raises(RunLocked, match=f"being written by pid {other.pid}"):
             run(tiny_dirs, tmp_path)
+    finally:
+        other.kill()
+        other.wait()
     assert not list(tmp_path.rglob("*.parquet"))

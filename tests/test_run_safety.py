@@ -145,21 +145,28 @@ def run_job(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0"}
     code = ("import sys, runpy; sys.argv = ['full_grid.py', *sys.argv[1:]]\n"
             "try:\n    runpy.run_path('jobs/full_grid.py', run_name='__main__')\n"
-            "except SystemExit as e:\n    print('HEAVY', sorted(m for m in ('ray', 'transformers', 'datasets') if m in sys.modules), file=sys.stderr)\n"
+            "except SystemExit as e:\n    print('HEAVY', sorted(m for m in ('ray', 'transformers', 'datasets', 'torch') if m in sys.modules), file=sys.stderr)\n"
             "    raise\n")
     return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
-def test_a_broken_grid_fails_without_importing_ray_or_transformers(tmp_path):
+@pytest.mark.parametrize("text,message", [
+    ("name: x\ndatasets: [embedded_vqa\n", "is not valid YAML at line 3, column 1"),
+    ("datasets: [embedded_vqa]\npairs: [{target: 'tiny:target', draft: 'tiny:draft'}]\nmethods: [M]\n"
+     "temperature: [.nan]\n", "temperature[0]: expected a finite number"),
+])
+def test_a_broken_grid_fails_in_one_line_without_heavy_imports(tmp_path, text, message):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: x\ndatasets: [embedded_vqa\n")
+    bad.write_text(text)
     done = run_job("--grid", str(bad))
-    assert done.returncode == 2 and "invalid grid" in done.stderr and "HEAVY []" in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and message in lines[0] and lines[1:] == ["HEAVY []"], done.stderr
 
 
 @pytest.mark.parametrize("case,message", [
     ("out_is_a_file", "--out"),
     ("empty_parquet", "holds no rows"),
+    ("columnless_parquet", "lacks column(s)"),
     ("not_parquet", "neither a datasets.save_to_disk directory nor Parquet"),
     ("embedded_with_source", "takes no source"),
     ("offline_hub_id", "not in the local hub cache"),
@@ -168,10 +175,12 @@ def test_input_problems_fail_before_ray_with_one_line(tmp_path, case, message):
     fields, out = {}, tmp_path / "out"
     if case == "out_is_a_file":
         out.write_text("not a directory")
-    elif case in ("empty_parquet", "not_parquet"):
+    elif case in ("empty_parquet", "columnless_parquet", "not_parquet"):
         copy = tmp_path / "docvqa.parquet"
         if case == "empty_parquet":
             pq.write_table(pa.table({"question": pa.array([], pa.string()), "image": pa.array([], pa.binary())}), copy)
+        elif case == "columnless_parquet":
+            pq.write_table(pa.table({"text": ["a row without the columns docvqa needs"]}), copy)
         else:
             copy = tmp_path / "notes"
             copy.mkdir()
@@ -184,7 +193,8 @@ def test_input_problems_fail_before_ray_with_one_line(tmp_path, case, message):
     done = run_job("--grid", str(grid_file(tmp_path, **fields)), "--out", str(out))
     lines = [line for line in done.stderr.splitlines() if not line.startswith("HEAVY")]
     assert done.returncode == 2 and message in done.stderr and len(lines) == 1, done.stderr
-    assert "HEAVY ['datasets']" in done.stderr or "HEAVY []" in done.stderr  # never Ray or transformers
+    heavy = done.stderr.split("HEAVY")[-1]
+    assert "'ray'" not in heavy and "'transformers'" not in heavy  # never Ray or transformers
 
 
 def test_ctrl_c_ends_with_how_to_resume(tmp_path, monkeypatch, capsys):

@@ -24,9 +24,8 @@ from PIL import Image
 
 from pipeline.data.prompts import PromptError
 from pipeline.data.registry import DatasetSpec, get_dataset
-from pipeline.data.sample import Sample
+from pipeline.data.sample import FIRST_TURN, Sample
 
-FIRST_TURN = "first"
 
 
 class DataSourceError(RuntimeError):

@@ -8,6 +8,7 @@ from functools import cached_property
 from PIL import Image
 
 IMAGE_PLACEHOLDER = "<image>"
+FIRST_TURN = "first"  # a Sample's turn when it opens the conversation
 
 
 @dataclass(frozen=True)

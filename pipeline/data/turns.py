@@ -23,10 +23,9 @@ from itertools import islice
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from pipeline.data.loading import FIRST_TURN, open_rows
 from pipeline.data.prompts import PromptError, continue_conversation, user_turn
 from pipeline.data.registry import get_dataset
-from pipeline.data.sample import Sample
+from pipeline.data.sample import FIRST_TURN, Sample
 
 TURN_TASKS: tuple[str, ...] = ("qaorg", "captioning", "summary", "story", "nq", "gsm8k")
 
@@ -82,6 +81,8 @@ def load_questions(
         with path.open(encoding="utf-8") as handle:
             rows = [json.loads(line) for line in handle if line.strip()]
     else:
+        from pipeline.data.loading import open_rows  # `datasets`: only when questions are read
+
         rows = open_rows(task, spec.hub_id, spec.config, spec.split, source, ("question",))
     questions = [row["question"] for row in islice(rows, count)]
     if not questions:

@@ -9,21 +9,21 @@ positions the verified block added to the history (positions where the target's 
 method's q_i were computed from the true prefix). Live decoding and trace replay drive the
 same states, which is what makes replay exact.
 
-Adding a policy is one subclass here: `class Mine(WeightPolicy, kind="mine")` with its fields,
-`label`, `validate`, `canonical` if some knobs do not matter, and `start_state`.
+Adding a policy is one subclass: `class Mine(WeightPolicy, kind="mine")` with its fields,
+`label`, `validate`, `canonical` if some knobs do not matter, and `start_state` returning a
+`WeightState` (the built-in states live in `weight_states.py`, which holds the torch code, so
+that grid files validate without importing torch).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from pipeline.drafting.scoring import (
-    grid_position_scores, inverse_error_from_errors, method_position_errors, select_grid_candidate,
-    simplex_grid, uniform_weights,
-)
+    from pipeline.drafting.weight_states import WeightState
 
 POLICIES: dict[str, type["WeightPolicy"]] = {}  # kind -> class, filled as policies are defined
 DISTANCES = ("kl", "tvd")
@@ -32,21 +32,6 @@ GRID_MEASURES = ("hard", "soft", "hard+soft")
 # use them, when all policies shared one field set: keys keep them so that result directories
 # written then still resume (pipeline.planning.grid.RunConfig.key).
 _KEY_FIELDS_OF_EVERY_POLICY = {"measure": "hard+soft", "temperature": 1.0, "steps": 10}
-
-
-class WeightState:
-    """One sample's weights between blocks. When `learns` is False the decoder never calls
-    `update`, and skips computing the distributions it would pass."""
-
-    learns: bool = True
-
-    def choose(self) -> torch.Tensor:
-        """Weights for the next block: float64 `[m]` on the decoder's device (no host sync)."""
-        raise NotImplementedError
-
-    def update(self, q_methods: torch.Tensor, p_target: torch.Tensor) -> None:
-        """Add verified positions: each method's `q_methods` `[n, m, V]`, the target's `p_target` `[n, V]`."""
-        raise NotImplementedError
 
 
 @dataclass(frozen=True)
@@ -91,10 +76,14 @@ class WeightPolicy:
     def start(self, m: int, device: torch.device | str = "cpu") -> WeightState:
         """A fresh state for one sample with `m` drafting methods: uniform weights (1 for a
         single method, which takes no weights) until the history holds positions."""
+        from pipeline.drafting.scoring import uniform_weights  # torch: loaded once decoding starts
+        from pipeline.drafting.weight_states import FixedWeights
+
         initial = uniform_weights(m).to(device)  # made on the device once: choosing never copies
         return FixedWeights(initial) if m == 1 else self.start_state(initial)
 
     def start_state(self, initial: torch.Tensor) -> WeightState:
+        """The state for `m = len(initial)` >= 2 methods, starting from uniform `initial` weights."""
         raise NotImplementedError
 
 
@@ -116,52 +105,6 @@ def make_policy(kind: str, **fields) -> WeightPolicy:
     return policy
 
 
-class FixedWeights(WeightState):
-    """The same weights every block: the static policy, and any single drafting method."""
-
-    learns = False
-
-    def __init__(self, weights: torch.Tensor) -> None:
-        self.weights = weights
-
-    def choose(self) -> torch.Tensor:
-        return self.weights
-
-    def update(self, q_methods: torch.Tensor, p_target: torch.Tensor) -> None:
-        pass
-
-
-class ScoreWindow:
-    """Per-position scores of the verified history, summed over its last `window` positions.
-
-    Every score a built-in policy uses (argmax hit, distance) is a sum over positions, so a
-    block costs the scoring of its new positions only and no `[V]`-sized distribution is
-    kept: one float64 row per position in a growing buffer on the scores' device.
-    """
-
-    def __init__(self, window: int | None) -> None:
-        self.window = window
-        self._buffer: torch.Tensor | None = None  # [capacity, scores per position]
-        self._length = 0
-
-    def __len__(self) -> int:
-        return self._length
-
-    def add(self, rows: torch.Tensor) -> None:
-        end = self._length + rows.shape[0]
-        if self._buffer is None or end > self._buffer.shape[0]:
-            grown = rows.new_zeros(max(2 * end, 64), rows.shape[1])
-            if self._buffer is not None:
-                grown[: self._length] = self._buffer[: self._length]
-            self._buffer = grown
-        self._buffer[self._length : end] = rows
-        self._length = end
-
-    def totals(self) -> torch.Tensor:
-        start = 0 if self.window is None else max(0, self._length - self.window)
-        return self._buffer[start : self._length].sum(0)
-
-
 @dataclass(frozen=True)
 class StaticPolicy(WeightPolicy, kind="static"):
     """Uniform weights throughout (IbED's averaging of the methods)."""
@@ -172,6 +115,8 @@ class StaticPolicy(WeightPolicy, kind="static"):
         return StaticPolicy()
 
     def start_state(self, initial: torch.Tensor) -> WeightState:
+        from pipeline.drafting.weight_states import FixedWeights
+
         return FixedWeights(initial)
 
 
@@ -205,24 +150,10 @@ class GridSearchPolicy(WeightPolicy, kind="grid"):
         return self if uses_distance else replace(self, distance="kl")
 
     def start_state(self, initial: torch.Tensor) -> WeightState:
-        return GridSearchState(self, simplex_grid(len(initial), self.steps).to(initial.device), initial)
+        from pipeline.drafting.weight_states import GridSearchState
 
-
-class GridSearchState(WeightState):
-    def __init__(self, policy: GridSearchPolicy, candidates: torch.Tensor, initial: torch.Tensor) -> None:
-        self.policy, self.candidates, self.initial = policy, candidates, initial
-        self.scores = ScoreWindow(policy.window)  # per position: hit and distance of every candidate
-
-    def update(self, q_methods: torch.Tensor, p_target: torch.Tensor) -> None:
-        if q_methods.shape[0]:
-            hits, dist = grid_position_scores(q_methods, p_target, self.candidates, self.policy.scoring_distance)
-            self.scores.add(torch.cat([hits, dist], 1))
-
-    def choose(self) -> torch.Tensor:
-        if not len(self.scores):
-            return self.initial
-        hits, dist = self.scores.totals().split(len(self.candidates))
-        return select_grid_candidate(hits, dist, self.candidates, self.policy.measure)
+        return GridSearchState(initial, steps=self.steps, measure=self.measure,
+                               distance=self.scoring_distance, window=self.window)
 
 
 @dataclass(frozen=True)
@@ -243,19 +174,8 @@ class InverseErrorPolicy(WeightPolicy, kind="inverse"):
             raise ValueError(f"inverse-error temperature must be a finite number > 0, got {self.temperature!r}")
 
     def start_state(self, initial: torch.Tensor) -> WeightState:
-        return InverseErrorState(self, initial)
+        from pipeline.drafting.weight_states import InverseErrorState
+
+        return InverseErrorState(initial, temperature=self.temperature, distance=self.distance, window=self.window)
 
 
-class InverseErrorState(WeightState):
-    def __init__(self, policy: InverseErrorPolicy, initial: torch.Tensor) -> None:
-        self.policy, self.initial = policy, initial
-        self.errors = ScoreWindow(policy.window)  # per position: each method's distance
-
-    def update(self, q_methods: torch.Tensor, p_target: torch.Tensor) -> None:
-        if q_methods.shape[0]:
-            self.errors.add(method_position_errors(q_methods, p_target, self.policy.distance))
-
-    def choose(self) -> torch.Tensor:
-        if not len(self.errors):
-            return self.initial
-        return inverse_error_from_errors(self.errors.totals(), self.policy.temperature)

@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from typing import Collection, Iterable
 
+from pipeline.data.sample import FIRST_TURN
 from pipeline.decoding.config import DecodeConfig
 from pipeline.drafting.policies import StaticPolicy, WeightPolicy
 
 AR = "AR"  # method-set name of the autoregressive baseline (rows with mode "ar")
-FIRST_TURN = "first"
 TINY_PREFIX = "tiny:"  # tiny random models built locally on each node (pipeline.models.tiny)
 
 AUTO_ENGINE = "auto"  # the decoding core picks by device (pipeline.decoding.engine.default_engine)

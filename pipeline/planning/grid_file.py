@@ -34,8 +34,13 @@ def load_grid(path: str | Path, catalog: Catalog | None = None) -> GridSpec:
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as err:
+    except OSError as err:
         raise GridError(f"cannot read grid file {path}: {err}") from err
+    except yaml.YAMLError as err:  # one line: what is wrong and where
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise GridError(f"grid file {path} is not valid YAML{where}: {problem}") from err
     raw = raw if isinstance(raw, dict) else {}
     raw.setdefault("name", path.stem)
     return parse_grid(raw, catalog)

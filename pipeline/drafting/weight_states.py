@@ -1,0 +1,112 @@
+"""Per-sample weight states: what a weight policy (`pipeline.drafting.policies`) keeps between
+blocks and how it turns that into weights. Tensors on the decoder's device; the decoder calls
+`choose()` before each block and `update(q, p)` with the positions a verified block added.
+Kept apart from the policies so grid files validate without torch.
+"""
+from __future__ import annotations
+
+import torch
+
+from pipeline.drafting.scoring import (
+    grid_position_scores, inverse_error_from_errors, method_position_errors, select_grid_candidate, simplex_grid,
+)
+
+
+class WeightState:
+    """One sample's weights between blocks. When `learns` is False the decoder never calls
+    `update`, and skips computing the distributions it would pass."""
+
+    learns: bool = True
+
+    def choose(self) -> torch.Tensor:
+        """Weights for the next block: float64 `[m]` on the decoder's device (no host sync)."""
+        raise NotImplementedError
+
+    def update(self, q_methods: torch.Tensor, p_target: torch.Tensor) -> None:
+        """Add verified positions: each method's `q_methods` `[n, m, V]`, the target's `p_target` `[n, V]`."""
+        raise NotImplementedError
+
+
+class FixedWeights(WeightState):
+    """The same weights every block: the static policy, and any single drafting method."""
+
+    learns = False
+
+    def __init__(self, weights: torch.Tensor) -> None:
+        self.weights = weights
+
+    def choose(self) -> torch.Tensor:
+        return self.weights
+
+    def update(self, q_methods: torch.Tensor, p_target: torch.Tensor) -> None:
+        pass
+
+
+class ScoreWindow:
+    """Per-position scores of the verified history, summed over its last `window` positions.
+
+    Every score a built-in policy uses (argmax hit, distance) is a sum over positions, so a
+    block costs the scoring of its new positions only and no `[V]`-sized distribution is
+    kept: one float64 row per position in a growing buffer on the scores' device.
+    """
+
+    def __init__(self, window: int | None) -> None:
+        self.window = window
+        self._buffer: torch.Tensor | None = None  # [capacity, scores per position]
+        self._length = 0
+
+    def __len__(self) -> int:
+        return self._length
+
+    def add(self, rows: torch.Tensor) -> None:
+        end = self._length + rows.shape[0]
+        if self._buffer is None or end > self._buffer.shape[0]:
+            grown = rows.new_zeros(max(2 * end, 64), rows.shape[1])
+            if self._buffer is not None:
+                grown[: self._length] = self._buffer[: self._length]
+            self._buffer = grown
+        self._buffer[self._length : end] = rows
+        self._length = end
+
+    def totals(self) -> torch.Tensor:
+        start = 0 if self.window is None else max(0, self._length - self.window)
+        return self._buffer[start : self._length].sum(0)
+
+
+class GridSearchState(WeightState):
+    """TABED MT* (`GridSearchPolicy`): scores every simplex-grid candidate at each position
+    (argmax hit and `distance`) and picks by `measure` over the last `window` positions."""
+
+    def __init__(self, initial: torch.Tensor, *, steps: int, measure: str, distance: str, window: int | None) -> None:
+        self.initial, self.measure, self.distance = initial, measure, distance
+        self.candidates = simplex_grid(len(initial), steps).to(initial.device)
+        self.scores = ScoreWindow(window)  # per position: hit and distance of every candidate
+
+    def update(self, q_methods: torch.Tensor, p_target: torch.Tensor) -> None:
+        if q_methods.shape[0]:
+            hits, dist = grid_position_scores(q_methods, p_target, self.candidates, self.distance)
+            self.scores.add(torch.cat([hits, dist], 1))
+
+    def choose(self) -> torch.Tensor:
+        if not len(self.scores):
+            return self.initial
+        hits, dist = self.scores.totals().split(len(self.candidates))
+        return select_grid_candidate(hits, dist, self.candidates, self.measure)
+
+
+class InverseErrorState(WeightState):
+    """TABED MTCP* (`InverseErrorPolicy`): each method's `distance` at each position, summed
+    over the last `window` positions, into inverse-error weights at `temperature`."""
+
+    def __init__(self, initial: torch.Tensor, *, temperature: float, distance: str, window: int | None) -> None:
+        self.initial, self.temperature, self.distance = initial, temperature, distance
+        self.errors = ScoreWindow(window)  # per position: each method's distance
+
+    def update(self, q_methods: torch.Tensor, p_target: torch.Tensor) -> None:
+        if q_methods.shape[0]:
+            self.errors.add(method_position_errors(q_methods, p_target, self.distance))
+
+    def choose(self) -> torch.Tensor:
+        if not len(self.errors):
+            return self.initial
+        return inverse_error_from_errors(self.errors.totals(), self.temperature)

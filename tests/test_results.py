@@ -10,7 +10,7 @@ from pipeline.data.sample import Sample
 from pipeline.drafting.policies import GridSearchPolicy
 from pipeline.decoding.records import SampleRecord
 from pipeline.planning.grid import Pair, RunConfig, row_key
-from pipeline.results.schema import SCHEMA, make_row
+from pipeline.results.schema import FILE_SCHEMA, SCHEMA, make_row
 from pipeline.results.store import done_keys, first_turn_answers, read_results, rows_to_table, write_shard
 
 PAIR = Pair("llava-hf/llava-1.5-7b-hf", "mjbooo/lvlm68m", "fp16")
@@ -51,8 +51,9 @@ def test_rows_follow_the_documented_schema(tmp_path):
     )
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
     table = pq.read_table(path)
-    assert table.schema.equals(SCHEMA)
-    assert set(DOCUMENTED) <= set(table.column_names)
+    assert table.schema.equals(FILE_SCHEMA)  # the partition columns are its directory names
+    assert set(SCHEMA.names) - set(FILE_SCHEMA.names) == {"run", "target", "draft", "dataset"}
+    assert set(DOCUMENTED) <= set(SCHEMA.names)
     df = read_results(tmp_path)
     row = df.iloc[0]
     assert row.target == PAIR.target and row.dataset == "pope" and row.method_label == "MT*"

@@ -17,7 +17,7 @@ from pipeline.data.sample import Sample
 from pipeline.decoding.records import SampleRecord
 from pipeline.planning.grid import RunConfig, row_key
 
-PARTITION_TYPE = pa.dictionary(pa.int32(), pa.string())  # as hive partition discovery types them
+PARTITIONS = ("run", "target", "draft", "dataset")  # hive directory levels, in order (pipeline.results.store)
 
 
 @dataclass(frozen=True)
@@ -71,10 +71,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("key", pa.string(), lambda src: row_key(src.config_key, src.sample.sample_id, src.sample.prompt_hash)),  # configuration + prompt
     Column("config_key", pa.string(), lambda src: src.config_key),  # hash of the configuration alone
     Column("shard", pa.string(), lambda src: src.shard),
-    Column("run", PARTITION_TYPE, lambda src: src.run),
-    Column("target", PARTITION_TYPE, lambda src: src.config.pair.target),
-    Column("draft", PARTITION_TYPE, lambda src: src.config.pair.draft),
-    Column("dataset", PARTITION_TYPE, _sample("dataset")),
+    Column("run", pa.string(), lambda src: src.run),
+    Column("target", pa.string(), lambda src: src.config.pair.target),
+    Column("draft", pa.string(), lambda src: src.config.pair.draft),
+    Column("dataset", pa.string(), _sample("dataset")),
     Column("dtype", pa.string(), lambda src: src.config.pair.dtype),
     Column("sample_id", pa.string(), _sample("sample_id")),
     Column("prompt_hash", pa.string(), _sample("prompt_hash")),  # prompt text + image pixels (Sample.prompt_hash)
@@ -118,6 +118,9 @@ COLUMNS: tuple[Column, ...] = (
 # Results written before `engine` and `time_tabed_s` existed still read: a dataset read with
 # this schema fills columns a file lacks with nulls.
 SCHEMA = pa.schema([(column.name, column.type) for column in COLUMNS])
+# What a Parquet file holds: the partition columns live in its directory names only, as hive
+# readers (pyarrow.dataset, pandas, DuckDB, polars) expect, so each of them reads the results.
+FILE_SCHEMA = pa.schema([field for field in SCHEMA if field.name not in PARTITIONS])
 
 
 def make_row(run: str, shard: str, config: RunConfig, sample: Sample, record: SampleRecord) -> dict:

@@ -1,11 +1,11 @@
 """The results dataset: one Parquet file per finished shard in a hive-partitioned directory.
 
 Layout: `OUT/run=<run>/target=<t>/draft=<d>/dataset=<ds>/part-<shard>.parquet` (partition
-values URI-encoded, so hub ids with '/' stay one directory level). Every file also carries
-every column, partition ones included (dictionary-typed, as hive discovery types them), so a
-single file is self-describing and `pandas.read_parquet(OUT)` reads the whole dataset. A shard
-is written under a dot-prefixed temporary name and renamed: readers (which skip dot files)
-never see half a file, and a file that exists is complete.
+values URI-encoded, so hub ids with '/' stay one directory level). The partition columns live
+in the directory names only, the way hive readers expect them: `pandas.read_parquet(OUT)`,
+`pyarrow.dataset.dataset(OUT, partitioning="hive")`, DuckDB's and polars' hive readers all
+read the dataset. A shard is written under a dot-prefixed temporary name and renamed: readers
+(which skip dot files) never see half a file, and a file that exists is complete.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from pipeline.results.schema import PARTITION_TYPE, SCHEMA
+from pipeline.results.schema import FILE_SCHEMA, PARTITIONS, SCHEMA
 
-PARTITIONS = ("run", "target", "draft", "dataset")
+HIVE = ds.partitioning(pa.schema([(name, pa.string()) for name in PARTITIONS]), flavor="hive")
 
 
 def rows_to_table(rows: list[dict]) -> pa.Table:
@@ -52,15 +52,18 @@ def write_shard(out: str | Path, table: pa.Table) -> Path:
 
 def _write_atomically(table: pa.Table, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(table.cast(SCHEMA), tmp)
+    pq.write_table(table.select(FILE_SCHEMA.names).cast(FILE_SCHEMA), tmp)
     os.replace(tmp, path)
 
 
-def _dataset(path: Path) -> ds.Dataset | None:
+def _dataset(out: str | Path, run: str | None) -> ds.Dataset | None:
+    path = Path(out) if run is None else run_dir(out, run)
     if not path.is_dir():
         return None
     files = [str(p) for p in path.rglob("part-*.parquet")]
-    return ds.dataset(files, schema=SCHEMA, format="parquet") if files else None
+    if not files:
+        return None
+    return ds.dataset(files, schema=SCHEMA, format="parquet", partitioning=HIVE, partition_base_dir=str(out))
 
 
 def done_keys(out: str | Path, run: str) -> set[str]:
@@ -79,7 +82,7 @@ def drop_rows(out: str | Path, run: str, keys: set[str]) -> int:
     (removed when nothing is left); returns how many rows went. Call it under the run lock."""
     dropped = 0
     for path in sorted(run_dir(out, run).rglob("part-*.parquet")):
-        table = pq.read_table(path, schema=SCHEMA)
+        table = pq.read_table(path, schema=FILE_SCHEMA)
         stays = pc.invert(pc.is_in(table["key"], pa.array(sorted(keys), pa.string())))
         kept = table.filter(stays)
         if kept.num_rows == table.num_rows:
@@ -94,18 +97,16 @@ def drop_rows(out: str | Path, run: str, keys: set[str]) -> int:
 
 def read_table(out: str | Path, run: str | None = None, columns: Iterable[str] | None = None) -> pa.Table:
     """Every row under OUT (or of one run) as an Arrow table with the documented schema."""
-    dataset = _dataset(Path(out) if run is None else run_dir(out, run))
+    dataset = _dataset(out, run)
     if dataset is None:
         return SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(list(columns))
     return dataset.to_table(columns=None if columns is None else list(columns))
 
 
 def read_results(out: str | Path, run: str | None = None) -> pd.DataFrame:
-    """The results as a DataFrame: partition columns as plain strings, integer columns with
-    nulls (window, gamma) as Python ints or None rather than floats."""
-    table = read_table(out, run)
-    table = table.cast(pa.schema([pa.field(f.name, pa.string()) if f.type == PARTITION_TYPE else f for f in SCHEMA]))
-    return table.to_pandas(integer_object_nulls=True)
+    """The results as a DataFrame, integer columns with nulls (window, gamma) as Python ints
+    or None rather than floats."""
+    return read_table(out, run).to_pandas(integer_object_nulls=True)
 
 
 def first_turn_answers(
@@ -118,8 +119,8 @@ def first_turn_answers(
     """
     table = read_table(out, run, columns=["target", "dtype", "dataset", "turn", "temperature", "max_new_tokens", "error", "sample_id", "output_text"])
     mask = pc.and_(
-        pc.and_(pc.equal(pc.cast(table["target"], pa.string()), target), pc.equal(table["dtype"], dtype)),
-        pc.and_(pc.equal(pc.cast(table["dataset"], pa.string()), dataset), pc.equal(table["turn"], "first")),
+        pc.and_(pc.equal(table["target"], target), pc.equal(table["dtype"], dtype)),
+        pc.and_(pc.equal(table["dataset"], dataset), pc.equal(table["turn"], "first")),
     )
     mask = pc.and_(mask, pc.and_(pc.equal(table["temperature"], 0.0), pc.equal(table["max_new_tokens"], max_new_tokens)))
     mask = pc.and_(mask, pc.is_null(table["error"]))

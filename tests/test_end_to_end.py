@@ -30,8 +30,11 @@ def test_full_grid_job_writes_results_tables_and_plots(smoke_results):
     out, stdout = smoke_results
     assert "Block efficiency tau" in stdout and "MT*" in stdout
     report = out / "_report-smoke"
-    for name in ("summary.md", "tau.csv", "categories.csv", "speedup.csv", "tau.png", "weights.png"):
+    for name in ("summary.md", "tau.csv", "categories.csv", "speedup.csv", "lossless.csv", "tau.png", "weights.png"):
         assert (report / name).stat().st_size > 0, name
+    summary = (report / "summary.md").read_text()
+    assert "## Lossless audit" in summary and "Every audited row" in summary  # fp32: exact
+    assert "## Images" in summary
     assert list((out / "_calibration").glob("*.parquet"))
     import pandas as pd
 

@@ -22,6 +22,7 @@ import datasets
 import pyarrow.parquet as pq
 from PIL import Image
 
+from pipeline.data.images import to_rgb
 from pipeline.data.prompts import PromptError
 from pipeline.data.registry import DatasetSpec, get_dataset
 from pipeline.data.sample import FIRST_TURN, Sample
@@ -59,8 +60,9 @@ def row_to_sample(spec: DatasetSpec, index: int, row: Mapping[str, Any]) -> Samp
     try:
         prompt, raw_images = spec.format_row(row)
         sample = dataclasses.replace(sample, prompt=prompt)
-        images = tuple(decode_image(value, k) for k, value in enumerate(raw_images))
-        sample = dataclasses.replace(sample, images=images)
+        decoded = [decode_image(value, k) for k, value in enumerate(raw_images)]
+        conversions = tuple(f"image {k}: {note}" for k, (_, notes) in enumerate(decoded) for note in notes)
+        sample = dataclasses.replace(sample, images=tuple(image for image, _ in decoded), image_conversions=conversions)
         sample.check()
     except ValueError as exc:  # PromptError, or Sample.check's placeholder/image mismatch
         message = str(exc) if str(exc).startswith("sample ") else f"sample {sample.sample_id}: {exc}"
@@ -68,13 +70,14 @@ def row_to_sample(spec: DatasetSpec, index: int, row: Mapping[str, Any]) -> Samp
     return sample
 
 
-def decode_image(value: Any, position: int) -> Image.Image:
-    """An RGB image from what a row holds: PIL image, {'bytes', 'path'} dict, or a file path."""
+def decode_image(value: Any, position: int) -> tuple[Image.Image, tuple[str, ...]]:
+    """An 8-bit RGB image from what a row holds (PIL image, {'bytes', 'path'} dict, or a file
+    path), and the conversions `pipeline.data.images.to_rgb` applied to it."""
     if value is None:
         raise PromptError(f"image {position} is missing")
     try:
         if isinstance(value, Image.Image):
-            return value.convert("RGB")
+            return to_rgb(value)
         if isinstance(value, Mapping):
             if value.get("bytes"):
                 opened = Image.open(io.BytesIO(value["bytes"]))
@@ -87,7 +90,7 @@ def decode_image(value: Any, position: int) -> Image.Image:
         else:
             raise PromptError(f"image {position} is a {type(value).__name__}, not an image")
         with opened:
-            return opened.convert("RGB")
+            return to_rgb(opened)
     except OSError as exc:  # PIL.UnidentifiedImageError, truncated data, missing file
         raise PromptError(f"image {position} cannot be read: {exc}") from exc
 

@@ -29,6 +29,9 @@ class Sample:
     images: tuple[Image.Image, ...] = field(default=(), compare=False, repr=False)
     category: str = "benchmark"  # benchmark | ood | multi_image | text ...
     error: str | None = None
+    # how decoding changed its images beyond the pixel format, e.g. "image 0: scaled-to-8-bit"
+    # (pipeline.data.images); the pixels themselves are in `prompt_hash`
+    image_conversions: tuple[str, ...] = ()
 
     @property
     def sample_id(self) -> str:

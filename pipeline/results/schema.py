@@ -78,6 +78,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("dtype", pa.string(), lambda src: src.config.pair.dtype),
     Column("sample_id", pa.string(), _sample("sample_id")),
     Column("prompt_hash", pa.string(), _sample("prompt_hash")),  # prompt text + image pixels (Sample.prompt_hash)
+    Column("image_conversions", pa.list_(pa.string()), lambda src: list(src.sample.image_conversions)),
     Column("split", pa.string(), _sample("split")),
     Column("row", pa.int64(), _sample("row")),
     Column("turn", pa.string(), _sample("turn")),

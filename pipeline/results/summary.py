@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from pipeline.results.audit import GROUP_KEYS, lossless_table, lossless_text
 from pipeline.results.calibration import read_calibrations
 from pipeline.results.plots import plot_tau_bars, plot_weight_trajectories
 from pipeline.results.report import (
@@ -39,12 +40,31 @@ def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
         "## M vs T, and where TABED lands (pooled tau; rank among the SD configurations run, 1 = best)\n\n"
         f"{findings_text(findings)}\n\n{markdown_table(findings, mark_best=False)}"
     )
+    audit = lossless_table(rows)
+    audit.to_csv(folder / "lossless.csv", index=False)
+    sections.append(
+        "## Lossless audit: greedy speculative output vs the target's own greedy output\n\n"
+        f"{lossless_text(audit)}\n\n{markdown_table(audit.set_index(GROUP_KEYS), mark_best=False)}"
+    )
+    sections.append(image_conversions_text(rows))
     errors = error_counts(rows)
     if not errors.empty:
         lines = [f"| {r.dataset} | {r.turn} | {r.errors} |" for r in errors.itertuples()]
         sections.append("## Failed samples (left out of every table)\n\n| dataset | turn | errors |\n|---|---|---|\n" + "\n".join(lines))
     plots = [plot_tau_bars(rows, folder / "tau.png"), plot_weight_trajectories(rows, folder / "weights.png")]
     sections.append("## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots if p is not None))
-    text = "\n\n".join(sections) + "\n"
+    text = "\n\n".join(section for section in sections if section) + "\n"
     (folder / "summary.md").write_text(text)
     return text
+
+
+def image_conversions_text(rows: pd.DataFrame) -> str:
+    """How many of the run's images were converted beyond the pixel format (scaled from 16
+    bits, alpha composited on white, EXIF-rotated), counted once per first-turn sample."""
+    first = rows[rows["turn"] == "first"].drop_duplicates("sample_id")
+    notes = [note.split(": ", 1)[-1] for conversions in first["image_conversions"].dropna() for note in conversions]
+    if not notes:
+        return f"## Images\n\nNo image of the {len(first)} first-turn samples needed more than a format conversion."
+    counts = pd.Series(notes).value_counts()
+    listed = ", ".join(f"{n} {kind}" for kind, n in counts.items())
+    return f"## Images\n\n{len(notes)} image conversions in {len(first)} first-turn samples: {listed} (pipeline/data/images.py)."

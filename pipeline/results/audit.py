@@ -1,0 +1,61 @@
+"""Lossless audit: does each greedy speculative row give the target's own greedy output?
+
+Greedy SD is lossless in exact arithmetic, and fp32/fp16 runs measure it exact. In bf16 a
+`gamma + 1`-token verify forward rounds differently from one-token steps, so a run can drift
+from the target's own greedy output after a near-tie; the audit measures how often instead of
+assuming it never happens. The reference for a row is the AR row of the same pair, dtype,
+engine, sample, turn and token budget.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+REFERENCE_KEYS = ["target", "draft", "dtype", "engine", "sample_id", "turn", "max_new_tokens"]
+GROUP_KEYS = ["target", "draft", "dtype", "engine"]
+BF16_NOTE = (
+    "Rows below 100% in bf16 are expected: the target scores gamma + 1 proposed tokens in one "
+    "forward, which rounds differently from the one-token steps of its own greedy decoding, so "
+    "at a near-tie the two can pick different tokens (transformers' assisted generation "
+    "diverges the same way). fp32 and fp16 should be 100%; anything less there is a bug."
+)
+
+
+def with_lossless_column(rows: pd.DataFrame) -> pd.DataFrame:
+    """`rows` plus `matches_ar`: True/False for greedy SD and replay rows that have an AR
+    reference, None for AR rows, sampled rows, error rows and rows without a reference."""
+    reference_rows = rows[(rows["methods"] == "AR") & (rows["temperature"] == 0) & rows["error"].isna()]
+    reference = {
+        tuple(key): list(ids)
+        for key, ids in zip(reference_rows[REFERENCE_KEYS].itertuples(index=False), reference_rows["output_ids"])
+    }
+    audited = (rows["methods"] != "AR") & (rows["temperature"] == 0) & rows["error"].isna()
+    matches = []
+    for is_audited, key, ids in zip(audited, rows[REFERENCE_KEYS].itertuples(index=False), rows["output_ids"]):
+        expected = reference.get(tuple(key)) if is_audited else None
+        matches.append(None if expected is None else list(ids) == expected)
+    return rows.assign(matches_ar=pd.Series(matches, index=rows.index, dtype="object"))
+
+
+def lossless_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per pair, dtype and engine: audited rows, rows equal to AR, and the rate in percent."""
+    audited = with_lossless_column(rows)
+    audited = audited[audited["matches_ar"].notna()]
+    if audited.empty:
+        return pd.DataFrame(columns=GROUP_KEYS + ["rows", "equal to AR", "rate %"])
+    table = audited.groupby(GROUP_KEYS)["matches_ar"].agg(rows="size", equal=lambda s: int(s.sum())).reset_index()
+    table = table.rename(columns={"equal": "equal to AR"})
+    table["rate %"] = (100.0 * table["equal to AR"] / table["rows"]).round(1)
+    return table
+
+
+def lossless_text(table: pd.DataFrame) -> str:
+    """One or two sentences under the audit table."""
+    if table.empty:
+        return "No greedy speculative row had an AR row to compare with."
+    below = table[table["equal to AR"] < table["rows"]]
+    if below.empty:
+        return f"Every audited row ({int(table['rows'].sum())}) equals the target's own greedy output."
+    text = f"{len(below)} of {len(table)} pair/dtype/engine groups have rows that differ from the target's greedy output."
+    if set(below["dtype"]) <= {"bf16"}:
+        return f"{text} {BF16_NOTE}"
+    return f"{text} WARNING: differences outside bf16 mean speculative decoding was not lossless here."

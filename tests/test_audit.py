@@ -1,0 +1,36 @@
+"""The lossless audit on hand-made rows: equal and forced-divergent outputs, what is left
+unaudited, and the sentence the summary prints."""
+from __future__ import annotations
+
+import pandas as pd
+
+from pipeline.results.audit import BF16_NOTE, lossless_table, lossless_text, with_lossless_column
+
+
+def row(methods: str, ids: list[int], *, dtype: str = "fp32", sample: str = "s0", temperature: float = 0.0,
+        error: str | None = None, engine: str = "static") -> dict:
+    return {"target": "t", "draft": "d", "dtype": dtype, "engine": engine, "sample_id": sample, "turn": "first",
+            "max_new_tokens": 8, "methods": methods, "temperature": temperature, "error": error, "output_ids": ids}
+
+
+def test_each_greedy_sd_row_is_compared_with_its_ar_row():
+    rows = pd.DataFrame([
+        row("AR", [1, 2, 3]),
+        row("M", [1, 2, 3]),
+        row("MT", [1, 2, 4]),  # forced divergence
+        row("M", [9], temperature=0.7),  # sampled: not audited
+        row("T", [], error="boom"),  # failed: not audited
+        row("M", [1, 2, 3], engine="eager"),  # no eager AR row: no reference
+    ])
+    audited = with_lossless_column(rows)
+    assert audited["matches_ar"].tolist() == [None, True, False, None, None, None]
+    table = lossless_table(rows)
+    assert table[["rows", "equal to AR", "rate %"]].values.tolist() == [[2, 1, 50.0]]
+    assert "WARNING" in lossless_text(table)
+
+
+def test_bf16_divergence_is_explained_and_full_agreement_said_plainly():
+    bf16 = pd.DataFrame([row("AR", [1, 2], dtype="bf16"), row("M", [1, 3], dtype="bf16")])
+    assert BF16_NOTE in lossless_text(lossless_table(bf16))
+    exact = pd.DataFrame([row("AR", [1, 2]), row("M", [1, 2]), row("MT", [1, 2])])
+    assert lossless_text(lossless_table(exact)) == "Every audited row (2) equals the target's own greedy output."

@@ -34,7 +34,7 @@ def test_full_grid_job_writes_results_tables_and_plots(smoke_results):
         assert (report / name).stat().st_size > 0, name
     summary = (report / "summary.md").read_text()
     assert "## Lossless audit" in summary and "Every audited row" in summary  # fp32: exact
-    assert "## Images" in summary
+    assert "## Images" in summary and "Complete: all 112 expected rows are present" in summary
     assert list((out / "_calibration").glob("*.parquet"))
     import pandas as pd
 

@@ -161,6 +161,9 @@ def test_interrupted_run_resumes_with_only_the_missing_shards(ray_local, tiny_di
     with pytest.raises(KeyboardInterrupt):
         run(tiny_dirs, tmp_path, on_shard_written=interrupt)
     assert len(results(tmp_path)) > 0
+    from pipeline.results.summary import write_summary
+
+    assert "**INCOMPLETE: " in write_summary(tmp_path, "toy", read_results(tmp_path, "toy"))
     written_before = len(list(tmp_path.rglob("part-*.parquet")))
     _, report = run(tiny_dirs, tmp_path)
     total = full_run[2].shards_written

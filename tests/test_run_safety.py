@@ -221,3 +221,22 @@ def test_a_second_driver_is_refused_before_ray_starts(tmp_path):
         done = run_job("--grid", str(grid_file(tmp_path)), "--out", str(out))
     assert done.returncode == 3 and f"being written by pid {os.getpid()}" in done.stderr, done.stderr
     assert "'ray'" not in done.stderr.split("HEAVY")[-1]
+
+
+def test_a_run_that_stopped_early_is_called_incomplete(tmp_path):
+    from pipeline.results.completeness import completeness_table, completeness_text
+    from pipeline.results.store import read_manifest, write_manifest
+
+    config = RunConfig(PAIR, "M")
+    write_shard(tmp_path, rows_to_table(rows_for(config, [sample(0), sample(1)], "s1", errors={1: "input"})))
+    expected = [{"target": PAIR.target, "draft": PAIR.draft, "dtype": "fp32", "turn": "first", "rows": 5}]
+    write_manifest(tmp_path, "r", {"grid": "g", "expected": expected})
+    assert read_manifest(tmp_path, "r")["expected"] == expected and read_manifest(tmp_path, "other") is None
+    rows = read_results(tmp_path, "r")
+    table = completeness_table(rows, expected)
+    assert table[["expected", "present", "failed", "missing"]].values.tolist() == [[5, 2, 1, 3]]
+    text = completeness_text(table, expected)
+    assert text.startswith("**INCOMPLETE: 3 of 5 expected rows are missing.**") and "resume" in text
+    done = [{**expected[0], "rows": 2}]
+    assert completeness_text(completeness_table(rows, done), done).startswith("Complete: all 2 expected rows")
+    assert "unknown" in completeness_text(completeness_table(rows, None), None)

@@ -63,6 +63,10 @@ class RunSamples:
             self._by_pair.setdefault((pair.target, pair.dtype, sample.sample_id), sample)
         return samples
 
+    def first_turn_count(self, dataset: str) -> int:
+        """Samples per unit of `dataset`, first turn or second (one second turn per first)."""
+        return len(self.source.first_turn(dataset, self.spec.limit))
+
     def get(self, pair: Pair, sample_id: str) -> Sample:
         """A sample `for_unit` returned for a unit of this pair."""
         return self._by_pair[(pair.target, pair.dtype, sample_id)]

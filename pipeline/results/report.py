@@ -168,6 +168,8 @@ def method_findings(df: pd.DataFrame) -> pd.DataFrame:
     (1 = best; configurations are method set x policy; equal tau at two decimals share a rank)."""
     ok = df[df["error"].isna() & (df["method_label"] != "AR")]
     keys = ["target", "draft", "turn", "dataset"]
+    if ok.empty:  # e.g. a run stopped before any speculative row was written
+        return pd.DataFrame(columns=keys)
     cells = ok.groupby(keys + ["method_label", "policy", "policy_kind"]).apply(pooled_tau, include_groups=False)
     rows = []
     for key, group in cells.rename("tau").reset_index().groupby(keys, sort=False):

@@ -11,10 +11,12 @@ import pandas as pd
 
 from pipeline.results.audit import GROUP_KEYS, lossless_table, lossless_text
 from pipeline.results.calibration import read_calibrations
+from pipeline.results.completeness import completeness_table, completeness_text
 from pipeline.results.plots import plot_tau_bars, plot_weight_trajectories
 from pipeline.results.report import (
     category_table, error_counts, findings_text, markdown_table, method_findings, speedup_table, tau_table,
 )
+from pipeline.results.store import read_manifest
 
 
 def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
@@ -31,6 +33,11 @@ def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
         ),
     }
     sections = [f"# Run {run}: {len(rows)} rows, {rows['error'].notna().sum()} failed"]
+    expected = (read_manifest(out, run) or {}).get("expected")
+    completeness = completeness_table(rows, expected)
+    completeness.to_csv(folder / "completeness.csv")
+    sections.append(f"## Completeness\n\n{completeness_text(completeness, expected)}\n\n"
+                    f"{markdown_table(completeness, mark_best=False)}")
     for name, (title, table) in tables.items():
         table.to_csv(folder / f"{name}.csv")
         sections.append(f"## {title}\n\n{markdown_table(table)}")

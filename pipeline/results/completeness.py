@@ -27,4 +27,5 @@ def completeness_text(table: pd.DataFrame, expected: list[dict] | None) -> str:
     missing, total, failed = int(table["missing"].sum()), int(table["expected"].sum()), int(table["failed"].sum())
     if missing:
         return f"**INCOMPLETE: {missing} of {total} expected rows are missing.** To finish it, {RESUME}."
-    return f"Complete: all {total} expected rows are present ({failed} of them record a failure, listed below)."
+    failures = f"{failed} of them record a failure, listed below" if failed else "none failed"
+    return f"Complete: all {total} expected rows are present ({failures})."

@@ -1,7 +1,9 @@
 """Write a run's reports next to its results: Markdown and CSV tables, PNG plots.
 
-`OUT/_report-<run>/` (underscore: Parquet readers of OUT skip it): `summary.md` (tau per dataset, category averages, expected and measured
-speedup, M vs T and where MT* lands, failed samples), one CSV per table, `tau.png` and `weights.png`.
+`OUT/_report-<run>/` (underscore: Parquet readers of OUT skip it): `summary.md` (completeness,
+tau per dataset, category averages, expected and measured speedup, M vs T and where MT* lands,
+the lossless audit, image conversions, failed samples), one CSV per table, `tau.png` and
+`weights.png`.
 """
 from __future__ import annotations
 
@@ -32,12 +34,8 @@ def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
             speedup_table(rows, read_calibrations(out)),
         ),
     }
-    sections = [f"# Run {run}: {len(rows)} rows, {rows['error'].notna().sum()} failed"]
-    expected = (read_manifest(out, run) or {}).get("expected")
-    completeness = completeness_table(rows, expected)
-    completeness.to_csv(folder / "completeness.csv")
-    sections.append(f"## Completeness\n\n{completeness_text(completeness, expected)}\n\n"
-                    f"{markdown_table(completeness, mark_best=False)}")
+    sections = [f"# Run {run}: {len(rows)} rows, {rows['error'].notna().sum()} failed",
+                completeness_section(out, run, rows, folder)]
     for name, (title, table) in tables.items():
         table.to_csv(folder / f"{name}.csv")
         sections.append(f"## {title}\n\n{markdown_table(table)}")
@@ -47,13 +45,7 @@ def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
         "## M vs T, and where TABED lands (pooled tau; rank among the SD configurations run, 1 = best)\n\n"
         f"{findings_text(findings)}\n\n{markdown_table(findings, mark_best=False)}"
     )
-    audit = lossless_table(rows)
-    audit.to_csv(folder / "lossless.csv", index=False)
-    sections.append(
-        "## Lossless audit: greedy speculative output vs the target's own greedy output\n\n"
-        f"{lossless_text(audit)}\n\n{markdown_table(audit.set_index(GROUP_KEYS), mark_best=False)}"
-    )
-    sections.append(image_conversions_text(rows))
+    sections += [audit_section(rows, folder), image_conversions_text(rows)]
     errors = error_counts(rows)
     if not errors.empty:
         lines = [f"| {r.dataset} | {r.turn} | {r.errors} |" for r in errors.itertuples()]
@@ -63,6 +55,22 @@ def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
     text = "\n\n".join(section for section in sections if section) + "\n"
     (folder / "summary.md").write_text(text)
     return text
+
+
+def completeness_section(out: str | Path, run: str, rows: pd.DataFrame, folder: Path) -> str:
+    """Expected (from the run's manifest), present, failed and missing rows."""
+    expected = (read_manifest(out, run) or {}).get("expected")
+    table = completeness_table(rows, expected)
+    table.to_csv(folder / "completeness.csv")
+    return f"## Completeness\n\n{completeness_text(table, expected)}\n\n{markdown_table(table, mark_best=False)}"
+
+
+def audit_section(rows: pd.DataFrame, folder: Path) -> str:
+    """Greedy speculative rows equal to the target's own greedy output, per pair, dtype, engine."""
+    audit = lossless_table(rows)
+    audit.to_csv(folder / "lossless.csv", index=False)
+    return ("## Lossless audit: greedy speculative output vs the target's own greedy output\n\n"
+            f"{lossless_text(audit)}\n\n{markdown_table(audit.set_index(GROUP_KEYS), mark_best=False)}")
 
 
 def image_conversions_text(rows: pd.DataFrame) -> str:

@@ -11,7 +11,7 @@ from pipeline.drafting.policies import GridSearchPolicy
 from pipeline.decoding.records import SampleRecord
 from pipeline.planning.grid import Pair, RunConfig, row_key
 from pipeline.results.schema import FILE_SCHEMA, SCHEMA, make_row
-from pipeline.results.store import done_keys, first_turn_answers, read_results, rows_to_table, write_shard
+from pipeline.results.store import first_turn_answers, read_results, rows_to_table, write_shard, written_rows
 
 PAIR = Pair("llava-hf/llava-1.5-7b-hf", "mjbooo/lvlm68m", "fp16")
 DOCUMENTED = (
@@ -27,6 +27,10 @@ def record(sample_id: str, text: str = "a cat", error: str | None = None) -> Sam
         sample_id=sample_id, output_ids=[5, 6, 7], output_text=text, accepted_per_block=[2, 0],
         weights_per_block=[[0.5, 0.5], [0.7, 0.3]], time_total_s=0.25, engine="static", time_tabed_s=0.05,
     )
+
+
+def written_keys(out, run: str) -> set[str]:
+    return {row["key"] for row in written_rows(out, run, ["first"])}
 
 
 def sample_at(i: int, turn: str = "first") -> Sample:
@@ -90,7 +94,7 @@ def test_results_written_before_engine_columns_still_read(tmp_path):
     df = read_results(tmp_path)
     assert len(df) == 3 and df["engine"].isna().all() and df["time_tabed_s"].isna().all()
     assert list(df.columns) == SCHEMA.names and df.output_text.iloc[0] == "answer 0"
-    assert done_keys(tmp_path, "r") == {row_key(config.key(), f"pope/test/{i}/first", sample_at(i).prompt_hash) for i in range(3)}
+    assert written_keys(tmp_path, "r") == {row_key(config.key(), f"pope/test/{i}/first", sample_at(i).prompt_hash) for i in range(3)}
     new = RunConfig(PAIR, "T")
     write_shard(tmp_path, rows_to_table(shard_rows(new, shard="s2")))  # old and new files side by side
     both = read_results(tmp_path)
@@ -98,13 +102,13 @@ def test_results_written_before_engine_columns_still_read(tmp_path):
     assert pa.types.is_float64(SCHEMA.field("time_tabed_s").type)
 
 
-def test_done_keys_ignore_unfinished_temporary_files(tmp_path):
+def test_written_rows_ignore_unfinished_temporary_files(tmp_path):
     config = RunConfig(PAIR, "M")
     path = write_shard(tmp_path, rows_to_table(shard_rows(config)))
     (path.parent / ".part-s2.parquet.123.tmp").write_bytes(b"half a file")
-    keys = done_keys(tmp_path, "r")
+    keys = written_keys(tmp_path, "r")
     assert keys == {row_key(config.key(), f"pope/test/{i}/first", sample_at(i).prompt_hash) for i in range(3)}
-    assert done_keys(tmp_path, "other-run") == set()
+    assert written_keys(tmp_path, "other-run") == set()
     assert len(read_results(tmp_path)) == 3
 
 

@@ -86,11 +86,6 @@ def _dataset(out: str | Path, run: str | None) -> ds.Dataset | None:
     return ds.dataset(files, schema=SCHEMA, format="parquet", partitioning=HIVE, partition_base_dir=str(out))
 
 
-def done_keys(out: str | Path, run: str) -> set[str]:
-    """Keys of every row already written for this run."""
-    return set(read_table(out, run, columns=["key"]).column("key").to_pylist())
-
-
 def written_rows(out: str | Path, run: str, turns: Iterable[str]) -> list[dict]:
     """Identity and error category of this run's rows of `turns` (what a resume sorts)."""
     table = read_table(out, run, columns=["key", "config_key", "sample_id", "prompt_hash", "turn", "error_category"])
@@ -100,13 +95,12 @@ def written_rows(out: str | Path, run: str, turns: Iterable[str]) -> list[dict]:
 def drop_rows(out: str | Path, run: str, keys: set[str]) -> int:
     """Remove the rows with these keys from this run's files, each file rewritten atomically
     (removed when nothing is left); returns how many rows went. Call it under the run lock."""
-    dropped = 0
+    dropped, doomed = 0, pa.array(sorted(keys), pa.string())
     for path in sorted(run_dir(out, run).rglob("part-*.parquet")):
+        if not pc.any(pc.is_in(pq.read_table(path, columns=["key"])["key"], doomed)).as_py():
+            continue  # only the key column is read from files that keep every row
         table = pq.read_table(path, schema=FILE_SCHEMA)
-        stays = pc.invert(pc.is_in(table["key"], pa.array(sorted(keys), pa.string())))
-        kept = table.filter(stays)
-        if kept.num_rows == table.num_rows:
-            continue
+        kept = table.filter(pc.invert(pc.is_in(table["key"], doomed)))
         dropped += table.num_rows - kept.num_rows
         if kept.num_rows:
             _write_atomically(kept, path)

@@ -26,6 +26,7 @@ from pipeline.results.store import rows_to_table
 # A bad input: a clear input error (ModelInputError is a ValueError), an unreadable or
 # oversized image.
 INPUT_ERRORS = (ValueError, OSError, Image.DecompressionBombError)
+Items = tuple[tuple[RunConfig, str], ...] | list[tuple[RunConfig, str]]  # (configuration, sample id)
 
 
 def error_category(err: Exception) -> str:
@@ -60,13 +61,16 @@ class PairEvaluator:
         """Rows for every item of the shard, in item order; one bad sample is one error row."""
         if shard.pair != self.pair:
             raise ValueError(f"shard {shard.shard_id} is for {shard.pair.label}, this worker holds {self.pair.label}")
-        records = self._replay(shard, samples) if shard.mode == "replay" else {}
-        rows = []
+        records = self._replay(shard.items, samples) if shard.mode == "replay" else {}
         for config, sample_id in shard.items:
-            sample = samples[sample_id]
-            record = records.get((config, sample_id)) or self.decode(config, sample)
-            rows.append(make_row(shard.run, shard.shard_id, config, sample, record))
-        return rows_to_table(rows)
+            if (config, sample_id) not in records:
+                records[(config, sample_id)] = self.decode(config, samples[sample_id])
+        if shard.mode == "live":
+            self._shadow_replay(shard.items, samples, records)
+        return rows_to_table([
+            make_row(shard.run, shard.shard_id, config, samples[sample_id], records[(config, sample_id)], sample_id in shard.timed)
+            for config, sample_id in shard.items
+        ])
 
     def decode(self, config: RunConfig, sample: Sample) -> SampleRecord:
         """One live decode (SD or the AR baseline) on the configuration's engine."""
@@ -83,14 +87,23 @@ class PairEvaluator:
         except Exception as err:  # one sample under one configuration; the shard goes on
             return failed(sample.sample_id, mode, err)
 
-    def _replay(self, shard: Shard, samples: dict[str, Sample]) -> dict[tuple[RunConfig, str], SampleRecord]:
+    def _shadow_replay(self, items: Items, samples: dict[str, Sample], records: dict[tuple[RunConfig, str], SampleRecord]) -> None:
+        """Score the live greedy SD rows by trace replay too and keep replay's accepted counts
+        beside live's (`replay_accepted_per_block`): the report's check that replay-scored rows
+        are what live decoding gives. A replay that fails leaves the live row as it is."""
+        checked = [(c, s) for c, s in items if c.greedy and not c.is_ar and records[(c, s)].error is None]
+        for item, shadow in self._replay(checked, samples).items():
+            if shadow.error is None:
+                records[item].replay_accepted_per_block = shadow.accepted_per_block
+
+    def _replay(self, items: Items, samples: dict[str, Sample]) -> dict[tuple[RunConfig, str], SampleRecord]:
         """Greedy SD items scored from one trace collection per sample and engine setting
         (pipeline.decoding.replay): the AR baseline row is the collection's own decode, so its
         walltime belongs to the engine that collected."""
         from pipeline.decoding.replay import collect_traces, replay
 
         groups: dict[tuple[str, str], list[RunConfig]] = defaultdict(list)
-        for config, sample_id in shard.items:
+        for config, sample_id in items:
             groups[(sample_id, config.engine)].append(config)
         records = {}
         for (sample_id, _), configs in groups.items():

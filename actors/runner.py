@@ -130,7 +130,8 @@ class GridRunner:
             print(f"[{label}] {line}", file=self.stream, flush=True)
         planned = plan_shards(
             self.run_name, units, self.samples.for_unit, shard_size=self.spec.shard_size,
-            grid_mode=self.spec.mode, live_samples=self.spec.live_samples, done=resume.keep,
+            grid_mode=self.spec.mode, live_samples=self.spec.live_samples,
+            live_seed=self.spec.live_seed, done=resume.keep,
         )
         self.report.rows_skipped += len(resume.keep)
         self.report.rows_recomputed += len(resume.recompute)

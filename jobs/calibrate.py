@@ -4,7 +4,8 @@
     python jobs/calibrate.py --target llava-hf/llava-1.5-7b-hf --draft mjbooo/lvlm68m --out DIR --ray
 
 With --ray each pair is measured in a Ray task holding one GPU (on the hardware the grid runs
-on); without it, on this machine's device.
+on); without it, on this machine's device. Each measurement is repeated in --rounds rounds
+(target and draft alternating) and the report gives the median and range of the ratios.
 """
 from __future__ import annotations
 
@@ -14,22 +15,29 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline.results.calibration import Calibration, calibrate, write_calibration  # noqa: E402
+from pipeline.results.calibration import Calibration, calibrate  # noqa: E402
+from pipeline.results.calibration_store import read_calibrations, stored_calibration, write_calibration  # noqa: E402
 from pipeline.decoding.config import DecodeConfig  # noqa: E402
 from pipeline.models.loading import default_device, load_pair  # noqa: E402
 from pipeline.planning.grid_file import load_grid  # noqa: E402
 
 
-def measure(target: str, draft: str, dtype: str, gamma: int, repeats: int) -> Calibration:
+ROUNDS, REPEATS = 5, 10  # 5 alternating rounds of 10 timed steps per measurement
+
+
+def measure(target: str, draft: str, dtype: str, gamma: int, repeats: int, rounds: int) -> Calibration:
     from actors.model_files import resolve_model
 
     pair = load_pair(resolve_model(target), resolve_model(draft), dtype=dtype, device=default_device())
-    result = calibrate(*pair, gamma=gamma, repeats=repeats)
-    result.target, result.draft = target, draft  # the grid's names, as in the results rows
+    result = calibrate(*pair, gamma=gamma, repeats=repeats, rounds=rounds)
+    result.target, result.draft, result.dtype = target, draft, dtype  # the grid's names, as in the results rows
     return result
 
 
-def calibrate_pairs(pairs: list[tuple[str, str, str]], out: str, *, gamma: int, repeats: int, ray_tasks: bool) -> list[Calibration]:
+def calibrate_pairs(
+    pairs: list[tuple[str, str, str]], out: str, *, gamma: int, repeats: int = REPEATS, rounds: int = ROUNDS,
+    ray_tasks: bool,
+) -> list[Calibration]:
     """Measure each (target, draft, dtype) and write it under OUT; with `ray_tasks`, each pair in
     a Ray task holding one GPU when the cluster has GPUs (Ray must be initialised)."""
     if ray_tasks:
@@ -37,17 +45,37 @@ def calibrate_pairs(pairs: list[tuple[str, str, str]], out: str, *, gamma: int, 
 
         gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
         task = ray.remote(num_gpus=gpus, num_cpus=1)(measure)
-        results = ray.get([task.remote(t, d, dt, gamma, repeats) for t, d, dt in pairs])
+        results = ray.get([task.remote(t, d, dt, gamma, repeats, rounds) for t, d, dt in pairs])
     else:
-        results = [measure(t, d, dt, gamma, repeats) for t, d, dt in pairs]
+        results = [measure(t, d, dt, gamma, repeats, rounds) for t, d, dt in pairs]
     for result in results:
         path = write_calibration(out, result)
+        spread = result.ratio_draft_target_rounds
         print(
-            f"calibration {result.target} / {result.draft} on {result.device}: Tq/Tp={result.ratio_draft_target:.3f} "
+            f"calibration {result.target} / {result.draft} ({result.dtype}) on {result.device}: "
+            f"Tq/Tp={result.ratio_draft_target:.3f} [{min(spread):.3f}-{max(spread):.3f} over {result.rounds} rounds] "
             f"Tp(gamma+1)/Tp={result.ratio_verify:.3f} (Tp={result.target_token_s * 1e3:.1f} ms, "
             f"Tq={result.draft_token_s * 1e3:.1f} ms) -> {path}"
         )
     return results
+
+
+def pairs_to_measure(
+    pairs: list[tuple[str, str, str]], out: str, *, gamma: int, rows_written: int, recalibrate: bool
+) -> list[tuple[str, str, str]]:
+    """The pairs a grid run measures after it ran: all of them when it wrote rows or was asked
+    to (`--recalibrate`), else only those without a stored calibration at this gamma; so a
+    rerun that adds nothing reports exactly what it reported before."""
+    stored = read_calibrations(out)
+    todo = []
+    for target, draft, dtype in pairs:
+        found = stored_calibration(stored, target, draft, dtype, gamma)
+        if found is None or rows_written or recalibrate:
+            todo.append((target, draft, dtype))
+        else:
+            print(f"calibration {target} / {draft} ({dtype}): reusing the one measured {found['measured_at'] or 'earlier'} "
+                  "(no new rows; --recalibrate measures again)")
+    return todo
 
 
 def main() -> None:
@@ -58,7 +86,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="fp32")
     parser.add_argument("--out", required=True, help="results directory to write _calibration/ into")
     parser.add_argument("--gamma", type=int, default=DecodeConfig.gamma)
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="timed steps per measurement (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds, target and draft alternating (default: %(default)s)")
     parser.add_argument("--ray", action="store_true", help="measure each pair in a Ray task with one GPU")
     args = parser.parse_args()
     if args.grid:
@@ -71,7 +100,7 @@ def main() -> None:
         import ray
 
         ray.init(address="auto")
-    calibrate_pairs(pairs, args.out, gamma=args.gamma, repeats=args.repeats, ray_tasks=args.ray)
+    calibrate_pairs(pairs, args.out, gamma=args.gamma, repeats=args.repeats, rounds=args.rounds, ray_tasks=args.ray)
 
 
 if __name__ == "__main__":

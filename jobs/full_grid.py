@@ -33,6 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, help="number of actors (default: one per GPU, else one per CPU)")
     parser.add_argument("--gpus-per-worker", type=float, help="GPUs per actor (default: 1 if the cluster has GPUs, else 0)")
     parser.add_argument("--cpus-per-worker", type=float, default=1, help="CPUs per actor (default: %(default)s)")
+    parser.add_argument("--recalibrate", action="store_true",
+                        help="measure latency ratios again even when the run added no rows (grids with calibrate: true)")
     return parser.parse_args(argv)
 
 
@@ -76,7 +78,7 @@ def run_locked(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -
     import ray
 
     from actors.runner import GridRunner, RunFailed
-    from jobs.calibrate import calibrate_pairs
+    from jobs.calibrate import calibrate_pairs, pairs_to_measure
     from pipeline.results.store import read_results
     from pipeline.results.summary import write_summary
 
@@ -107,8 +109,10 @@ def run_locked(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -
         f"{report.redispatched} re-dispatched, {report.seconds:.1f} s -> {Path(args.out).resolve()}"
     )
     if spec.calibrate:
-        pairs = [(p.target, p.draft, p.dtype) for p in spec.pairs]
-        calibrate_pairs(pairs, args.out, gamma=max(spec.gamma), repeats=20, ray_tasks=True)
+        pairs = pairs_to_measure([(p.target, p.draft, p.dtype) for p in spec.pairs], args.out, gamma=max(spec.gamma),
+                                 rows_written=report.rows_written, recalibrate=args.recalibrate)
+        if pairs:
+            calibrate_pairs(pairs, args.out, gamma=max(spec.gamma), ray_tasks=True)
     print(write_summary(args.out, runner.run_name, read_results(args.out, runner.run_name)))
     print(f"tables and plots: {Path(args.out).resolve() / f'_report-{runner.run_name}'}")
     return 0

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.results.calibration import MAX_ROWS, calibrate, expected_speedup, read_calibrations, write_calibration
+from pipeline.results.calibration import MAX_ROWS, calibrate, expected_speedup
+from pipeline.results.calibration_store import calibration_table, read_calibrations, stored_calibration, write_calibration
 from pipeline.decoding.engine import default_engine
 
 
@@ -14,18 +15,38 @@ def test_expected_speedup_equation_1_and_corrected_form():
     assert expected_speedup(2.31, 5, 0.063, 1.6) == pytest.approx(2.31 / 1.915)
 
 
-def test_calibration_measures_and_round_trips(tiny_pair, tmp_path):
+def test_calibration_measures_rounds_and_round_trips(tiny_pair, tmp_path):
     target, draft = tiny_pair
-    result = calibrate(target, draft, gamma=3, repeats=3)
+    result = calibrate(target, draft, gamma=3, repeats=3, rounds=3)
     assert result.target_token_s > 0 and result.target_verify_s > 0
     assert len(result.draft_rows_token_s) == MAX_ROWS and min(result.draft_rows_token_s) > 0
-    assert result.ratio_draft_target == pytest.approx(result.draft_token_s / result.target_token_s)
+    assert result.rounds == 3 and len(result.ratio_draft_target_rounds) == 3 and len(result.ratio_verify_rounds) == 3
+    rounds = sorted(result.ratio_draft_target_rounds)
+    assert result.ratio_draft_target == pytest.approx(rounds[1])  # the median round, not one measurement
+    assert len(result.draft_rows_ratio) == MAX_ROWS and result.measured_at
     write_calibration(tmp_path, result)
     write_calibration(tmp_path, result)  # a re-run replaces, never duplicates
     table = read_calibrations(tmp_path)
     assert len(table) == 1
     assert table.loc[0, "ratio_verify"] == pytest.approx(result.ratio_verify)
     assert read_calibrations(tmp_path / "empty").empty
+    shown = calibration_table(table).iloc[0]
+    assert shown["Tq/Tp"] == f"{result.ratio_draft_target:.3f} [{rounds[0]:.3f}-{rounds[-1]:.3f}]"
+    assert shown["rounds x repeats"] == "3 x 3" and shown["measured at"] == result.measured_at
+
+
+def test_the_latest_calibration_of_a_pair_and_dtype_is_used():
+    import pandas as pd
+
+    table = pd.DataFrame([
+        {"target": "t", "draft": "d", "dtype": "fp32", "gamma": 5, "measured_at": "2026-01-02T00:00:00+00:00", "v": 2},
+        {"target": "t", "draft": "d", "dtype": "fp32", "gamma": 5, "measured_at": "2026-01-01T00:00:00+00:00", "v": 1},
+        {"target": "t", "draft": "d", "dtype": "fp16", "gamma": 5, "measured_at": "2026-01-03T00:00:00+00:00", "v": 3},
+    ])
+    assert stored_calibration(table, "t", "d", "fp32")["v"] == 2
+    assert stored_calibration(table, "t", "d", "fp16", gamma=5)["v"] == 3
+    assert stored_calibration(table, "t", "d", "fp16", gamma=4) is None
+    assert stored_calibration(pd.DataFrame(), "t", "d", "fp32") is None
 
 
 @pytest.mark.parametrize("engine", ["static", "eager"])

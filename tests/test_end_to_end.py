@@ -12,17 +12,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def smoke_results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke")
+def run_smoke(out: Path, *extra: str) -> str:
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
     done = subprocess.run(
-        [sys.executable, "jobs/full_grid.py", "--grid", "configs/smoke.yaml", "--out", str(out)],
+        [sys.executable, "jobs/full_grid.py", "--grid", "configs/smoke.yaml", "--out", str(out), *extra],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return out, done.stdout
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def smoke_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke")
+    return out, run_smoke(out)
 
 
 @pytest.mark.slow
@@ -35,12 +39,30 @@ def test_full_grid_job_writes_results_tables_and_plots(smoke_results):
     summary = (report / "summary.md").read_text()
     assert "## Lossless audit" in summary and "Every audited row" in summary  # fp32: exact
     assert "## Images" in summary and "Complete: all 112 expected rows are present" in summary
+    assert "## Replay fidelity" in summary and "## Calibration used" in summary
+    assert "Measured walltimes come from these first-turn samples" in summary
     assert list((out / "_calibration").glob("*.parquet"))
     import pandas as pd
 
     speedup = pd.read_csv(report / "speedup.csv")
     sd = speedup[speedup["method_label"] != "AR"]
     assert sd["eq1"].notna().all() and sd["measured"].notna().all()  # calibrated and timed live
+    fidelity = pd.read_csv(report / "fidelity.csv")
+    assert fidelity["checked"].sum() == fidelity["live rows"].sum() > 0  # every live greedy SD row checked
+    calibration = pd.read_csv(report / "calibration.csv")
+    assert calibration["rounds x repeats"].tolist() == ["5 x 10"] and calibration["Tq/Tp"].str.contains(r"\[").all()
+
+
+@pytest.mark.slow
+def test_a_rerun_that_adds_no_rows_reuses_the_calibration_unless_asked(smoke_results):
+    out, _ = smoke_results
+    calibration = next((out / "_calibration").glob("*.parquet"))
+    measured = calibration.read_bytes()
+    stdout = run_smoke(out)
+    assert "0 rows written" in stdout and "reusing the one measured" in stdout
+    assert calibration.read_bytes() == measured  # the speedup table is what it was
+    stdout = run_smoke(out, "--recalibrate")
+    assert "reusing" not in stdout and "over 5 rounds" in stdout and calibration.read_bytes() != measured
 
 
 @pytest.mark.slow

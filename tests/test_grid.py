@@ -12,6 +12,7 @@ from pipeline.data.sample import Sample
 from pipeline.planning.grid import ENGINE_CHOICES, Catalog, GridError, RunConfig, row_key
 from pipeline.planning.grid_file import load_grid, parse_grid
 from pipeline.planning.shards import plan_shards, unit_counts
+from pipeline.planning.timed_samples import choose_timed
 
 CATALOG = Catalog(datasets=("toy", "other"), turn_tasks=("again",))
 BASE = {
@@ -166,23 +167,28 @@ def test_plan_shards_bundles_replay_configs_and_skips_done_rows():
     samples = [sample(i) for i in range(5)]
     live = plan_shards("r", units, lambda u: samples, shard_size=2)
     n_configs = len(spec.configs())
-    assert len(live) == n_configs * 3  # one config per live shard, ceil(5 / 2) shards each
+    # greedy configs ride together in live shards too (one shadow replay checks them): ceil(5 / 2) shards
+    assert [s.mode for s in live] == ["live"] * 3 and all(len({c for c, _ in s.items}) == n_configs for s in live)
     assert sum(len(s.items) for s in live) == n_configs * 5
+    sampled = plan_shards("r", grid(methods=["M", "T"], gamma=[5], temperature=[0.0, 1.0], turns=["first"]).units(),
+                          lambda u: samples, shard_size=5)
+    assert sorted(len({c for c, _ in s.items}) for s in sampled) == [1, 1, 2]  # one sampling config per shard
     replayed = plan_shards("r", units, lambda u: samples, shard_size=2, grid_mode="auto")
     assert [s.mode for s in replayed] == ["replay"] * 3  # every greedy config of a sample together, AR too
     assert all(len({c for c, _ in s.items}) == n_configs for s in replayed)
-    # live_samples: the first samples of each group run live (walltime), the rest replay, each row once
-    timed = plan_shards("r", units, lambda u: samples, shard_size=2, grid_mode="auto", live_samples=2)
+    # live_samples: chosen samples run live (walltime), the rest replay, each row once; shards name them
+    timed = plan_shards("r", units, lambda u: samples, shard_size=2, grid_mode="auto", live_samples=2, live_seed=7)
     keys = [k for s in timed for k in s.keys]
     assert len(keys) == len(set(keys)) == n_configs * 5
+    chosen = set(choose_timed({"toy": samples}, 2, seed=7))
     live_sd = [s for s in timed if s.mode == "live" and any(c.methods != "AR" for c, _ in s.items)]
-    assert {sid for s in live_sd for _, sid in s.items} == {"toy/test/0/first", "toy/test/1/first"}
+    assert {sid for s in live_sd for _, sid in s.items} == chosen == {sid for s in timed for sid in s.timed}
     # with several datasets the pair's live samples are dealt round-robin over them
     two = grid(datasets=["toy", "other"], methods=["AR", "M"], turns=["first"]).units()
     ids = lambda u: [Sample(u.dataset, "test", i, "first", "USER: hi ASSISTANT:") for i in range(4)]
     dealt = plan_shards("r", two, ids, shard_size=2, grid_mode="auto", live_samples=3)
     live_ids = {sid for s in dealt if s.mode == "live" for _, sid in s.items}
-    assert live_ids == {"toy/test/0/first", "toy/test/1/first", "other/test/0/first"}
+    assert len(live_ids) == 3 and sum(sid.startswith("toy/") for sid in live_ids) == 2
     # second turns are planned on their own and never run live for walltime
     again = grid(datasets=["toy", "other"], methods=["AR", "M"]).units(["again"])
     second = plan_shards("r", again, ids, shard_size=2, grid_mode="auto", live_samples=3)
@@ -193,6 +199,23 @@ def test_plan_shards_bundles_replay_configs_and_skips_done_rows():
     assert live[0].shard_id not in {s.shard_id for s in again}
     assert sum(len(s.items) for s in again) == n_configs * 5 - len(done)
     assert {s.shard_id for s in again} - {s.shard_id for s in live} == {again[0].shard_id}
+
+
+def test_timed_samples_are_seeded_and_spread_over_distinct_images():
+    from PIL import Image
+
+    pictures = [Image.new("RGB", (4, 4), colour) for colour in ("red", "green", "blue")]
+    # nine samples, three pictures; the first three rows share one picture
+    samples = [Sample("toy", "test", i, "first", "USER: <image> ASSISTANT:", (pictures[i // 3],)) for i in range(9)]
+    images = lambda ids: {samples[int(sid.split("/")[2])].images[0].getpixel((0, 0)) for sid in ids}
+    for seed in range(5):
+        chosen = choose_timed({"toy": samples}, 3, seed)
+        assert len(chosen) == 3 and len(images(chosen)) == 3  # never a picture twice while another is left
+        assert chosen == choose_timed({"toy": samples}, 3, seed)  # seeded
+    assert len({tuple(choose_timed({"toy": samples}, 3, seed)) for seed in range(5)}) > 1
+    assert len(choose_timed({"toy": samples}, 20, 0)) == 9  # asking for more takes every sample once
+    broken = [Sample("bad", "test", i, "first", "x", error="unreadable") for i in range(3)]
+    assert choose_timed({"bad": broken, "toy": samples[:1]}, 2, 0) == ["toy/test/0/first"]  # never a failed sample
 
 
 def test_dry_run_counts_without_loading_models_or_data(tmp_path, monkeypatch, capsys):

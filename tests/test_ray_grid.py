@@ -177,7 +177,10 @@ def test_auto_mode_replays_greedy_configs_with_live_results(ray_local, tiny_dirs
     _, report = run(tiny_dirs, tmp_path, mode="auto")
     df = results(tmp_path)
     assert set(df["mode"][df.methods != "AR"]) == {"replay"}
-    assert report.shards_written < full_run[2].shards_written  # greedy configs share shards
+    assert (df.groupby("shard")["config_key"].nunique() > 1).all()  # greedy configs share shards
+    live = results(full_run[0])
+    live_sd = live[(live.methods != "AR") & live.error.isna()]
+    assert all(list(a) == list(r) for a, r in zip(live_sd["accepted_per_block"], live_sd["replay_accepted_per_block"]))
     pd.testing.assert_frame_equal(comparable(df), comparable(results(full_run[0])))
 
 
@@ -206,6 +209,12 @@ def test_worker_decodes_on_each_configs_engine_with_identical_outputs(tiny_dirs)
             eager, static = ar_or_sd
             assert eager["output_ids"] == static["output_ids"] and eager["accepted_per_block"] == static["accepted_per_block"]
             assert eager["key"] != static["key"]
+        # live greedy SD rows carry replay's accepted counts for the same sample (replay fidelity)
+        shadows = [r["replay_accepted_per_block"] for r in rows]
+        if mode == "live":
+            assert shadows[:2] == [None, None] and shadows[2:] == [r["accepted_per_block"] for r in rows[2:]]
+        else:
+            assert shadows == [None] * 4
 
 
 def embedded_spec(tiny_dirs, limit):

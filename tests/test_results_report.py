@@ -81,39 +81,43 @@ def test_markdown_marks_best_bold_and_second_italic():
 def test_speedup_uses_calibration_and_live_walltime():
     from pipeline.results.report import speedup_table
 
-    base = {"target": "t", "draft": "d", "turn": "first", "error": None, "gamma": 5.0, "blocks": 2, "policy": "static",
-            "engine": "static"}
+    base = {"target": "t", "draft": "d", "dtype": "fp32", "turn": "first", "error": None, "gamma": 5.0, "blocks": 2,
+            "policy": "static", "engine": "static"}
     df = pd.DataFrame([
         {**base, "method_label": "AR", "mode": "ar", "sample_id": "s0", "accepted_per_block": [0, 0], "time_total_s": 4.0, "gamma": None},
         {**base, "method_label": "M", "mode": "live", "sample_id": "s0", "accepted_per_block": [3, 1], "time_total_s": 2.0},
         {**base, "method_label": "MT", "mode": "replay", "sample_id": "s1", "accepted_per_block": [2, 2], "time_total_s": 0.0},
     ])
-    calibrations = pd.DataFrame([{"target": "t", "draft": "d", "ratio_draft_target": 0.1, "ratio_verify": 1.5,
-                                  "target_token_s": 0.01, "draft_rows_token_s": [0.001, 0.0015, 0.002, 0.0025]}])
+    calibrations = pd.DataFrame([{"target": "t", "draft": "d", "dtype": "fp32", "ratio_draft_target": 0.1, "ratio_verify": 1.5,
+                                  "target_token_s": 0.01, "draft_rows_token_s": [0.001, 0.0015, 0.002, 0.0025],
+                                  "measured_at": ""}])
     table = speedup_table(df, calibrations)
-    m = table.loc[("t", "d", "static", "M", "static")]
+    m = table.loc[("t", "d", "fp32", "static", "M", "static")]
     assert m["tau"] == pytest.approx(3.0)
     assert m["eq1"] == pytest.approx(3.0 / (5 * 0.1 + 1))
     assert m["corrected"] == pytest.approx(3.0 / (5 * 0.1 + 1.5))
     assert m["measured"] == pytest.approx(2.0)
-    mt = table.loc[("t", "d", "static", "MT", "static")]
+    mt = table.loc[("t", "d", "fp32", "static", "MT", "static")]
     assert mt["corrected"] == pytest.approx(3.0 / (5 * 0.15 + 1.5))  # a two-row draft batch
     assert pd.isna(mt["measured"])  # replayed rows carry no walltime
 
 
-def test_speedup_never_pools_walltimes_of_different_engines():
+def test_speedup_never_pools_walltimes_of_different_engines_or_dtypes():
     from pipeline.results.report import speedup_table
 
     base = {"target": "t", "draft": "d", "turn": "first", "error": None, "gamma": 5.0, "blocks": 2, "policy": "static",
             "accepted_per_block": [1, 1], "sample_id": "s0"}
-    row = lambda engine, label, seconds: {**base, "engine": engine, "method_label": label, "time_total_s": seconds,
-                                          "mode": "ar" if label == "AR" else "live"}
+    row = lambda engine, label, seconds, dtype="fp32": {
+        **base, "dtype": dtype, "engine": engine, "method_label": label, "time_total_s": seconds,
+        "mode": "ar" if label == "AR" else "live"}
     df = pd.DataFrame([row("static", "AR", 4.0), row("static", "M", 2.0), row("eager", "AR", 9.0),
-                       row("eager", "M", 3.0), row(None, "AR", 5.0), row(None, "M", 5.0)])
+                       row("eager", "M", 3.0), row(None, "AR", 5.0), row(None, "M", 5.0),
+                       row("static", "AR", 8.0, "fp16"), row("static", "M", 2.0, "fp16")])
     table = speedup_table(df, pd.DataFrame())
     measured = table["measured"].xs("M", level="method_label").droplevel(["target", "draft", "policy"])
-    assert measured.to_dict() == {"-": 1.0, "eager": 3.0, "static": 2.0}  # "-": rows from before engines were recorded
-    assert list(table.index.names) == ["target", "draft", "engine", "method_label", "policy"]
+    # "-": rows from before engines were recorded
+    assert measured.to_dict() == {("fp32", "-"): 1.0, ("fp32", "eager"): 3.0, ("fp32", "static"): 2.0, ("fp16", "static"): 4.0}
+    assert list(table.index.names) == ["target", "draft", "dtype", "engine", "method_label", "policy"]
 
 
 def test_findings_say_where_m_beats_t_and_where_mt_star_lands(tmp_path):

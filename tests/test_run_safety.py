@@ -120,6 +120,8 @@ def test_one_configuration_that_crashes_is_an_error_row(tiny_dirs, monkeypatch):
     shard = Shard("r", pair, "toy", "first", "live", ((ok, s.sample_id), (bad, s.sample_id)), ((s.sample_id, s.prompt_hash),))
     rows = worker.run_shard(shard, {s.sample_id: s}).to_pylist()
     assert rows[0]["error"] is None and rows[0]["new_tokens"] > 0
+    assert rows[0]["replay_accepted_per_block"] == rows[0]["accepted_per_block"]  # checked against replay
+    assert rows[1]["replay_accepted_per_block"] is None  # a failed live row has nothing to check
     assert rows[1]["error_category"] == "model" and " at 0x" not in rows[1]["error"]
     assert rows[1]["error"].startswith("RuntimeError: probability tensor")
     # a sample that cannot be traced fails its AR row as "ar", its SD rows as "replay"

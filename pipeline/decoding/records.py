@@ -32,6 +32,9 @@ class SampleRecord:
     time_verify_s: float = 0.0
     time_total_s: float = 0.0
     time_tabed_s: float = 0.0  # choosing weights, mixing and scoring history (inside draft/verify)
+    # a live greedy row's accepted counts as trace replay scores the same sample (None elsewhere):
+    # the replay-fidelity check of pipeline.results.fidelity
+    replay_accepted_per_block: list[int] | None = None
     error: str | None = None
     error_category: str | None = None  # one of ERROR_CATEGORIES when `error` is set
 

@@ -148,6 +148,7 @@ class Shard:
     mode: str
     items: tuple[tuple[RunConfig, str], ...]
     prompt_hashes: tuple[tuple[str, str], ...]  # (sample id, prompt hash) of every sample in items
+    timed: tuple[str, ...] = ()  # its samples chosen for walltime (pipeline.planning.timed_samples)
 
     @cached_property
     def keys(self) -> tuple[str, ...]:
@@ -201,6 +202,8 @@ class GridSpec:
     mode: str = "live"
     #: with mode auto: first-turn samples per dataset whose greedy SD configs run live (walltime)
     live_samples: int = 0
+    #: seeds the choice of those samples (spread over datasets and distinct images)
+    live_seed: int = 0
     #: measure each pair's latency ratios after the run (jobs/calibrate.py) for the speedup table
     calibrate: bool = False
     #: local copies (save_to_disk dir or Parquet) by dataset or question-task name, for

@@ -24,7 +24,7 @@ MODES = ("live", "replay", "auto")
 AXES = ("window", "distance", "gamma", "temperature", "seed", "engine")
 FIELDS = {
     "name", "datasets", "turns", "pairs", "methods", "policies", *AXES,
-    "max_new_tokens", "limit", "captioner", "shard_size", "mode", "live_samples", "sources", "calibrate",
+    "max_new_tokens", "limit", "captioner", "shard_size", "mode", "live_samples", "live_seed", "sources", "calibrate",
 }
 QUESTION_TASKS = ("nq", "gsm8k")  # second-turn tasks that read a question dataset
 
@@ -77,6 +77,7 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None) -> GridSpec:
         shard_size=_int(raw.get("shard_size", GridSpec.shard_size), "shard_size", minimum=1),
         mode=_choice(raw.get("mode", GridSpec.mode), MODES, "mode"),
         live_samples=_int(raw.get("live_samples", GridSpec.live_samples), "live_samples", minimum=0),
+        live_seed=_int(raw.get("live_seed", GridSpec.live_seed), "live_seed", minimum=0),
         sources=_sources(raw.get("sources") or {}),
         calibrate=_bool(raw.get("calibrate", GridSpec.calibrate), "calibrate"),
     )

@@ -9,6 +9,7 @@ from typing import Callable, Iterable, Sequence
 
 from pipeline.data.sample import Sample
 from pipeline.planning.grid import FIRST_TURN, GridSpec, Pair, RunConfig, Shard, WorkUnit, row_key
+from pipeline.planning.timed_samples import choose_timed
 
 
 def decode_mode(config: RunConfig, grid_mode: str) -> str:
@@ -28,64 +29,66 @@ def plan_shards(
     shard_size: int,
     grid_mode: str = "live",
     live_samples: int = 0,
+    live_seed: int = 0,
     done: set[str] = frozenset(),
 ) -> list[Shard]:
     """Shards of at most `shard_size` samples, one pair, dataset and turn each, without the
     rows in `done`. Replay shards carry every greedy configuration of their samples (one
-    trace collection scores them all); live shards carry one configuration. In `auto` mode the
-    greedy SD configs of `live_samples` first-turn samples per model pair, taken round-robin
-    over its datasets, run live instead, so walltime is measured on them
-    (replay and live give the same accepted counts, so each row is computed once either way)."""
+    trace collection scores them all); live shards carry the greedy configurations together
+    (one shadow replay checks them, `actors.pair_worker`) or one sampling configuration. In
+    `auto` mode the greedy SD configs of `live_samples` first-turn samples per model pair
+    (`pipeline.planning.timed_samples`) run live instead, so walltime is measured on them;
+    each row is computed once either way, and every shard names its timed samples."""
     groups: dict[tuple[Pair, str, str], list[RunConfig]] = defaultdict(list)
     for unit in units:
         groups[(unit.config.pair, unit.dataset, unit.turn)].append(unit.config)
-    first_turn_datasets: dict[Pair, list[str]] = defaultdict(list)
-    for pair, dataset, turn in groups:
-        if turn == FIRST_TURN:
-            first_turn_datasets[pair].append(dataset)
+    timed = _timed_samples(groups, samples_for, live_samples, live_seed) if grid_mode == "auto" else {}
     shards = []
     for (pair, dataset, turn), configs in groups.items():
         hashes = {s.sample_id: s.prompt_hash for s in samples_for(WorkUnit(configs[0], dataset, turn))}
-        sample_ids = list(hashes)
-        timed_first_turn = grid_mode == "auto" and turn == FIRST_TURN
-        live_here = timed_per_dataset(live_samples, first_turn_datasets[pair], dataset) if timed_first_turn else 0
-        timed = set(sample_ids[:live_here])
-        for mode, bundle, ids in _bundles(configs, sample_ids, timed, grid_mode):
+        timed_here = timed.get(pair, set()) & set(hashes) if turn == FIRST_TURN else set()
+        for mode, bundle, ids in _bundles(configs, list(hashes), timed_here, grid_mode):
             for start in range(0, len(ids), shard_size):
                 items = tuple(
                     (config, sample_id)
                     for sample_id in ids[start:start + shard_size]
                     for config in bundle
                     if row_key(config.key(), sample_id, hashes[sample_id]) not in done
-                    and not (mode == "replay" and sample_id in timed and not config.is_ar)
+                    and not (mode == "replay" and sample_id in timed_here and not config.is_ar)
                 )
                 if items:
                     prompts = tuple((sid, hashes[sid]) for sid in dict.fromkeys(sid for _, sid in items))
-                    shards.append(Shard(run, pair, dataset, turn, mode, items, prompts))
+                    shard_timed = tuple(sid for sid, _ in prompts if sid in timed_here)
+                    shards.append(Shard(run, pair, dataset, turn, mode, items, prompts, shard_timed))
     return shards
+
+
+def _timed_samples(
+    groups: dict[tuple[Pair, str, str], list[RunConfig]], samples_for: Callable[[WorkUnit], list[Sample]],
+    live_samples: int, live_seed: int,
+) -> dict[Pair, set[str]]:
+    """Each pair's walltime samples, chosen over its first-turn datasets in grid order."""
+    by_pair: dict[Pair, dict[str, list[Sample]]] = defaultdict(dict)
+    for (pair, dataset, turn), configs in groups.items():
+        if turn == FIRST_TURN:
+            by_pair[pair][dataset] = samples_for(WorkUnit(configs[0], dataset, turn))
+    return {pair: set(choose_timed(datasets, live_samples, live_seed)) for pair, datasets in by_pair.items()}
 
 
 def _bundles(
     configs: list[RunConfig], sample_ids: list[str], timed: set[str], grid_mode: str
 ) -> list[tuple[str, list[RunConfig], list[str]]]:
     """(mode, configurations, sample ids) of one pair, dataset and turn: one replay bundle of
-    every replayable configuration, then one live bundle per configuration that runs live on
-    all samples, or only on the `timed` ones (SD configurations; AR's replay row is timed)."""
+    every replayable configuration; one live bundle of the greedy configurations that run live
+    (all of them in `live` mode, the SD ones on the `timed` samples in `auto` mode: AR's
+    replay row is timed); one live bundle per sampling configuration."""
     replayed = [c for c in configs if decode_mode(c, grid_mode) == "replay"]
-    bundles = [("replay", replayed, sample_ids)]
-    for config in configs:
-        if decode_mode(config, grid_mode) == "live":
-            bundles.append(("live", [config], sample_ids))
-        elif timed and not config.is_ar:
-            bundles.append(("live", [config], [s for s in sample_ids if s in timed]))
-    return bundles
-
-
-def timed_per_dataset(live_samples: int, datasets: Sequence[str], dataset: str) -> int:
-    """How many of `dataset`'s first samples run live when a pair's `live_samples` are dealt
-    round-robin over its `datasets` (walltime speedup is reported per pair, not per dataset)."""
-    index = datasets.index(dataset)
-    return max(0, -(-(live_samples - index) // len(datasets)))
+    live_greedy = [c for c in configs if c.greedy and decode_mode(c, grid_mode) == "live"]
+    bundles = [("replay", replayed, sample_ids), ("live", live_greedy, sample_ids)]
+    if timed:
+        bundles.append(("live", [c for c in replayed if not c.is_ar], [s for s in sample_ids if s in timed]))
+    bundles += [("live", [c], sample_ids) for c in configs if not c.greedy]
+    return [bundle for bundle in bundles if bundle[1]]
 
 
 def unit_counts(spec: GridSpec) -> Iterable[str]:

@@ -3,17 +3,20 @@
 Eq. 1, tau / (gamma * Tq/Tp + 1), assumes a target forward over gamma+1 tokens costs what one
 token costs — true on a GPU, not on a CPU. So we measure both ratios with the engine's own
 cached-rows code and report Eq. 1 beside the corrected tau / (gamma * Tq/Tp + Tp(gamma+1)/Tp(1)).
-Results live beside the results dataset in `OUT/_calibration/` (the underscore keeps
-pyarrow's dataset discovery of the decoding results away from them).
+`pipeline.results.calibration_store` keeps the results beside the results dataset.
+
+A CPU shared with other work drifts by tens of percent between minutes, so one measurement
+is not enough: `calibrate` measures target and draft alternately in several rounds, the
+ratios of each round taken from steps timed seconds apart, and keeps every round's ratio;
+reports give the median and the range.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from statistics import median
 
-import pandas as pd
 import torch
 from PIL import Image
 
@@ -24,7 +27,6 @@ from pipeline.drafting.batch import BatchedRows
 from pipeline.drafting.methods import method_embeddings
 from pipeline.models.base import LVLM
 
-CALIBRATION_DIR = "_calibration"
 PROMPT = "USER: <image>\nDescribe the image in detail. ASSISTANT:"
 MAX_ROWS = 4  # the largest ensemble (MTCP) drafts four rows per step
 
@@ -40,16 +42,21 @@ class Calibration:
     target_verify_s: float  # Tp(gamma+1): one target forward over gamma+1 tokens
     draft_token_s: float  # Tq: one cached decode step of the draft, one row
     draft_rows_token_s: list[float]  # Tq with 1..MAX_ROWS rows in the batch (ensembles)
-    repeats: int
+    repeats: int  # timed steps per measurement, after warm-up; the median is kept
     engine: str = "eager"  # the decoding engine whose steps were timed (files from before engines: eager)
+    rounds: int = 1  # times every measurement was repeated, target and draft alternating
+    ratio_draft_target_rounds: list[float] = field(default_factory=list)  # Tq/Tp of each round
+    ratio_verify_rounds: list[float] = field(default_factory=list)  # Tp(gamma+1)/Tp of each round
+    draft_rows_ratio: list[float] = field(default_factory=list)  # Tq(m rows)/Tp, median over rounds, m = 1..MAX_ROWS
+    measured_at: str = ""  # UTC, ISO 8601
 
     @property
     def ratio_draft_target(self) -> float:
-        return self.draft_token_s / self.target_token_s
+        return median(self.ratio_draft_target_rounds) if self.ratio_draft_target_rounds else self.draft_token_s / self.target_token_s
 
     @property
     def ratio_verify(self) -> float:
-        return self.target_verify_s / self.target_token_s
+        return median(self.ratio_verify_rounds) if self.ratio_verify_rounds else self.target_verify_s / self.target_token_s
 
 
 def expected_speedup(tau: float, gamma: int, ratio_draft_target: float, ratio_verify: float = 1.0) -> float:
@@ -84,55 +91,39 @@ def _prefilled(model: LVLM, sample: Sample, n_rows: int, engine: str, gamma: int
 
 @torch.inference_mode()
 def calibrate(
-    target: LVLM, draft: LVLM, *, gamma: int = DecodeConfig.gamma, repeats: int = 20, image: Image.Image | None = None,
-    engine: str | None = None,
+    target: LVLM, draft: LVLM, *, gamma: int = DecodeConfig.gamma, repeats: int = 10, rounds: int = 5,
+    image: Image.Image | None = None, engine: str | None = None,
 ) -> Calibration:
-    """Measure Tp, Tp(gamma+1) and Tq (1..4 rows) on an image prompt, medians after warm-up,
-    with the steps of `engine` (None: the device's default, as decoding picks it)."""
+    """Measure Tp, Tp(gamma+1) and Tq (1..4 rows) on an image prompt in `rounds` rounds, each
+    the median of `repeats` steps after warm-up, with the steps of `engine` (None: the
+    device's default, as decoding picks it). Times are medians over rounds; ratios are the
+    medians of each round's ratios."""
     engine = engine or default_engine(target, draft)
     image = image or Image.new("RGB", (336, 336), (120, 80, 200))
     sample = Sample("calibration", "none", 0, "first", PROMPT, (image,))
     target_rows = _prefilled(target, sample, 1, engine, gamma)
-    target_token = _step_seconds(target, target_rows, 1, repeats)
-    target_verify = _step_seconds(target, target_rows, gamma + 1, repeats)
-    draft_rows = [_step_seconds(draft, _prefilled(draft, sample, n, engine, gamma), 1, repeats) for n in range(1, MAX_ROWS + 1)]
+    draft_rows = [_prefilled(draft, sample, n, engine, gamma) for n in range(1, MAX_ROWS + 1)]
+    token, verify, drafts = [], [], []
+    for _ in range(rounds):
+        token.append(_step_seconds(target, target_rows, 1, repeats))
+        verify.append(_step_seconds(target, target_rows, gamma + 1, repeats))
+        drafts.append([_step_seconds(draft, rows, 1, repeats) for rows in draft_rows])
+    rows_ratio = [[d[m] / t for d, t in zip(drafts, token)] for m in range(MAX_ROWS)]
     return Calibration(
         target=target.name,
         draft=draft.name,
         device=str(target.device),
         dtype=str(target.dtype).removeprefix("torch."),
         gamma=gamma,
-        target_token_s=target_token,
-        target_verify_s=target_verify,
-        draft_token_s=draft_rows[0],
-        draft_rows_token_s=draft_rows,
+        target_token_s=median(token),
+        target_verify_s=median(verify),
+        draft_token_s=median(d[0] for d in drafts),
+        draft_rows_token_s=[median(d[m] for d in drafts) for m in range(MAX_ROWS)],
         repeats=repeats,
         engine=engine,
+        rounds=rounds,
+        ratio_draft_target_rounds=rows_ratio[0],
+        ratio_verify_rounds=[v / t for v, t in zip(verify, token)],
+        draft_rows_ratio=[median(r) for r in rows_ratio],
+        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
-
-
-def calibration_path(out: str | Path, target: str, draft: str) -> Path:
-    safe = lambda name: name.replace("/", "__").replace(":", "_")
-    return Path(out) / CALIBRATION_DIR / f"{safe(target)}--{safe(draft)}.parquet"
-
-
-def write_calibration(out: str | Path, calibration: Calibration) -> Path:
-    """One file per pair, replaced atomically: a re-run on other hardware overwrites it."""
-    path = calibration_path(out, calibration.target, calibration.draft)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    row = asdict(calibration) | {
-        "ratio_draft_target": calibration.ratio_draft_target,
-        "ratio_verify": calibration.ratio_verify,
-    }
-    tmp = path.with_name("." + path.name)
-    pd.DataFrame([row]).to_parquet(tmp, index=False)
-    tmp.replace(path)
-    return path
-
-
-def read_calibrations(out: str | Path) -> pd.DataFrame:
-    """Every calibration under OUT (empty frame when none was run)."""
-    files = sorted((Path(out) / CALIBRATION_DIR).glob("*.parquet"))
-    if not files:
-        return pd.DataFrame()
-    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)

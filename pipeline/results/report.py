@@ -11,10 +11,12 @@ import itertools
 import pandas as pd
 
 from pipeline.decoding.config import METHOD_LETTERS
+from pipeline.results.calibration_store import draft_rows_ratio, stored_calibration
 
 TABLE_INDEX = ["target", "draft", "turn", "method_label"]
 # Grid fields shown as extra index levels only where rows of one method and dataset differ in them.
-# `mode` is not among them: live and replay rows of one configuration give the same accepted counts.
+# `mode` is not among them: live and replay rows of one configuration give the same accepted counts
+# (pipeline.results.fidelity measures how often).
 VARYING = ["policy", "window", "distance", "gamma", "temperature", "seed", "max_new_tokens"]
 AVERAGE = "Avg."
 
@@ -68,7 +70,7 @@ def error_counts(df: pd.DataFrame) -> pd.DataFrame:
 SUMMARY_INDEX = ["target", "draft", "method_label", "policy"]
 # walltimes of different engines are never pooled or compared; the engine comes before the
 # method so that best values are marked within one pair and engine
-SPEEDUP_INDEX = ["target", "draft", "engine", "method_label", "policy"]
+SPEEDUP_INDEX = ["target", "draft", "dtype", "engine", "method_label", "policy"]
 
 
 def category_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -95,22 +97,20 @@ def speedup_table(df: pd.DataFrame, calibrations: pd.DataFrame) -> pd.DataFrame:
     ok = df[df["error"].isna() & (df["turn"] == "first")].copy()
     ok["engine"] = ok["engine"].astype(object).where(ok["engine"].notna(), "-")  # rows from before engines were recorded
     rows = []
-    for (target, draft, engine, label, policy), group in ok.groupby(SPEEDUP_INDEX):
+    for (target, draft, dtype, engine, label, policy), group in ok.groupby(SPEEDUP_INDEX):
         gamma = group["gamma"].dropna()
-        row = {"target": target, "draft": draft, "engine": engine, "method_label": label, "policy": policy,
-               "tau": pooled_tau(group)}
-        calib = calibrations[(calibrations["target"] == target) & (calibrations["draft"] == draft)] if not calibrations.empty else calibrations
-        if label != "AR" and len(gamma) and not calib.empty:
-            c, g, m = calib.iloc[0], int(gamma.iloc[0]), len(label.rstrip("*"))
-            rows_ratio = list(c["draft_rows_token_s"])[min(m, len(c["draft_rows_token_s"])) - 1] / c["target_token_s"]
-            row["eq1"] = row["tau"] / (g * c["ratio_draft_target"] + 1)
-            row["corrected"] = row["tau"] / (g * rows_ratio + c["ratio_verify"])
-        baseline = ok[(ok["target"] == target) & (ok["draft"] == draft) & (ok["engine"] == engine) & (ok["mode"] == "ar")]
+        row = dict(zip(SPEEDUP_INDEX, (target, draft, dtype, engine, label, policy))) | {"tau": pooled_tau(group)}
+        calib = stored_calibration(calibrations, target, draft, dtype)
+        if label != "AR" and len(gamma) and calib is not None:
+            g = int(gamma.iloc[0])
+            row["eq1"] = row["tau"] / (g * calib["ratio_draft_target"] + 1)
+            row["corrected"] = row["tau"] / (g * draft_rows_ratio(calib, len(label.rstrip("*"))) + calib["ratio_verify"])
+        baseline = ok[(ok["target"] == target) & (ok["draft"] == draft) & (ok["dtype"] == dtype) & (ok["engine"] == engine) & (ok["mode"] == "ar")]
         row["measured"] = _measured_speedup(group, baseline, label)
         rows.append(row)
     table = pd.DataFrame(rows).reindex(columns=SPEEDUP_INDEX + ["tau", "eq1", "corrected", "measured"])
     table = table.set_index(SPEEDUP_INDEX)
-    return table.iloc[sorted(range(len(table)), key=lambda i: (table.index[i][:3], method_order(table.index[i][3])))]
+    return table.iloc[sorted(range(len(table)), key=lambda i: (table.index[i][:4], method_order(table.index[i][4])))]
 
 
 def _measured_speedup(group: pd.DataFrame, baseline: pd.DataFrame, label: str) -> float:

@@ -29,6 +29,7 @@ class RowSource:
     config: RunConfig
     sample: Sample
     record: SampleRecord
+    timed: bool = False  # the sample is one of its pair's walltime samples
 
     @cached_property
     def config_key(self) -> str:
@@ -78,6 +79,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("dtype", pa.string(), lambda src: src.config.pair.dtype),
     Column("sample_id", pa.string(), _sample("sample_id")),
     Column("prompt_hash", pa.string(), _sample("prompt_hash")),  # prompt text + image pixels (Sample.prompt_hash)
+    Column("timed", pa.bool_(), lambda src: src.timed),  # chosen for walltime (pipeline.planning.timed_samples)
     Column("image_conversions", pa.list_(pa.string()), lambda src: list(src.sample.image_conversions)),
     Column("split", pa.string(), _sample("split")),
     Column("row", pa.int64(), _sample("row")),
@@ -101,6 +103,8 @@ COLUMNS: tuple[Column, ...] = (
     # static | eager: what decoded (replay: what collected the traces); for an error row, what the grid named
     Column("engine", pa.string(), lambda src: src.record.engine or src.config.decode_engine),
     Column("accepted_per_block", pa.list_(pa.int32()), _outcome("accepted_per_block")),
+    # live greedy rows: the accepted counts trace replay gives the same sample (pipeline.results.fidelity)
+    Column("replay_accepted_per_block", pa.list_(pa.int32()), _outcome("replay_accepted_per_block")),
     Column("weights_per_block", pa.list_(pa.list_(pa.float64())), _outcome("weights_per_block")),
     Column("blocks", pa.int32(), _outcome("blocks")),
     Column("tau", pa.float64(), _tau),  # per sample; aggregates pool blocks (pipeline.results.report)
@@ -124,7 +128,7 @@ SCHEMA = pa.schema([(column.name, column.type) for column in COLUMNS])
 FILE_SCHEMA = pa.schema([field for field in SCHEMA if field.name not in PARTITIONS])
 
 
-def make_row(run: str, shard: str, config: RunConfig, sample: Sample, record: SampleRecord) -> dict:
+def make_row(run: str, shard: str, config: RunConfig, sample: Sample, record: SampleRecord, timed: bool = False) -> dict:
     """One result row: the grid fields, the sample's identity and the engine's record."""
-    source = RowSource(run, shard, config, sample, record)
+    source = RowSource(run, shard, config, sample, record, timed)
     return {column.name: column.value(source) for column in COLUMNS}

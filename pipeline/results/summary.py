@@ -1,9 +1,9 @@
 """Write a run's reports next to its results: Markdown and CSV tables, PNG plots.
 
 `OUT/_report-<run>/` (underscore: Parquet readers of OUT skip it): `summary.md` (completeness,
-tau per dataset, category averages, expected and measured speedup, M vs T and where MT* lands,
-the lossless audit, image conversions, failed samples), one CSV per table, `tau.png` and
-`weights.png`.
+tau per dataset, category averages, expected and measured speedup with the samples timed and
+the calibration used, M vs T and where MT* lands, the lossless audit, replay fidelity, image
+conversions, failed samples), one CSV per table, `tau.png` and `weights.png`.
 """
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.results.audit import GROUP_KEYS, lossless_table, lossless_text
-from pipeline.results.calibration import read_calibrations
+from pipeline.results.calibration_store import calibration_table, read_calibrations
 from pipeline.results.completeness import completeness_table, completeness_text
+from pipeline.results.fidelity import GROUP_KEYS as FIDELITY_KEYS, fidelity_table, fidelity_text
 from pipeline.results.plots import plot_tau_bars, plot_weight_trajectories
 from pipeline.results.report import (
     category_table, error_counts, findings_text, markdown_table, method_findings, speedup_table, tau_table,
@@ -25,13 +26,14 @@ def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
     """Write every table and plot of one run; return the Markdown that was written."""
     folder = Path(out) / f"_report-{run}"
     folder.mkdir(parents=True, exist_ok=True)
+    calibrations = read_calibrations(out)
     tables = {
         "tau": ("Block efficiency tau per dataset (pooled over blocks; Avg. = benchmark datasets)", tau_table(rows)),
         "categories": ("Category averages (paper Table 2)", category_table(rows)),
         "speedup": (
             "Speedup: expected from tau and measured latency ratios (Eq. 1 and its CPU-corrected form), "
             "measured = AR walltime / SD walltime on the samples run live, per engine",
-            speedup_table(rows, read_calibrations(out)),
+            speedup_table(rows, calibrations),
         ),
     }
     sections = [f"# Run {run}: {len(rows)} rows, {rows['error'].notna().sum()} failed",
@@ -39,13 +41,14 @@ def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
     for name, (title, table) in tables.items():
         table.to_csv(folder / f"{name}.csv")
         sections.append(f"## {title}\n\n{markdown_table(table)}")
+    sections += [timed_samples_text(rows), calibration_section(calibrations, folder)]
     findings = method_findings(rows)
     findings.to_csv(folder / "findings.csv")
     sections.append(
         "## M vs T, and where TABED lands (pooled tau; rank among the SD configurations run, 1 = best)\n\n"
         f"{findings_text(findings)}\n\n{markdown_table(findings, mark_best=False)}"
     )
-    sections += [audit_section(rows, folder), image_conversions_text(rows)]
+    sections += [audit_section(rows, folder), fidelity_section(rows, folder), image_conversions_text(rows)]
     errors = error_counts(rows)
     if not errors.empty:
         lines = [f"| {r.dataset} | {r.turn} | {r.errors} |" for r in errors.itertuples()]
@@ -83,3 +86,36 @@ def image_conversions_text(rows: pd.DataFrame) -> str:
     counts = pd.Series(notes).value_counts()
     listed = ", ".join(f"{n} {kind}" for kind, n in counts.items())
     return f"## Images\n\n{len(notes)} image conversions in {len(first)} first-turn samples: {listed} (pipeline/data/images.py)."
+
+
+def fidelity_section(rows: pd.DataFrame, folder: Path) -> str:
+    """Live greedy rows against the replay of the same configuration and sample."""
+    table = fidelity_table(rows)
+    table.to_csv(folder / "fidelity.csv", index=False)
+    return ("## Replay fidelity: live greedy rows vs trace replay of the same configuration and sample\n\n"
+            f"{fidelity_text(table)}\n\n{markdown_table(table.set_index(FIDELITY_KEYS), mark_best=False)}")
+
+
+def timed_samples_text(rows: pd.DataFrame) -> str:
+    """Which samples the measured walltimes come from, per pair (grid `live_samples`)."""
+    if "timed" not in rows.columns:
+        return ""
+    timed = rows[rows["timed"].fillna(False).astype(bool) & (rows["turn"] == "first")]
+    if timed.empty:
+        return ""
+    lines = [
+        f"- {target} <- {draft} ({dtype}): " + ", ".join(sorted(group["sample_id"].unique()))
+        for (target, draft, dtype), group in timed.groupby(["target", "draft", "dtype"])
+    ]
+    return ("Measured walltimes come from these first-turn samples (seeded by `live_seed`, spread over "
+            "datasets and distinct images):\n\n" + "\n".join(lines))
+
+
+def calibration_section(calibrations: pd.DataFrame, folder: Path) -> str:
+    """The calibration each expected speedup used: ratios as median [min-max] over rounds."""
+    table = calibration_table(calibrations)
+    if table.empty:
+        return ""
+    table.to_csv(folder / "calibration.csv")
+    return ("## Calibration used (latency ratios, median [min-max] over rounds; the latest per pair and dtype)\n\n"
+            + markdown_table(table, mark_best=False))

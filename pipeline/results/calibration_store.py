@@ -1,0 +1,88 @@
+"""Calibrations on disk: one file per pair and dtype in `OUT/_calibration/` (the underscore
+keeps pyarrow's dataset discovery of the decoding results away from them), the choice of the
+one a report uses, and its summary table. No torch here: reports read calibrations without
+the models (`pipeline.results.calibration` measures them).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+CALIBRATION_DIR = "_calibration"
+
+
+def calibration_path(out: str | Path, target: str, draft: str, dtype: str) -> Path:
+    safe = lambda name: name.replace("/", "__").replace(":", "_")
+    return Path(out) / CALIBRATION_DIR / f"{safe(target)}--{safe(draft)}--{safe(dtype)}.parquet"
+
+
+def write_calibration(out: str | Path, calibration: Any) -> Path:
+    """One file per pair and dtype (a `Calibration`), replaced atomically: measuring again
+    (other hardware, `--recalibrate`) overwrites it."""
+    path = calibration_path(out, calibration.target, calibration.draft, calibration.dtype)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    row = asdict(calibration) | {
+        "ratio_draft_target": calibration.ratio_draft_target,
+        "ratio_verify": calibration.ratio_verify,
+    }
+    tmp = path.with_name("." + path.name)
+    pd.DataFrame([row]).to_parquet(tmp, index=False)
+    tmp.replace(path)
+    return path
+
+
+def read_calibrations(out: str | Path) -> pd.DataFrame:
+    """Every calibration under OUT (empty frame when none was run)."""
+    files = sorted((Path(out) / CALIBRATION_DIR).glob("*.parquet"))
+    if not files:
+        return pd.DataFrame()
+    table = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    for column, default in (("measured_at", ""), ("rounds", 1)):  # files from before rounds were kept
+        table[column] = table[column].fillna(default) if column in table else default
+    return table
+
+
+def stored_calibration(calibrations: pd.DataFrame, target: str, draft: str, dtype: str, gamma: int | None = None) -> pd.Series | None:
+    """The latest calibration of a pair in a dtype (and gamma, when given), or None."""
+    if calibrations.empty:
+        return None
+    match = (calibrations["target"] == target) & (calibrations["draft"] == draft) & (calibrations["dtype"] == dtype)
+    if gamma is not None:
+        match &= calibrations["gamma"] == gamma
+    found = calibrations[match].sort_values("measured_at")
+    return None if found.empty else found.iloc[-1]
+
+
+def draft_rows_ratio(calibration: pd.Series, rows: int) -> float:
+    """Tq with `rows` rows in the draft batch over Tp (an m-method ensemble drafts m rows)."""
+    ratios = calibration.get("draft_rows_ratio")
+    if ratios is not None and len(ratios):
+        return float(list(ratios)[min(rows, len(ratios)) - 1])
+    times = list(calibration["draft_rows_token_s"])  # files from before rounds were kept
+    return times[min(rows, len(times)) - 1] / calibration["target_token_s"]
+
+
+def _spread(calibration: pd.Series, name: str) -> str:
+    rounds = calibration.get(f"{name}_rounds")
+    value = f"{calibration[name]:.3f}"
+    if rounds is None or len(rounds) < 2:
+        return f"{value} (one measurement)"
+    return f"{value} [{min(rounds):.3f}-{max(rounds):.3f}]"
+
+
+def calibration_table(calibrations: pd.DataFrame) -> pd.DataFrame:
+    """One line per stored calibration: ratios as median [min-max] over rounds, and when,
+    where and how it was measured."""
+    if calibrations.empty:
+        return pd.DataFrame()
+    lines = [
+        {"target": c["target"], "draft": c["draft"], "dtype": c["dtype"], "device": c["device"], "engine": c.get("engine", "-"),
+         "gamma": int(c["gamma"]), "Tq/Tp": _spread(c, "ratio_draft_target"), "Tp(gamma+1)/Tp": _spread(c, "ratio_verify"),
+         "Tp ms": round(1e3 * c["target_token_s"], 2), "Tq ms": round(1e3 * c["draft_token_s"], 2),
+         "rounds x repeats": f"{int(c['rounds'])} x {int(c['repeats'])}", "measured at": c["measured_at"] or "-"}
+        for _, c in calibrations.iterrows()
+    ]
+    return pd.DataFrame(lines).set_index(["target", "draft", "dtype"])

@@ -18,7 +18,9 @@ from pipeline.data.sample import Sample
 from pipeline.decoding.live import autoregressive_decode, speculative_decode
 from pipeline.decoding.records import SampleRecord
 from pipeline.drafting.captioner import load_captioner
+from pipeline.drafting.methods import METHODS
 from pipeline.planning.grid import Pair, RunConfig, Shard
+from pipeline.planning.plugins import load_drafting_methods
 from pipeline.models.loading import default_device, load_pair
 from pipeline.results.schema import make_row
 from pipeline.results.store import rows_to_table
@@ -44,13 +46,19 @@ def failed(sample_id: str, mode: str, err: Exception) -> SampleRecord:
 
 
 class PairEvaluator:
-    """Loads one pair (and the captioner, if any method set needs it) once per process."""
+    """Loads one pair (and the captioner, if any method set needs it) once per process, after
+    importing the grid's own drafting methods (`drafting_methods`: import paths); `allow_text`:
+    the grid marked the pair `text_only`."""
 
-    def __init__(self, pair: Pair, captioner: str | None = None) -> None:
+    def __init__(
+        self, pair: Pair, captioner: str | None = None, drafting_methods: tuple[str, ...] = (), allow_text: bool = False
+    ) -> None:
+        load_drafting_methods(list(drafting_methods))
         self.pair = pair
         self.device = default_device()
         self.target, self.draft = load_pair(
-            resolve_model(pair.target), resolve_model(pair.draft), dtype=pair.dtype, device=self.device
+            resolve_model(pair.target), resolve_model(pair.draft), dtype=pair.dtype, device=self.device,
+            allow_text=allow_text,
         )
         self.captioner = load_captioner(captioner, self.device) if captioner else None
 
@@ -107,7 +115,7 @@ class PairEvaluator:
             groups[(sample_id, config.engine)].append(config)
         records = {}
         for (sample_id, _), configs in groups.items():
-            letters = "".join(m for m in "MTCP" if any(m in c.methods for c in configs if not c.is_ar))
+            letters = "".join(m for m in METHODS if any(m in c.methods for c in configs if not c.is_ar))
             if not letters:  # only AR baselines here: decoded live by run_shard
                 continue
             try:
@@ -131,7 +139,8 @@ class PairEvaluator:
 
 
 def remote_worker(
-    pair: Pair, captioner: str | None, *, num_gpus: float, num_cpus: float, max_restarts: int = 2
+    pair: Pair, captioner: str | None, *, num_gpus: float, num_cpus: float, max_restarts: int = 2,
+    drafting_methods: tuple[str, ...] = (), allow_text: bool = False,
 ):
     """Start a `PairEvaluator` actor. Ray restarts it up to `max_restarts` times and retries
     calls that were in flight when it died; the runner (`actors.runner`) re-dispatches beyond that."""
@@ -140,4 +149,4 @@ def remote_worker(
     actor = ray.remote(PairEvaluator).options(
         num_gpus=num_gpus, num_cpus=num_cpus, max_restarts=max_restarts, max_task_retries=max_restarts
     )
-    return actor.remote(pair, captioner)
+    return actor.remote(pair, captioner, drafting_methods, allow_text)

@@ -19,6 +19,7 @@ import ray
 
 from actors.pair_worker import remote_worker
 from actors.progress import Progress
+from pipeline.drafting.methods import needs_captions
 from pipeline.planning.grid import FIRST_TURN, GridSpec, Pair, Shard
 from pipeline.planning.samples import RegistrySource, RunSamples, SampleSource
 from pipeline.planning.resume import reconcile, wanted_rows
@@ -76,7 +77,7 @@ class GridRunner:
         stream: TextIO = sys.stdout,
     ) -> None:
         self.spec, self.out = spec, Path(out)
-        self.samples = RunSamples(spec, source or RegistrySource(dict(spec.sources)), self._first_turn_answers)
+        self.samples = RunSamples(spec, source or RegistrySource.for_grid(spec), self._first_turn_answers)
         self.run_name = run or spec.name
         self.requested_workers, self.gpus_per_worker, self.cpus_per_worker = workers, gpus_per_worker, cpus_per_worker
         self.max_attempts, self.poll_s, self.placement_timeout_s = max_attempts, poll_s, placement_timeout_s
@@ -85,7 +86,7 @@ class GridRunner:
         self.workers: list[_Worker] = []
         self.report = RunReport()
         self._attempts: dict[str, int] = defaultdict(int)
-        self._captioner = spec.captioner if any("C" in m for m in spec.methods) else None  # for the actors
+        self._captioner = spec.captioner if any(needs_captions(m) for m in spec.methods) else None  # for the actors
 
     def _first_turn_answers(self, pair: Pair, dataset: str, max_new_tokens: int) -> dict[str, str]:
         return first_turn_answers(self.out, self.run_name, target=pair.target, dtype=pair.dtype,
@@ -173,7 +174,8 @@ class GridRunner:
                     return
                 ray.kill(idle.handle)
                 self.workers.remove(idle)
-            handle = remote_worker(pair, self._captioner, num_gpus=self._gpus, num_cpus=self.cpus_per_worker)
+            handle = remote_worker(pair, self._captioner, num_gpus=self._gpus, num_cpus=self.cpus_per_worker,
+                                   drafting_methods=self.spec.drafting_methods, allow_text=pair in self.spec.text_only)
             probe = handle.device_name.options(max_task_retries=0).remote()  # fails once, quietly, if the pair cannot load
             self.workers.append(_Worker(pair, handle, probe))
             self._top_up(self.workers[-1])

@@ -2,6 +2,7 @@
 
     ray job submit --working-dir . -- python jobs/full_grid.py --grid configs/smoke.yaml --out results
     python jobs/full_grid.py --grid configs/paper_full.yaml --dry-run
+    python jobs/full_grid.py --list datasets|methods|policies|families [--grid FILE for its own]
 
 Connects to the cluster named by RAY_ADDRESS (set by `ray job submit`), else starts a local
 Ray. Rerunning with the same --out skips every row already written.
@@ -30,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="results", help="results dataset directory (default: %(default)s)")
     parser.add_argument("--run", help="run name, the run=<name> partition (default: the grid's name)")
     parser.add_argument("--dry-run", action="store_true", help="validate the grid and print work-unit counts only")
+    parser.add_argument("--list", choices=("datasets", "methods", "policies", "families"),
+                        help="print what a grid may name, built-in and the grid's own, one line each")
     parser.add_argument("--workers", type=int, help="number of actors (default: one per GPU, else one per CPU)")
     parser.add_argument("--gpus-per-worker", type=float, help="GPUs per actor (default: 1 if the cluster has GPUs, else 0)")
     parser.add_argument("--cpus-per-worker", type=float, default=1, help="CPUs per actor (default: %(default)s)")
@@ -44,7 +47,14 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_grid(args.grid)
     except GridError as err:
         print(f"invalid grid {args.grid}: {err}", file=sys.stderr)
-        return EXIT_INVALID
+        if not args.list:
+            return EXIT_INVALID
+        spec = None  # the built-ins are listed all the same
+    if args.list:
+        from pipeline.planning.listing import listing
+
+        print("\n".join(listing(args.list, spec)))
+        return 0
     if args.dry_run:
         from pipeline.planning.shards import unit_counts
 
@@ -52,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from pipeline.planning.preflight import preflight
 
-    source = RegistrySource(dict(spec.sources))
+    source = RegistrySource.for_grid(spec)
     try:
         preflight(spec, args.out, source)
     except GridError as err:

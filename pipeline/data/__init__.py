@@ -6,8 +6,9 @@ API used by grid planning and the run's samples (`pipeline.planning`):
   listing the known ones). Names: llava_bench, docvqa, pope, mmvet, iedit, magicbrush,
   spot_the_diff, pororo_sv, vist (public sources) and embedded_vqa, embedded_describe,
   embedded_compare, embedded_story (offline, on easy-VQA images).
-- ``load_samples(name, *, limit=None, source=None) -> list[Sample]``: first turn, the first
-  ``limit`` rows (default 100, 60 for LLaVA-Bench). ``source`` is a local copy (a
+- ``load_samples(name_or_spec, *, limit=None, source=None) -> list[Sample]``: first turn, the first
+  ``limit`` rows (default 100, 60 for LLaVA-Bench); a ``DatasetSpec`` of a user's own file
+  (``pipeline.data.user_datasets``) works like a name. ``source`` is a local copy (a
   ``datasets.save_to_disk`` directory or Parquet files) used instead of the hub; an unreachable
   or malformed source raises ``DataSourceError`` naming the dataset.
 - ``build_second_turn(first_samples, first_outputs, task, *, source=None) -> list[Sample]`` with

@@ -26,20 +26,24 @@ from pipeline.data.images import to_rgb
 from pipeline.data.prompts import PromptError
 from pipeline.data.registry import DatasetSpec, get_dataset
 from pipeline.data.sample import FIRST_TURN, Sample
-
+from pipeline.data.user_datasets import FILE_KINDS
 
 
 class DataSourceError(RuntimeError):
     """A dataset that cannot be opened: hub unreachable, local copy missing or malformed."""
 
 
-def load_samples(name: str, *, limit: int | None = None, source: str | os.PathLike | None = None) -> list[Sample]:
-    """First-turn Samples of dataset `name`: its first `limit` rows (default: the paper's subset).
+def load_samples(
+    dataset: str | DatasetSpec, *, limit: int | None = None, source: str | os.PathLike | None = None
+) -> list[Sample]:
+    """First-turn Samples of a registered dataset (by name) or of `dataset`'s spec (a user's
+    file): its first `limit` rows (default: the paper's subset).
 
     `source` is a local copy overriding the hub id (see module doc). Rows that cannot become a
     prompt come back with `error` set; a source that cannot be opened raises DataSourceError.
     """
-    spec = get_dataset(name)
+    spec = dataset if isinstance(dataset, DatasetSpec) else get_dataset(dataset)
+    name = spec.name
     count = spec.default_limit if limit is None else limit
     if count < 1:
         raise ValueError(f"dataset {name!r}: limit must be at least 1, got {count}")
@@ -47,6 +51,8 @@ def load_samples(name: str, *, limit: int | None = None, source: str | os.PathLi
         if source is not None:
             raise ValueError(f"dataset {name!r} ships with the project and takes no source (got {source!r})")
         rows: Iterator[Mapping[str, Any]] = iter(spec.embedded_rows())
+    elif spec.path is not None:
+        rows = open_rows(name, None, None, spec.split, spec.path, spec.required_columns)
     else:
         rows = open_rows(name, spec.hub_id, spec.config, spec.split, source, spec.required_columns)
         if spec.sub_task:
@@ -62,7 +68,9 @@ def row_to_sample(spec: DatasetSpec, index: int, row: Mapping[str, Any]) -> Samp
         sample = dataclasses.replace(sample, prompt=prompt)
         decoded = [decode_image(value, k) for k, value in enumerate(raw_images)]
         conversions = tuple(f"image {k}: {note}" for k, (_, notes) in enumerate(decoded) for note in notes)
-        sample = dataclasses.replace(sample, images=tuple(image for image, _ in decoded), image_conversions=conversions)
+        answer = row.get(spec.answer_column) if spec.answer_column else None
+        sample = dataclasses.replace(sample, images=tuple(image for image, _ in decoded), image_conversions=conversions,
+                                     answer=None if answer is None else str(answer))
         sample.check()
     except ValueError as exc:  # PromptError, or Sample.check's placeholder/image mismatch
         message = str(exc) if str(exc).startswith("sample ") else f"sample {sample.sample_id}: {exc}"
@@ -167,6 +175,11 @@ def _open_local(label: str, path: Path, split: str) -> datasets.IterableDataset:
         if isinstance(loaded, datasets.DatasetDict):
             loaded = _pick_split(label, loaded, split, path)
         return loaded.to_iterable_dataset()
+    builder = FILE_KINDS.get(path.suffix.lower()) if path.is_file() else None
+    if builder in ("json", "csv"):  # a user's JSONL or CSV file
+        if path.stat().st_size == 0:
+            raise DataSourceError(f"dataset {label!r}: {path} holds no rows")
+        return datasets.load_dataset(builder, data_files=[str(path)], split="train", streaming=True)
     files = _parquet_files(path, split)
     if not files:
         raise DataSourceError(

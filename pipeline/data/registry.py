@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from pipeline.data.embedded import scenarios
 from pipeline.data.prompts import REASONING_INSTRUCTION, PromptError, image_question, user_turn
+from pipeline.data.user_datasets import MappedColumns, UserDataset
 
 IMAGE_COLUMN = re.compile(r"image_(\d+)")
 
@@ -63,7 +64,7 @@ class Prebuilt:
         return user_turn(_text(row, "text")), list(row["images"])
 
 
-RowFormat = SingleImage | Interleaved | Prebuilt
+RowFormat = SingleImage | Interleaved | Prebuilt | MappedColumns
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,8 @@ class DatasetSpec:
     """Everything needed to turn one scenario into first-turn Samples.
 
     `split` is the public split and is what sample ids carry, whichever copy (hub or local)
-    the rows came from, so results of both key alike. Exactly one of `hub_id` and
-    `embedded_rows` is set.
+    the rows came from, so results of both key alike. Exactly one of `hub_id`,
+    `embedded_rows` and `path` (a user's own file, `pipeline.data.user_datasets`) is set.
     """
 
     name: str
@@ -85,15 +86,18 @@ class DatasetSpec:
     config: str | None = None
     sub_task: str | None = None
     embedded_rows: Callable[[], Iterable[Mapping[str, Any]]] | None = None
+    path: str | None = None
+    answer_column: str | None = None  # kept as each sample's reference answer
+
+    @property
+    def required_columns(self) -> tuple[str, ...]:
+        own = self.format_row.columns + ((self.answer_column,) if self.answer_column else ())
+        return own + (("sub_task",) if self.sub_task else ())
 
     @property
     def embedded(self) -> bool:
         """True when the rows ship with the project and need no network."""
         return self.embedded_rows is not None
-
-    @property
-    def required_columns(self) -> tuple[str, ...]:
-        return self.format_row.columns + (("sub_task",) if self.sub_task else ())
 
 
 INTERLEAVE_BENCH = "lmms-lab/LLaVA-NeXT-Interleave-Bench"
@@ -142,3 +146,14 @@ def get_dataset(name: str) -> DatasetSpec:
         return DATASETS[name]
     except KeyError:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}") from None
+
+
+def is_embedded(name: str) -> bool:
+    """True for a registered dataset that ships with the project (a user's file is not)."""
+    return name in DATASETS and DATASETS[name].embedded
+
+
+def user_dataset_spec(user: UserDataset) -> DatasetSpec:
+    """The spec of a dataset a grid file names by path."""
+    return DatasetSpec(user.name, user.name, user.category, user.split, user.columns,
+                       path=user.path, answer_column=user.answer)

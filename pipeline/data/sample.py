@@ -32,6 +32,7 @@ class Sample:
     # how decoding changed its images beyond the pixel format, e.g. "image 0: scaled-to-8-bit"
     # (pipeline.data.images); the pixels themselves are in `prompt_hash`
     image_conversions: tuple[str, ...] = ()
+    answer: str | None = None  # a reference answer, where the dataset has one (user datasets)
 
     @property
     def sample_id(self) -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from pipeline.data.prompts import PromptError, continue_conversation, user_turn
-from pipeline.data.registry import get_dataset
+from pipeline.data.registry import is_embedded
 from pipeline.data.sample import FIRST_TURN, Sample
 
 TURN_TASKS: tuple[str, ...] = ("qaorg", "captioning", "summary", "story", "nq", "gsm8k")
@@ -116,13 +116,13 @@ def build_second_turn(
         )
     questions: list[str] = []
     if task in QUESTION_SETS:
-        embedded = get_dataset(first_samples[0].dataset).embedded
+        embedded = is_embedded(first_samples[0].dataset)
         needed = max(s.row for s in first_samples) + 1
         questions = load_questions(task, needed, source=source, embedded=embedded)
 
     result = []
     for position, first in enumerate(first_samples):
-        second = dataclasses.replace(first, turn=task, prompt="", images=(), error=None)
+        second = dataclasses.replace(first, turn=task, prompt="", images=(), error=None, answer=None)
         try:
             prompt, images = _second_turn(first, first_samples, position, first_outputs, task, questions)
         except PromptError as exc:

@@ -3,15 +3,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipeline.drafting.methods import check_methods
 from pipeline.drafting.policies import StaticPolicy, WeightPolicy
-
-METHOD_LETTERS = "MTCP"  # docs/algorithm.md §2: multimodal, text-only, caption, pooled
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """One decoding configuration. `methods` is a string of method letters (e.g. "MTCP"); a
-    single letter is plain SD with that drafting method. `temperature` 0 means greedy."""
+    """One decoding configuration. `methods` is a string of method letters (e.g. "MTCP",
+    `pipeline.drafting.methods.METHODS`); a single letter is plain SD with that drafting
+    method. `temperature` 0 means greedy."""
 
     methods: str = "M"
     policy: WeightPolicy = field(default_factory=StaticPolicy)
@@ -21,16 +21,7 @@ class DecodeConfig:
     seed: int = 0
 
     def validate(self) -> None:
-        if not self.methods:
-            raise ValueError("methods must name at least one drafting method (letters of MTCP)")
-        unknown = sorted(set(self.methods) - set(METHOD_LETTERS))
-        if unknown:
-            raise ValueError(
-                f"unknown drafting method letter(s) {unknown} in {self.methods!r}; "
-                f"known: M (multimodal), T (text-only), C (caption), P (pooled)"
-            )
-        if len(set(self.methods)) != len(self.methods):
-            raise ValueError(f"drafting method repeated in {self.methods!r}")
+        check_methods(self.methods)
         if self.gamma < 1:
             raise ValueError(f"gamma (draft length) must be >= 1, got {self.gamma}")
         if self.temperature < 0:

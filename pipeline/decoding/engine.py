@@ -25,7 +25,7 @@ from PIL import Image
 from pipeline.data.sample import Sample
 from pipeline.drafting.batch import BatchedRows, StaticRows
 from pipeline.drafting.captioner import Captioner
-from pipeline.drafting.methods import method_embeddings
+from pipeline.drafting.methods import method_embeddings, needs_captions
 from pipeline.models.base import LVLM, ModelInputError
 
 ENGINES = ("static", "eager")
@@ -92,9 +92,9 @@ def prefilled_rows(
     `capacity`: continuation tokens the rows must hold (static engine); `compiled` overrides
     whether decode steps compile (None: `compiles(device)`)."""
     captions = None
-    if "C" in methods:
+    if needs_captions(methods):
         if captioner is None:
-            raise ModelInputError("caption drafting (C) needs a captioner")
+            raise ModelInputError(f"caption drafting in {methods!r} needs a captioner")
         captions = [captioner.caption(image) for image in prompt.images]
     embeds = [method_embeddings(model, m, prompt.ids, prompt.images, captions)[:-1] for m in methods]
     rows = new_rows(model, embeds, engine=engine, capacity=capacity, role=role, compiled=compiled)

@@ -12,7 +12,8 @@ same states, which is what makes replay exact.
 Adding a policy is one subclass: `class Mine(WeightPolicy, kind="mine")` with its fields,
 `label`, `validate`, `canonical` if some knobs do not matter, and `start_state` returning a
 `WeightState` (the built-in states live in `weight_states.py`, which holds the torch code, so
-that grid files validate without importing torch).
+that grid files validate without importing torch). A grid file names a policy of your own by
+import path, `kind: "package.module:Class"` (`pipeline.planning.plugins`).
 """
 from __future__ import annotations
 
@@ -46,10 +47,15 @@ class WeightPolicy:
     distance: str = "kl"
 
     def __init_subclass__(cls, kind: str = "", **kwargs) -> None:
+        """`kind=` registers the class under that name; without it the kind is its import path
+        `module:Class` (the same in every process, so rows written by Ray workers agree with
+        the driver), registered when a grid file names it (`pipeline.planning.plugins`)."""
         super().__init_subclass__(**kwargs)
+        cls.kind = f"{cls.__module__}:{cls.__qualname__}"
         if kind:
-            if kind in POLICIES:
-                raise ValueError(f"weight policy {kind!r} is defined twice ({POLICIES[kind].__qualname__}, {cls.__qualname__})")
+            known = POLICIES.get(kind)
+            if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
+                raise ValueError(f"weight policy {kind!r} is defined twice ({known.__qualname__}, {cls.__qualname__})")
             cls.kind = kind
             POLICIES[kind] = cls
 

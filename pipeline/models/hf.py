@@ -1,4 +1,4 @@
-"""Adapters for transformers models: LLaVA-1.5, LLaVA-NeXT and plain causal LMs.
+"""Adapters for transformers models: LLaVA-1.5, LLaVA-NeXT, LLaVA-OneVision and plain causal LMs.
 
 They call the library's own classes and caches; image features come from the model's own
 `get_image_features`, except pooling (method P), which needs the patch grid before the
@@ -106,31 +106,38 @@ class HFModel(LVLM):
 
 
 class HFLlava(HFModel):
-    """LLaVA-1.5 (`LlavaForConditionalGeneration`) or LLaVA-NeXT (`LlavaNextForConditionalGeneration`)."""
+    """A LLaVA family model (`pipeline.models.families`): LLaVA-1.5, LLaVA-NeXT or
+    LLaVA-OneVision, through its own transformers class."""
 
     def __init__(self, model: PreTrainedModel, processor, name: str) -> None:
         super().__init__(model, processor.tokenizer, name)
         self.processor = processor
         self.image_token_id = model.config.image_token_id
-        self.is_next = model.config.model_type == "llava_next"
+        self.family = model.config.model_type
 
     @property
     def supports_pooling(self) -> bool:
-        # NeXT's any-resolution tiles and newline tokens have no single patch grid to pool.
-        return not self.is_next
+        # any-resolution tiles and newline tokens (NeXT, OneVision) have no single patch grid to pool
+        return self.family == "llava"
 
     @torch.inference_mode()
     def image_features(self, images: Sequence[Image.Image], pooled: bool = False) -> list[torch.Tensor]:
         if not images:
             return []
-        pixels = self.processor.image_processor(list(images), return_tensors="pt")
+        # OneVision treats the images of one prompt together (several images: no tiling), as its processor does
+        batch = [list(images)] if self.family == "llava_onevision" else list(images)
+        pixels = self.processor.image_processor(batch, return_tensors="pt")
         pixel_values = pixels["pixel_values"].to(self.device, self.dtype)
         config = self.model.config
         if pooled:
             if not self.supports_pooling:
-                raise ModelInputError(f"{self.name}: pooled drafting (P) needs a LLaVA-1.5 style model, not LLaVA-NeXT")
+                raise ModelInputError(f"{self.name}: pooled drafting (P) needs a LLaVA-1.5 style model, not {self.family}")
             return list(self._pooled_features(pixel_values))
-        extra = {"image_sizes": pixels["image_sizes"].to(self.device)} if self.is_next else {}
+        extra = {}
+        if self.family != "llava":
+            extra["image_sizes"] = pixels["image_sizes"].to(self.device)
+        if self.family == "llava_onevision":
+            extra.update(vision_aspect_ratio=config.vision_aspect_ratio, batch_num_images=pixels["batch_num_images"])
         out = self.model.model.get_image_features(
             pixel_values=pixel_values,
             vision_feature_layer=config.vision_feature_layer,

@@ -1,25 +1,20 @@
 """Load a target or draft by hub id or local directory, with the model class its config names.
 
 The reference code mapped every llava-hf id to the LLaVA-1.5 class, which breaks LLaVA-NeXT;
-here the config's `model_type` decides.
+here the config's `model_type` picks the family (`pipeline.models.families`), and a
+multimodal type outside them is refused rather than driven as text.
 """
 from __future__ import annotations
 
 import torch
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoProcessor,
-    AutoTokenizer,
-    LlavaForConditionalGeneration,
-    LlavaNextForConditionalGeneration,
-)
+import transformers
+from transformers import AutoConfig, AutoImageProcessor, AutoModelForCausalLM, AutoProcessor, AutoTokenizer
 
 from pipeline.models.base import LVLM
 from pipeline.models.dtypes import resolve_dtype
+from pipeline.models.families import FAMILIES, UnsupportedFamily, check_family
 from pipeline.models.hf import HFLlava, HFModel
 
-LLAVA_CLASSES = {"llava": LlavaForConditionalGeneration, "llava_next": LlavaNextForConditionalGeneration}
 EMBEDDED_PREFIX = "embedded:"
 
 
@@ -32,8 +27,11 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load_model(name_or_dir: str, *, dtype: str = "fp32", device: str | torch.device = "cpu") -> LVLM:
-    """A model ready for the engine, on `device`, in `dtype` (fp32 / fp16 / bf16)."""
+def load_model(
+    name_or_dir: str, *, dtype: str = "fp32", device: str | torch.device = "cpu", allow_text: bool = False
+) -> LVLM:
+    """A model ready for the engine, on `device`, in `dtype` (fp32 / fp16 / bf16); a plain
+    causal LM only with `allow_text`."""
     torch_dtype = resolve_dtype(dtype)
     device = torch.device(device)
     if name_or_dir.startswith(EMBEDDED_PREFIX):
@@ -45,15 +43,35 @@ def load_model(name_or_dir: str, *, dtype: str = "fp32", device: str | torch.dev
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"cannot load model {name_or_dir!r}: {err}") from err
     try:
-        if config.model_type in LLAVA_CLASSES:
-            model = LLAVA_CLASSES[config.model_type].from_pretrained(name_or_dir, dtype=torch_dtype)
-            adapter: LVLM = HFLlava(model.to(device), AutoProcessor.from_pretrained(name_or_dir), name_or_dir)
+        family = check_family(config.to_dict(), name_or_dir, allow_text=allow_text)
+    except UnsupportedFamily as err:
+        raise ModelLoadError(str(err)) from None
+    try:
+        if family in FAMILIES:
+            model = getattr(transformers, FAMILIES[family].model_class).from_pretrained(name_or_dir, dtype=torch_dtype)
+            adapter: LVLM = HFLlava(model.to(device), _processor(name_or_dir), name_or_dir)
         else:
             model = AutoModelForCausalLM.from_pretrained(name_or_dir, dtype=torch_dtype)
             adapter = HFModel(model.to(device), AutoTokenizer.from_pretrained(name_or_dir), name_or_dir)
     except torch.OutOfMemoryError as err:
         raise ModelLoadError(f"model {name_or_dir!r} does not fit on {device} in {dtype}: {err}") from err
     return adapter
+
+
+class ImageTextProcessor:
+    """The two parts of a processor the adapter uses, for checkpoints whose full processor
+    cannot be built here (LLaVA-OneVision's also wants a video processor, which needs torchvision)."""
+
+    def __init__(self, name_or_dir: str) -> None:
+        self.image_processor = AutoImageProcessor.from_pretrained(name_or_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(name_or_dir)
+
+
+def _processor(name_or_dir: str):
+    try:
+        return AutoProcessor.from_pretrained(name_or_dir)
+    except (ImportError, AttributeError, ValueError, TypeError):  # a missing optional backend, or no processor config
+        return ImageTextProcessor(name_or_dir)
 
 
 def check_same_tokenizer(target: LVLM, draft: LVLM) -> None:
@@ -66,9 +84,10 @@ def check_same_tokenizer(target: LVLM, draft: LVLM) -> None:
 
 
 def load_pair(
-    target: str, draft: str, *, dtype: str = "fp32", device: str | torch.device = "cpu"
+    target: str, draft: str, *, dtype: str = "fp32", device: str | torch.device = "cpu", allow_text: bool = False
 ) -> tuple[LVLM, LVLM]:
     """Target and draft on one device, checked to share a tokenizer."""
-    pair = load_model(target, dtype=dtype, device=device), load_model(draft, dtype=dtype, device=device)
+    pair = (load_model(target, dtype=dtype, device=device, allow_text=allow_text),
+            load_model(draft, dtype=dtype, device=device, allow_text=allow_text))
     check_same_tokenizer(*pair)
     return pair

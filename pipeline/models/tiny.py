@@ -3,7 +3,8 @@
 `python -m pipeline.models.tiny OUT_DIR` writes OUT_DIR/target, OUT_DIR/draft (LLaVA-1.5 class)
 and OUT_DIR/next_target (LLaVA-NeXT class), all loadable by `from_pretrained`. The draft is the
 target with seeded noise on every weight, so it agrees with the target often but not always —
-the regime where speculative decoding has something to measure.
+the regime where speculative decoding has something to measure. `build_family_pair` writes a
+target and draft of any supported family (`pipeline.models.families`), for the per-family tests.
 """
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ from transformers import (
     LlavaNextForConditionalGeneration,
     LlavaNextImageProcessorPil,
     LlavaNextProcessor,
+    LlavaOnevisionConfig,
+    LlavaOnevisionForConditionalGeneration,
+    LlavaOnevisionImageProcessorPil,
     LlavaProcessor,
     PreTrainedTokenizerFast,
 )
@@ -132,6 +136,57 @@ def build_llava_next(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Llava
         vision_feature_select_strategy="default",
     )
     return _silence_special_tokens(LlavaNextForConditionalGeneration(config).eval(), tokenizer)
+
+
+def build_llava_onevision(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlavaOnevisionForConditionalGeneration:
+    torch.manual_seed(seed)
+    config = LlavaOnevisionConfig(
+        vision_config=_vision_config(),
+        text_config=_text_config(tokenizer),
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        image_grid_pinpoints=[[IMAGE_SIZE, IMAGE_SIZE], [IMAGE_SIZE, 2 * IMAGE_SIZE], [2 * IMAGE_SIZE, IMAGE_SIZE]],
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",  # CLIP has a CLS token; SigLIP (the real one) has none
+    )
+    return _silence_special_tokens(LlavaOnevisionForConditionalGeneration(config).eval(), tokenizer)
+
+
+class _SavedSeparately:
+    """Image processor and tokenizer saved side by side: `LlavaOnevisionProcessor` also wants a
+    video processor, which needs torchvision (not installed here); loading falls back alike."""
+
+    def __init__(self, *parts) -> None:
+        self.parts = parts
+
+    def save_pretrained(self, path: Path) -> None:
+        for part in self.parts:
+            part.save_pretrained(path)
+
+
+def _llava_onevision_processor(tokenizer: PreTrainedTokenizerFast, model: LlavaOnevisionForConditionalGeneration) -> _SavedSeparately:
+    image_processor = LlavaOnevisionImageProcessorPil(
+        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, image_grid_pinpoints=model.config.image_grid_pinpoints,
+    )
+    return _SavedSeparately(image_processor, tokenizer)
+
+
+FAMILY_BUILDERS = {  # model_type -> (model builder, processor builder)
+    "llava": (build_llava, lambda tokenizer, model: llava_processor(tokenizer)),
+    "llava_next": (build_llava_next, lambda tokenizer, model: _llava_next_processor(tokenizer, model)),
+    "llava_onevision": (build_llava_onevision, _llava_onevision_processor),
+}
+
+
+def build_family_pair(family: str, out_dir: str | Path, noise: float = 0.02) -> tuple[Path, Path]:
+    """A tiny target of `family` and its perturbed draft under `out_dir`; (target, draft) dirs."""
+    build_model, build_processor = FAMILY_BUILDERS[family]
+    tokenizer = build_tokenizer()
+    target = build_model(tokenizer, seed=0)
+    out = Path(out_dir)
+    for name, model in (("target", target), ("draft", perturbed_copy(target, noise=noise, seed=1))):
+        model.save_pretrained(out / name)
+        build_processor(tokenizer, model).save_pretrained(out / name)
+    return out / "target", out / "draft"
 
 
 def perturbed_copy(model: LlavaForConditionalGeneration, noise: float, seed: int) -> LlavaForConditionalGeneration:

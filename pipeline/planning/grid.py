@@ -17,7 +17,9 @@ from functools import cached_property, lru_cache
 from typing import Collection, Iterable
 
 from pipeline.data.sample import FIRST_TURN
+from pipeline.data.user_datasets import UserDataset
 from pipeline.decoding.config import DecodeConfig
+from pipeline.drafting.methods import needs_captions
 from pipeline.drafting.policies import StaticPolicy, WeightPolicy
 
 AR = "AR"  # method-set name of the autoregressive baseline (rows with mode "ar")
@@ -209,6 +211,12 @@ class GridSpec:
     #: local copies (save_to_disk dir or Parquet) by dataset or question-task name, for
     #: clusters without hub access; (name, path) pairs so the spec stays hashable
     sources: tuple[tuple[str, str], ...] = ()
+    #: datasets the grid file names by path (pipeline.data.user_datasets); their names are in `datasets`
+    user_datasets: tuple[UserDataset, ...] = ()
+    #: pairs marked `text_only: true`: their models may be plain causal LMs (pipeline.models.families)
+    text_only: tuple[Pair, ...] = ()
+    #: import paths of the grid's own drafting methods (pipeline.planning.plugins); workers import them too
+    drafting_methods: tuple[str, ...] = ()
 
     @property
     def second_turns(self) -> tuple[str, ...]:
@@ -267,5 +275,5 @@ def normalise(config: RunConfig) -> RunConfig:
     if config.is_ar:
         return replace(config, policy=StaticPolicy(), gamma=None, captioner=None)
     policy = StaticPolicy() if len(config.methods) == 1 else config.policy.canonical()  # one method: no weights
-    captioner = config.captioner if "C" in config.methods else None
+    captioner = config.captioner if needs_captions(config.methods) else None
     return replace(config, policy=policy, captioner=captioner)

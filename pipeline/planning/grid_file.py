@@ -12,12 +12,14 @@ from typing import Any, Iterable
 import yaml
 
 from pipeline.decoding.config import DecodeConfig
+from pipeline.drafting.methods import METHODS, needs_captions
 from pipeline.drafting.policies import DISTANCES, POLICIES, make_policy, policy_class
 from pipeline.models.dtypes import DTYPES
 from pipeline.planning.grid import (
     AR, ENGINE_CHOICES, FIRST_TURN, Catalog, GridError, GridSpec, PolicyEntry, Pair,
 )
-from pipeline.planning.model_ids import check_model_id, check_same_tokenizer, model_kind
+from pipeline.planning.model_ids import check_family_here, check_model_id, check_same_tokenizer, model_kind
+from pipeline.planning.plugins import load_drafting_methods, parse_datasets, policy_kind
 
 MODES = ("live", "replay", "auto")
 
@@ -25,6 +27,7 @@ AXES = ("window", "distance", "gamma", "temperature", "seed", "engine")
 FIELDS = {
     "name", "datasets", "turns", "pairs", "methods", "policies", *AXES,
     "max_new_tokens", "limit", "captioner", "shard_size", "mode", "live_samples", "live_seed", "sources", "calibrate",
+    "drafting_methods",
 }
 QUESTION_TASKS = ("nq", "gsm8k")  # second-turn tasks that read a question dataset
 
@@ -57,12 +60,18 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None) -> GridSpec:
         if required not in raw:
             raise GridError(f"grid field {required!r} is required")
     catalog = catalog or Catalog.from_registry()
+    drafting_methods = load_drafting_methods(raw["drafting_methods"]) if "drafting_methods" in raw else ()
     methods = _methods(raw["methods"])
+    datasets, user_datasets = parse_datasets(raw["datasets"], catalog)
+    pairs = [_pair(entry, i) for i, entry in enumerate(_list(raw["pairs"], "pairs"))]
     spec = GridSpec(
         name=_name(raw.get("name", "grid")),
-        datasets=_datasets(raw["datasets"], catalog),
+        datasets=datasets,
+        user_datasets=user_datasets,
+        drafting_methods=drafting_methods,
         turns=_turns(raw.get("turns", [FIRST_TURN]), catalog),
-        pairs=tuple(_pair(entry, i) for i, entry in enumerate(_list(raw["pairs"], "pairs"))),
+        pairs=tuple(pair for pair, _ in pairs),
+        text_only=tuple(pair for pair, text_only in pairs if text_only),
         methods=methods,
         policies=tuple(_policy(entry, i, methods) for i, entry in enumerate(_list(raw.get("policies", ["static"]), "policies"))),
         window=tuple(_window(w, i) for i, w in enumerate(_list(raw.get("window", list(GridSpec.window)), "window"))),
@@ -115,14 +124,6 @@ def _name(value: Any) -> str:
     return value
 
 
-def _datasets(value: Any, catalog: Catalog) -> tuple[str, ...]:
-    names = _list(value, "datasets")
-    for i, name in enumerate(names):
-        if name not in catalog.datasets:
-            raise GridError(f"datasets[{i}]: unknown dataset {name!r}; known: {sorted(catalog.datasets)}")
-    return tuple(names)
-
-
 def _turns(value: Any, catalog: Catalog) -> tuple[str, ...]:
     turns = _list(value, "turns")
     for i, turn in enumerate(turns):
@@ -134,13 +135,17 @@ def _turns(value: Any, catalog: Catalog) -> tuple[str, ...]:
     return tuple(turns)
 
 
-def _pair(entry: Any, i: int) -> Pair:
+PAIR_KEYS = ("target", "draft", "dtype", "text_only")
+
+
+def _pair(entry: Any, i: int) -> tuple[Pair, bool]:
+    """A pair and whether its models may be plain causal LMs (`text_only: true`)."""
     where = f"pairs[{i}]"
     if not isinstance(entry, dict):
         raise GridError(f"{where}: expected a mapping {{target, draft, dtype}}, got {entry!r}")
-    unknown = sorted(set(entry) - {"target", "draft", "dtype"})
+    unknown = sorted(set(entry) - set(PAIR_KEYS))
     if unknown:
-        raise GridError(f"{where}: unknown key(s) {unknown}; known: target, draft, dtype")
+        raise GridError(f"{where}: unknown key(s) {unknown}; known: {', '.join(PAIR_KEYS)}")
     for key in ("target", "draft"):
         if key not in entry:
             raise GridError(f"{where}: missing {key!r}")
@@ -149,8 +154,11 @@ def _pair(entry: Any, i: int) -> Pair:
         draft=check_model_id(entry["draft"], f"{where}.draft"),
         dtype=_choice(entry.get("dtype", "fp32"), tuple(DTYPES), f"{where}.dtype"),
     )
+    text_only = _bool(entry.get("text_only", False), f"{where}.text_only")
     check_same_tokenizer(pair.target, pair.draft, where)
-    return pair
+    for role in ("target", "draft"):
+        check_family_here(getattr(pair, role), f"{where}.{role}", allow_text=text_only)
+    return pair, text_only
 
 
 def _methods(value: Any) -> tuple[str, ...]:
@@ -177,7 +185,7 @@ def _policy(entry: Any, i: int, method_sets: tuple[str, ...]) -> PolicyEntry:
     if not isinstance(entry, dict) or "kind" not in entry:
         raise GridError(f"{where}: expected a kind ({' | '.join(POLICIES)}) or a mapping with 'kind', got {entry!r}")
     entry = dict(entry)
-    kind, methods = entry.pop("kind"), entry.pop("methods", None)
+    kind, methods = policy_kind(entry.pop("kind"), f"{where}.kind"), entry.pop("methods", None)
     if methods is not None:
         methods = tuple(str(m) for m in _list(methods, f"{where}.methods"))
         for m in methods:
@@ -257,14 +265,15 @@ def _check_combinations(spec: GridSpec) -> None:
     for i, methods in enumerate(spec.methods):
         if not any(policy.applies_to(methods) for policy in spec.policies):
             raise GridError(f"methods[{i}] {methods!r}: no policy runs on it (every policy's 'methods' names other ensembles)")
-        if "C" in methods and spec.captioner is None:
-            raise GridError(f"methods[{i}] {methods!r} uses caption drafting (C) but the grid sets no captioner")
-        if "P" in methods:
+        captioned = "" if methods == AR else "".join(m for m in methods if needs_captions(m))
+        if captioned and spec.captioner is None:
+            raise GridError(f"methods[{i}] {methods!r} uses caption drafting ({captioned}) but the grid sets no captioner")
+        for letter in "" if methods == AR else methods:
             for j, pair in enumerate(spec.pairs):
-                if model_kind(pair.draft) == "llava_next":
+                if model_kind(pair.draft) in METHODS[letter].refused_draft_kinds:
                     raise GridError(
-                        f"methods[{i}] {methods!r} with pairs[{j}].draft {pair.draft!r}: pooled drafting (P) "
-                        "needs a LLaVA-1.5 style draft, not LLaVA-NeXT"
+                        f"methods[{i}] {methods!r} with pairs[{j}].draft {pair.draft!r}: {METHODS[letter].name} "
+                        f"drafting ({letter}) cannot run on a {model_kind(pair.draft)} draft"
                     )
     if spec.second_turns:
         if FIRST_TURN not in spec.turns:

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from pipeline.models.families import UnsupportedFamily, check_family
 from pipeline.planning.grid import TINY_PREFIX, GridError
 
 TINY_MODELS = ("target", "draft", "next_target")
@@ -88,3 +89,32 @@ def check_same_tokenizer(target: str, draft: str, where: str) -> None:
     if vocabularies[0] != vocabularies[1]:
         raise GridError(f"{where}: target {target!r} and draft {draft!r} have different tokenizers; "
                         "speculative decoding needs the draft to share the target's vocabulary")
+
+
+def readable_config(name: str) -> dict | None:
+    """A model's config.json when it can be read here without a download: a local directory's,
+    or a hub id's from the local hub cache; None otherwise (tiny:, embedded:, not cached)."""
+    path = Path(name).expanduser() / "config.json"
+    if not path.is_file() and HUB_ID.fullmatch(name):
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name, "config.json")
+        path = Path(cached) if isinstance(cached, str) else path
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def check_family_here(name: str, where: str, *, allow_text: bool) -> None:
+    """Refuse, by name, a model whose config (where readable here) is of no supported family
+    (`pipeline.models.families`), or text-only where the pair does not say `text_only`."""
+    config = readable_config(name)
+    if config is None:
+        return
+    try:
+        check_family(config, name, allow_text=allow_text)
+    except UnsupportedFamily as err:
+        raise GridError(f"{where}: {err}") from None

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from pipeline.planning.grid import GridError, GridSpec
-from pipeline.planning.model_ids import check_cached_when_offline
+from pipeline.planning.model_ids import check_cached_when_offline, check_family_here
 from pipeline.planning.samples import SampleSource
 
 QUESTION_TASKS_NEED = 1  # one question proves a copy opens and has the column
@@ -29,17 +29,23 @@ def check_output_dir(out: str | Path) -> None:
 
 
 def check_models(spec: GridSpec) -> None:
+    """Hub ids are in the cache when the hub is off, and cached configs are of a supported
+    family (local directories were checked with the grid file)."""
     for i, pair in enumerate(spec.pairs):
-        check_cached_when_offline(pair.target, f"pairs[{i}].target")
-        check_cached_when_offline(pair.draft, f"pairs[{i}].draft")
+        for role in ("target", "draft"):
+            check_cached_when_offline(getattr(pair, role), f"pairs[{i}].{role}")
+            check_family_here(getattr(pair, role), f"pairs[{i}].{role}", allow_text=pair in spec.text_only)
 
 
 def check_samples(spec: GridSpec, source: SampleSource) -> None:
     """Load every dataset's first turn (the run reuses what `source` caches) and open the
-    local question copies that second turns read."""
+    local question copies that second turns read. A row of the grid's own files that cannot
+    become a prompt (an image path that does not exist, an empty question) stops the run
+    here: it is the user's file to fix, where a bad row of a public dataset is recorded."""
     from pipeline.data import DataSourceError
     from pipeline.data.turns import QUESTION_SETS, load_questions
 
+    own_files = {user.name for user in spec.user_datasets}
     for i, dataset in enumerate(spec.datasets):
         try:
             samples = source.first_turn(dataset, spec.limit)
@@ -47,6 +53,9 @@ def check_samples(spec: GridSpec, source: SampleSource) -> None:
             raise GridError(f"datasets[{i}] {dataset!r}: {_first_line(err)}") from err
         if not samples:
             raise GridError(f"datasets[{i}] {dataset!r}: no rows to run (is its source empty?)")
+        bad = next((s for s in samples if s.error), None) if dataset in own_files else None
+        if bad is not None:
+            raise GridError(f"datasets[{i}] {dataset!r} row {bad.row}: {bad.error.split(': ', 1)[-1]}")
     for task, path in spec.sources:
         if task in QUESTION_SETS and task in spec.turns:
             try:

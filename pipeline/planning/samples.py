@@ -4,9 +4,10 @@ are read from is the caller's (`actors.runner` reads the results directory).
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable, Iterable, Protocol
 
 from pipeline.data.sample import Sample
+from pipeline.data.user_datasets import UserDataset
 from pipeline.planning.grid import FIRST_TURN, GridSpec, Pair, WorkUnit
 
 # (pair, dataset, max_new_tokens) -> the target's greedy first-turn answer per first-turn sample id
@@ -23,17 +24,26 @@ class SampleSource(Protocol):
 
 class RegistrySource:
     """Samples from `pipeline.data.registry`, loaded once per dataset, from the local copies
-    in `sources` (dataset or question-task name -> path) where given, else the hub."""
+    in `sources` (dataset or question-task name -> path) where given, else the hub; and from
+    the grid's own files (`user_datasets`)."""
 
-    def __init__(self, sources: dict[str, str] | None = None) -> None:
+    def __init__(self, sources: dict[str, str] | None = None, user_datasets: Iterable[UserDataset] = ()) -> None:
         self.sources = sources or {}
+        self.user_datasets = {user.name: user for user in user_datasets}
         self._cache: dict[tuple[str, int | None], list[Sample]] = {}
+
+    @classmethod
+    def for_grid(cls, spec: GridSpec) -> "RegistrySource":
+        return cls(dict(spec.sources), spec.user_datasets)
 
     def first_turn(self, dataset: str, limit: int | None) -> list[Sample]:
         from pipeline.data import load_samples  # the data stack loads only when a run needs samples
+        from pipeline.data.registry import user_dataset_spec
 
         if (dataset, limit) not in self._cache:
-            self._cache[(dataset, limit)] = load_samples(dataset, limit=limit, source=self.sources.get(dataset))
+            user = self.user_datasets.get(dataset)
+            named = user_dataset_spec(user) if user else dataset
+            self._cache[(dataset, limit)] = load_samples(named, limit=limit, source=self.sources.get(dataset))
         return self._cache[(dataset, limit)]
 
     def second_turn(self, first_samples: list[Sample], first_outputs: dict[str, str], task: str) -> list[Sample]:

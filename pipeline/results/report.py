@@ -10,7 +10,7 @@ import itertools
 
 import pandas as pd
 
-from pipeline.decoding.config import METHOD_LETTERS
+from pipeline.drafting.methods import method_order as letter_order
 from pipeline.results.calibration_store import draft_rows_ratio, stored_calibration
 
 TABLE_INDEX = ["target", "draft", "turn", "method_label"]
@@ -26,7 +26,7 @@ def method_order(label: str) -> tuple:
     methods = label.rstrip("*")
     if methods == "AR":
         return (0, (), False)
-    return (len(methods), tuple(METHOD_LETTERS.index(m) for m in methods), label.endswith("*"))
+    return (len(methods), letter_order(methods), label.endswith("*"))
 
 
 def pooled_tau(group: pd.DataFrame) -> float:

@@ -85,6 +85,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("row", pa.int64(), _sample("row")),
     Column("turn", pa.string(), _sample("turn")),
     Column("category", pa.string(), _sample("category")),
+    Column("answer", pa.string(), _sample("answer")),  # the dataset's reference answer, where it has one
     Column("methods", pa.string(), _config("methods")),  # letters of MTCP, or AR
     Column("method_label", pa.string(), _config("method_label")),  # paper notation: MT, MT*, MTCP* ...
     Column("policy", pa.string(), lambda src: src.config.policy.label),  # static | grid(<measure>) | inverse(T=<t>)

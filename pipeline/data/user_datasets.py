@@ -1,0 +1,120 @@
+"""A researcher's own dataset, named in the grid file instead of registered in the library.
+
+    datasets:
+      - embedded_vqa
+      - name: signs                  # the name rows and tables carry
+        path: data/signs.jsonl       # JSONL, CSV, Parquet, or a datasets.save_to_disk directory
+        question: prompt             # the question column (default: question)
+        images: [photo]              # column(s) with an image, a path (relative to the file) or a list of them
+        answer: label                # optional: kept in each row's `answer` column
+        category: benchmark          # benchmark | ood (where the tables put it)
+
+A question with `<image>` placeholders is used as written (one per image, in order); otherwise
+the images come first, then the question, as for the built-in single-image datasets. Second
+turns are built for these rows like for any dataset. Plain description here: no `datasets`,
+no torch, so grid files validate without them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from pipeline.data.prompts import PromptError, user_turn
+from pipeline.data.sample import IMAGE_PLACEHOLDER
+
+FILE_KINDS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+CATEGORIES = ("benchmark", "ood")
+FIELDS = ("name", "path", "question", "images", "answer", "category", "split")
+
+
+@dataclass(frozen=True)
+class MappedColumns:
+    """How one row of a user's file becomes a prompt and its images."""
+
+    question: str = "question"
+    images: tuple[str, ...] = ("image",)
+    image_root: str = "."  # relative image paths are read from here (the data file's folder)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return (self.question, *self.images)
+
+    def __call__(self, row: Mapping[str, Any]) -> tuple[str, list[Any]]:
+        question = row.get(self.question)
+        if not isinstance(question, str) or not question.strip():
+            raise PromptError(f"column {self.question!r} holds no question text")
+        images = [self._image(value, column) for column in self.images for value in _as_list(row.get(column))]
+        if IMAGE_PLACEHOLDER in question:
+            return user_turn(question), images
+        return user_turn(f"{IMAGE_PLACEHOLDER}\n" * len(images) + question), images
+
+    def _image(self, value: Any, column: str) -> Any:
+        """A path is resolved against the data file's folder and must exist; anything else
+        (an image, bytes) is decoded by the loader."""
+        if isinstance(value, str):
+            path = Path(value).expanduser()
+            path = path if path.is_absolute() else Path(self.image_root) / path
+            if not path.is_file():
+                raise PromptError(f"column {column!r}: image file {value!r} does not exist (looked in {path.parent})")
+            return str(path)
+        if value is None:
+            raise PromptError(f"column {column!r} holds no image")
+        return value
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+@dataclass(frozen=True)
+class UserDataset:
+    """One `datasets:` entry that names a file: validated when the grid is read."""
+
+    name: str
+    path: str
+    question: str = "question"
+    images: tuple[str, ...] = ("image",)
+    answer: str | None = None
+    category: str = "benchmark"
+    split: str = "test"
+
+    @property
+    def columns(self) -> MappedColumns:
+        data = Path(self.path).expanduser().resolve()
+        return MappedColumns(self.question, self.images, str(data if data.is_dir() else data.parent))
+
+    @property
+    def required_columns(self) -> tuple[str, ...]:
+        return self.columns.columns + ((self.answer,) if self.answer else ())
+
+
+def parse_user_dataset(entry: Mapping[str, Any], where: str, taken: set[str]) -> UserDataset:
+    """A `datasets:` mapping as a UserDataset; ValueError naming `where` and the problem."""
+    unknown = sorted(set(entry) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {unknown}; a dataset entry has {list(FIELDS)}")
+    name, path = entry.get("name"), entry.get("path")
+    if not isinstance(name, str) or not name.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"{where}: `name` must be a word (letters, digits, _ or -), got {name!r}")
+    if name in taken:
+        raise ValueError(f"{where}: dataset name {name!r} is already taken (built-in or listed before)")
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{where} ({name}): `path` must name a file or directory")
+    found = Path(path).expanduser()
+    if not found.exists():
+        raise ValueError(f"{where} ({name}): {path} does not exist")
+    if found.is_file() and found.suffix.lower() not in FILE_KINDS:
+        raise ValueError(f"{where} ({name}): {path} is not JSONL, CSV or Parquet (known: {', '.join(FILE_KINDS)})")
+    images = entry.get("images", ["image"])
+    images = [images] if isinstance(images, str) else images
+    text_fields = {"question": entry.get("question", "question"), "answer": entry.get("answer"), "split": entry.get("split", "test")}
+    for field_name, value in text_fields.items():
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{where} ({name}): `{field_name}` must be a column name, got {value!r}")
+    if not isinstance(images, list) or not all(isinstance(c, str) for c in images):
+        raise ValueError(f"{where} ({name}): `images` must be a list of column names, got {images!r}")
+    category = entry.get("category", "benchmark")
+    if category not in CATEGORIES:
+        raise ValueError(f"{where} ({name}): category must be one of {CATEGORIES}, got {category!r}")
+    return UserDataset(name, path, text_fields["question"], tuple(images), text_fields["answer"], category, text_fields["split"])

@@ -1,0 +1,65 @@
+"""Model families this tool can drive, keyed by a checkpoint's `config.json` `model_type`.
+
+Each family names the transformers class that loads it; `pipeline.models.loading` builds the
+adapter (`pipeline.models.hf.HFLlava`), which asks the class's own `get_image_features` for
+each image's feature rows. A multimodal checkpoint of any other type is refused by name,
+never driven as a text-only model: its images would silently vanish from the prompt. A plain
+causal LM (`AutoModelForCausalLM`) is driven only when the grid marks its pair `text_only`.
+Torch-free, so grid files are checked against it before anything loads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str
+    title: str
+    model_class: str  # a transformers class name, imported when a model loads
+    pooling: bool  # drafting method P: a single square patch grid to pool
+    examples: str  # hub ids of this family
+
+
+FAMILIES: dict[str, Family] = {
+    family.model_type: family for family in (
+        Family("llava", "LLaVA-1.5", "LlavaForConditionalGeneration", True,
+               "llava-hf/llava-1.5-7b-hf, llava-hf/llava-1.5-13b-hf"),
+        Family("llava_next", "LLaVA-NeXT (1.6), any-resolution tiles", "LlavaNextForConditionalGeneration", False,
+               "llava-hf/llava-v1.6-vicuna-7b-hf"),
+        Family("llava_onevision", "LLaVA-OneVision, any-resolution tiles", "LlavaOnevisionForConditionalGeneration", False,
+               "llava-hf/llava-onevision-qwen2-0.5b-ov-hf"),
+    )
+}
+TEXT_ONLY = "text"  # the family name of a plain causal LM, allowed per pair with `text_only: true`
+# keys of a config.json that only multimodal checkpoints carry
+MULTIMODAL_KEYS = ("vision_config", "vision_tower", "mm_vision_tower", "visual", "image_token_id", "image_token_index")
+
+
+class UnsupportedFamily(ValueError):
+    """A checkpoint this tool cannot drive faithfully; the message names it and what is supported."""
+
+
+def is_multimodal(config: Mapping[str, Any]) -> bool:
+    return any(key in config for key in MULTIMODAL_KEYS)
+
+
+def supported_text() -> str:
+    return ", ".join(f"{f.model_type} ({f.title})" for f in FAMILIES.values())
+
+
+def check_family(config: Mapping[str, Any], name: str, *, allow_text: bool) -> str:
+    """The family of a checkpoint's config: a FAMILIES key, or TEXT_ONLY where the grid
+    allows it; UnsupportedFamily otherwise."""
+    model_type = config.get("model_type", "?")
+    if model_type in FAMILIES:
+        return model_type
+    if is_multimodal(config):
+        raise UnsupportedFamily(f"{name}: model_type {model_type!r} is a multimodal family this tool does not drive; "
+                                f"supported: {supported_text()}")
+    if not allow_text:
+        raise UnsupportedFamily(f"{name}: model_type {model_type!r} is a text-only model; mark its pair "
+                                "`text_only: true` to run it on prompts without images, or use a supported "
+                                f"multimodal family: {supported_text()}")
+    return TEXT_ONLY

@@ -1,0 +1,39 @@
+"""`python jobs/full_grid.py --list datasets|methods|policies|families`: what a grid may name,
+built-in and the grid's own, one line each. Nothing heavy is imported: no torch, no models."""
+from __future__ import annotations
+
+from pipeline.drafting.methods import METHODS
+from pipeline.drafting.policies import POLICIES
+from pipeline.models.families import FAMILIES, TEXT_ONLY
+from pipeline.planning.grid import GridSpec
+
+KINDS = ("datasets", "methods", "policies", "families")
+
+
+def _first_sentence(text: str | None) -> str:
+    words = " ".join((text or "").split())
+    return words.split(". ")[0].rstrip(".") + "." if words else ""
+
+
+def listing(kind: str, spec: GridSpec | None = None) -> list[str]:
+    """One line per entry of `kind`; entries the grid file `spec` brought are marked `(grid)`."""
+    if kind == "datasets":
+        from pipeline.data.registry import DATASETS
+
+        lines = [f"{s.name:<18} {s.category:<9} {s.title}: {'ships with the project' if s.embedded else s.hub_id}"
+                 for s in DATASETS.values()]
+        own = spec.user_datasets if spec else ()
+        return lines + [f"{u.name:<18} {u.category:<9} (grid) {u.path}, question column {u.question!r}" for u in own]
+    if kind == "methods":
+        own = set(spec.drafting_methods) if spec else set()
+        return [f"{letter}  {m.name:<12} {m.description}"
+                + ("  (grid)" if f"{type(m).__module__}:{type(m).__qualname__}" in own else "")
+                for letter, m in METHODS.items()]
+    if kind == "policies":
+        return [f"{kind_name:<24} {_first_sentence(cls.__doc__)}" for kind_name, cls in POLICIES.items()]
+    if kind == "families":
+        return [f"{f.model_type:<16} {f.title}: {f.model_class} (e.g. {f.examples})" for f in FAMILIES.values()] + [
+            f"{TEXT_ONLY:<16} a plain causal LM (AutoModelForCausalLM), only for pairs marked text_only: true",
+            "embedded:*       the offline CPU pair that ships with the project; tiny:* tiny random LLaVA models for tests",
+        ]
+    raise ValueError(f"unknown listing {kind!r}; choose one of {KINDS}")

@@ -1,0 +1,84 @@
+"""What a grid file brings of its own: datasets named by path, drafting methods and weight
+policies named by import path (`package.module:Class`).
+
+Nothing in a grid file runs except the import paths written in `drafting_methods` and in a
+policy's `kind`: each module is imported by name, like `python -c "import package.module"`
+would, from the Python path plus the current working directory (which is also where Ray
+workers look: the job's working directory). The class must subclass the library's base
+(`DraftingMethod`, `WeightPolicy`), and is then used exactly like the built-ins.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any
+
+from pipeline.data.user_datasets import UserDataset, parse_user_dataset
+from pipeline.drafting.methods import DraftingMethod
+from pipeline.drafting.policies import POLICIES, WeightPolicy
+from pipeline.planning.grid import Catalog, GridError
+
+IMPORT_PATH_HINT = "an import path 'package.module:Class'"
+
+
+def import_class(path: Any, base: type, where: str) -> type:
+    """The class at `path` ('package.module:Class'), which must subclass `base`; GridError
+    naming `where` when the path is malformed, the import fails or the class is wrong."""
+    if not isinstance(path, str) or path.count(":") != 1 or not all(path.split(":")):
+        raise GridError(f"{where}: expected {IMPORT_PATH_HINT}, got {path!r}")
+    module_name, class_name = path.split(":")
+    if os.getcwd() not in sys.path:  # as Ray workers resolve it: the job's working directory
+        sys.path.append(os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # a missing module, or one that raises on import
+        raise GridError(f"{where}: cannot import {module_name!r}: {type(err).__name__}: {err}") from err
+    found = getattr(module, class_name, None)
+    if not (isinstance(found, type) and issubclass(found, base)):
+        raise GridError(f"{where}: {path!r} is not a {base.__name__} subclass")
+    return found
+
+
+def load_drafting_methods(value: Any) -> tuple[str, ...]:
+    """`drafting_methods: ['pkg.mod:Class', ...]`: import each; each must register a letter."""
+    paths = value if isinstance(value, list) else [value]
+    for i, path in enumerate(paths):
+        cls = import_class(path, DraftingMethod, f"drafting_methods[{i}]")
+        if not cls.letter:
+            raise GridError(f"drafting_methods[{i}]: {path!r} has no letter (class X(DraftingMethod, letter='X'))")
+    return tuple(paths)
+
+
+def policy_kind(kind: Any, where: str) -> str:
+    """A built-in kind as it is; an import path imports the policy class and registers it
+    under its kind (the path itself, unless the class named one: `kind="..."`)."""
+    if not isinstance(kind, str) or ":" not in kind:
+        return str(kind)
+    cls = import_class(kind, WeightPolicy, where)
+    POLICIES.setdefault(cls.kind, cls)
+    return cls.kind
+
+
+def parse_datasets(value: Any, catalog: Catalog) -> tuple[tuple[str, ...], tuple[UserDataset, ...]]:
+    """`datasets:` entries: registry names, or mappings that name a local file
+    (`pipeline.data.user_datasets`). Returns every name, in order, and the user datasets."""
+    entries = value if isinstance(value, list) else [value]
+    if not entries:
+        raise GridError("grid field 'datasets' is an empty list")
+    names: list[str] = []
+    users: list[UserDataset] = []
+    for i, entry in enumerate(entries):
+        if isinstance(entry, dict):
+            try:
+                user = parse_user_dataset(entry, f"datasets[{i}]", set(catalog.datasets) | set(names))
+            except ValueError as err:
+                raise GridError(str(err)) from err
+            users.append(user)
+            names.append(user.name)
+        elif entry in catalog.datasets:
+            names.append(entry)
+        else:
+            raise GridError(f"datasets[{i}]: unknown dataset {entry!r}; known: {sorted(catalog.datasets)} "
+                            "(or a mapping with name and path for a file of your own)")
+    return tuple(names), tuple(users)

@@ -1,0 +1,93 @@
+"""Every supported model family is lossless on a tiny model built from its config; any other
+multimodal family is refused by name, and a text-only model runs only where the grid says so."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pipeline.data.sample import Sample
+from pipeline.decoding.config import DecodeConfig
+from pipeline.decoding.live import autoregressive_decode, speculative_decode
+from pipeline.drafting.policies import GridSearchPolicy
+from pipeline.models.families import FAMILIES
+from pipeline.models.loading import ModelLoadError, load_model
+from pipeline.models.tiny import build_family_pair
+from pipeline.planning.grid import GridError
+from pipeline.planning.grid_file import parse_grid
+from tests.conftest import solid
+
+MAX_NEW = 24
+PROMPTS = {
+    "single": ("USER: <image>\nWhat is in this image? ASSISTANT:", (solid((200, 20, 20), size=(60, 40)),)),
+    "multi": ("USER: Source: <image> Target: <image> Explain the difference. ASSISTANT:",
+              (solid((20, 20, 200)), solid((20, 200, 20), size=(40, 70)))),
+}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family_pair(request, tmp_path_factory):
+    target_dir, draft_dir = build_family_pair(request.param, tmp_path_factory.mktemp(request.param))
+    return request.param, load_model(str(target_dir)), load_model(str(draft_dir))
+
+
+def hf_greedy(model, sample: Sample, max_new: int) -> list[int]:
+    """The target's own `generate`: each image placeholder expanded to as many image tokens as
+    the model's features have rows (what its processor would write), pixels from its image processor."""
+    features = model.image_features(sample.images)
+    ids, k = [], 0
+    for token in model.tokenize_prompt(sample.prompt):
+        count = features[k].shape[0] if token == model.image_token_id else 1
+        k += token == model.image_token_id
+        ids += [token] * count
+    batch = [list(sample.images)] if model.family == "llava_onevision" else list(sample.images)
+    pixels = dict(model.processor.image_processor(batch, return_tensors="pt"))
+    input_ids = torch.tensor([ids])
+    out = model.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **pixels,
+                               max_new_tokens=max_new, do_sample=False)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("prompt", list(PROMPTS))
+def test_each_family_is_lossless(family_pair, prompt):
+    family, target, draft = family_pair
+    assert type(target.model).__name__ == FAMILIES[family].model_class
+    text, images = PROMPTS[prompt]
+    sample = Sample("unit", "test", 0, prompt, text, images)
+    reference = hf_greedy(target, sample, MAX_NEW)
+    assert autoregressive_decode(target, sample, max_new_tokens=MAX_NEW).output_ids == reference
+    methods = ["M", "T", "MT"] + (["P", "MTP"] if FAMILIES[family].pooling else [])
+    for name in methods:
+        record = speculative_decode(target, draft, sample, DecodeConfig(methods=name, gamma=3, max_new_tokens=MAX_NEW))
+        assert record.output_ids == reference, name
+    star = DecodeConfig(methods="MT", policy=GridSearchPolicy(), gamma=3, max_new_tokens=MAX_NEW)
+    assert speculative_decode(target, draft, sample, star).output_ids == reference
+
+
+def fake_checkpoint(path, config: dict):
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+def grid_with(target: str, **pair) -> dict:
+    return {"name": "g", "datasets": ["embedded_vqa"], "methods": ["M"], "pairs": [{"target": target, "draft": target, **pair}]}
+
+
+def test_an_unsupported_multimodal_family_is_refused_by_name(tmp_path):
+    qwen = fake_checkpoint(tmp_path / "qwen", {"model_type": "qwen2_vl", "vision_config": {"depth": 2}})
+    with pytest.raises(GridError, match=r"pairs\[0\]\.target: .*qwen2_vl.* multimodal family .*supported: llava"):
+        parse_grid(grid_with(qwen))
+    with pytest.raises(GridError, match="qwen2_vl"):
+        parse_grid(grid_with(qwen, text_only=True))  # never driven as text, even when asked
+    with pytest.raises(ModelLoadError, match="qwen2_vl.*supported"):
+        load_model(qwen)
+
+
+def test_a_text_only_model_needs_the_pair_to_say_so(tmp_path):
+    llama = fake_checkpoint(tmp_path / "llama", {"model_type": "llama", "vocab_size": 10})
+    with pytest.raises(GridError, match=r"text-only model; mark its pair `text_only: true`"):
+        parse_grid(grid_with(llama))
+    spec = parse_grid(grid_with(llama, text_only=True))
+    assert spec.text_only == spec.pairs

@@ -77,9 +77,10 @@ def test_notebook_runs_headless_on_smoke_results(smoke_results):
         NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
     finally:
         del os.environ["TABED_RESULTS"]
-    outputs = "".join(o.get("text", "") for cell in notebook.cells for o in cell.get("outputs", []))
-    assert "matches pipeline.results.report.tau_table" in outputs
-    assert (out / "_notebook_weights.png").stat().st_size > 0
+    outputs = [o for cell in notebook.cells for o in cell.get("outputs", [])]
+    text = "".join(o.get("text", "") for o in outputs)
+    assert "matches pipeline.results.report.tau_table" in text and "run smoke, pair tiny:target <- tiny:draft (fp32)" in text
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 2  # both figures shown inline
 
 
 @pytest.mark.slow

@@ -1,23 +1,133 @@
-"""Paper-style figures from the results dataset (matplotlib, PNG, no display needed).
+"""Paper figures from the results dataset (matplotlib; PNG, PDF and SVG of each).
 
-- `plot_weight_trajectories`: w* per block over decoding steps, each block shaded by how many
-  proposals the target accepted (paper Fig. 3).
-- `plot_tau_bars`: pooled block efficiency per drafting method for each dataset.
+- `tau_figure`: pooled block efficiency per drafting method and dataset, one panel per model
+  pair and turn. Rows of different pairs are never pooled into one bar.
+- `weight_ratio_figure`: the paper's Fig. 3. It draws w(M) / (w(M) + w(T)) of a TABED ensemble
+  per block, with the M-only (1), T-only (0) and static MT (1/2) levels as reference lines
+  and each block shaded by how many proposals the target accepted. There is one panel per
+  scenario category, one row of panels per pair.
+
+Every method label has one colour in every figure (`method_colour`). Sizes follow a paper's
+column widths (`WIDTHS`). Each figure function returns a matplotlib `Figure` and a caption
+that states pair, dtype, gamma and sample counts; `save` writes it. Figures are made without
+pyplot, so reports need no display and a notebook shows them inline as they are.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+from pipeline.results.report import method_order, pooled_tau
 
-from pipeline.results.report import method_order, pooled_tau  # noqa: E402
+WIDTHS = {"one-column": 3.5, "two-column": 7.16}  # inches: a two-column paper's column and page width
+FORMATS = ("png", "pdf", "svg")
+# one colour per method label, the same in every figure; others get a stable one of tab20
+METHOD_COLOURS = {
+    "AR": "#7f7f7f", "M": "#1f77b4", "T": "#ff7f0e", "C": "#2ca02c", "P": "#d62728", "MT": "#9467bd",
+    "MT*": "#e377c2", "MTCP": "#8c564b", "MTCP*": "#17becf", "MTP": "#bcbd22", "MTP*": "#aec7e8",
+}
+REFERENCES = {"M only": 1.0, "static MT": 0.5, "T only": 0.0}
 
-METHOD_COLOURS = {"M": "tab:blue", "T": "tab:orange", "C": "tab:green", "P": "tab:red"}
+
+def method_colour(label: str) -> str:
+    if label in METHOD_COLOURS:
+        return METHOD_COLOURS[label]
+    palette = matplotlib.colormaps["tab20"].colors
+    return palette[sum(map(ord, label)) % len(palette)]
+
+
+def pair_label(target: str, draft: str, dtype: str) -> str:
+    return f"{target} <- {draft} ({dtype})"
+
+
+def tau_cells(rows: pd.DataFrame) -> pd.DataFrame:
+    """What `plot_tau` draws: pooled tau and sample count per pair, dtype, turn, dataset and
+    method label. Every cell holds the rows of one pair only."""
+    ok = rows[rows["error"].isna()]
+    keys = ["target", "draft", "dtype", "turn", "category", "dataset", "method_label"]
+    grouped = ok.groupby(keys, sort=False)
+    cells = grouped.apply(pooled_tau, include_groups=False).rename("tau").to_frame()
+    return cells.join(grouped["sample_id"].nunique().rename("samples")).reset_index()
+
+
+def _turns(cells: pd.DataFrame) -> list[str]:
+    return sorted(cells["turn"].unique(), key=lambda turn: (turn != "first", turn))
+
+
+def _gammas(rows: pd.DataFrame) -> str:
+    return ", ".join(str(int(g)) for g in sorted(rows["gamma"].dropna().unique())) or "-"
+
+
+def tau_figure(rows: pd.DataFrame, width: str = "two-column") -> tuple[Figure, str] | None:
+    """Grouped bars per dataset, one bar per method, one panel per pair (row) and turn (column)."""
+    cells = tau_cells(rows)
+    if cells.empty:
+        return None
+    pairs = list(dict.fromkeys(zip(cells["target"], cells["draft"], cells["dtype"])))
+    turns = _turns(cells)
+    labels = sorted(set(cells["method_label"]) - {"AR"}, key=method_order)  # AR is the line at tau = 1
+    fig, axes = panels(len(pairs), len(turns), width, panel_height=2.1)
+    for (pair, turn), ax in zip([(p, t) for p in pairs for t in turns], axes.flat):
+        panel = cells[(cells[["target", "draft", "dtype"]].apply(tuple, axis=1) == pair) & (cells["turn"] == turn)]
+        # benchmark datasets first, then the others (OOD), as in the tables
+        datasets = sorted(set(panel["dataset"]), key=lambda d: (panel.loc[panel["dataset"] == d, "category"].iloc[0] != "benchmark", d))
+        step = 0.85 / max(len(labels), 1)
+        for k, label in enumerate(labels):
+            values = panel[panel["method_label"] == label].set_index("dataset")["tau"].reindex(datasets)
+            ax.bar(np.arange(len(datasets)) + (k - (len(labels) - 1) / 2) * step, values, step,
+                   color=method_colour(label), label=label)
+        ax.axhline(1.0, color=method_colour("AR"), lw=0.8)
+        ood = set(panel.loc[panel["category"] != "benchmark", "dataset"])
+        ax.set_xticks(range(len(datasets)), [d.replace("embedded_", "") + (" (OOD)" if d in ood else "") for d in datasets],
+                      fontsize=6)
+        samples = int(panel["samples"].max()) if len(panel) else 0
+        ax.set_title(f"{pair_label(*pair)}\n{turn} turn, {samples} samples/dataset", fontsize=6)
+        ax.tick_params(axis="y", labelsize=6)
+    top = cells.loc[cells["method_label"] != "AR", "tau"].max()
+    axes.flat[0].set_ylim(1.0, max(top, 1.0) * 1.05 + 0.05)  # shared by every panel
+    for ax in axes[:, 0]:
+        ax.set_ylabel("tau (1 = AR)", fontsize=7)
+    fig.suptitle(f"Block efficiency tau per drafting method (gamma {_gammas(rows)})", fontsize=8)
+    legend(fig, axes.flat[0], width)
+    caption = (f"Pooled block efficiency tau per method and dataset; one panel per pair and turn "
+               f"({len(pairs)} pair(s): {'; '.join(pair_label(*p) for p in pairs)}); gamma {_gammas(rows)}; "
+               f"{int(cells['samples'].max())} samples per dataset at most; the axis starts at tau = 1, plain decoding (AR).")
+    return fig, caption
+
+
+def weight_ratio_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """One first-turn row of a TABED ensemble holding M and T (MT* first) per pair and
+    category: the sample with the most blocks."""
+    dynamic = rows[rows["error"].isna() & (rows["turn"] == "first") & rows["method_label"].str.endswith("*")
+                   & rows["methods"].str.contains("M") & rows["methods"].str.contains("T") & (rows["blocks"] > 1)]
+    if dynamic.empty:
+        return dynamic
+    label = sorted(dynamic["method_label"].unique(), key=lambda l: (l != "MT*", method_order(l)))[0]
+    chosen = dynamic[dynamic["method_label"] == label].sort_values(["blocks", "sample_id"], ascending=[False, True])
+    return chosen.groupby(["target", "draft", "dtype", "category"], sort=True).head(1)
+
+
+def panels(rows: int, columns: int, width: str, panel_height: float) -> tuple[Figure, np.ndarray]:
+    """A figure of rows x columns panels (row-major in `axes.flat`) at a paper's `width`; at
+    one column's width the panels stack in one column."""
+    if width == "one-column":
+        rows, columns = rows * columns, 1
+    fig = Figure(figsize=(WIDTHS[width], 0.7 + panel_height * rows))
+    return fig, fig.subplots(rows, columns, squeeze=False, sharey=True)
+
+
+def legend(fig: Figure, ax, width: str) -> None:
+    """One legend for all panels, under them, in as many rows as the width needs; then lay out
+    (after the title is set, so the layout leaves room for it)."""
+    handles, names = ax.get_legend_handles_labels()
+    columns = min(len(names), 9 if width == "two-column" else 4)
+    fig.legend(handles, names, loc="lower center", ncol=columns, fontsize=6, frameon=False)
+    legend_inches = 0.12 + 0.17 * -(-len(names) // columns)
+    fig.tight_layout(rect=(0, legend_inches / fig.get_figheight(), 1, 1))
 
 
 def block_starts(accepted: list[int]) -> np.ndarray:
@@ -25,59 +135,58 @@ def block_starts(accepted: list[int]) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(np.asarray(accepted) + 1)[:-1]]).astype(int)
 
 
-def plot_weight_trajectories(df: pd.DataFrame, path: str | Path, max_samples: int = 4) -> Path | None:
-    """One panel per sample of the first dynamic-policy configuration found (None if none)."""
-    dynamic = df[(df["error"].isna()) & df["method_label"].str.endswith("*") & (df["blocks"] > 1)]
-    dynamic = dynamic[dynamic["weights_per_block"].map(len) == dynamic["blocks"]]
-    if dynamic.empty:
+def weight_ratio_figure(rows: pd.DataFrame, width: str = "two-column") -> tuple[Figure, str] | None:
+    """Paper Fig. 3: w(M) / (w(M) + w(T)) per block of one sample per category and pair."""
+    chosen = weight_ratio_rows(rows)
+    if chosen.empty:
         return None
-    label = sorted(dynamic["method_label"].unique(), key=method_order)[0]
-    rows = dynamic[dynamic["method_label"] == label].sort_values("sample_id").head(max_samples)
-    fig, axes = plt.subplots(len(rows), 1, figsize=(9, 2.2 * len(rows)), sharex=True, squeeze=False)
-    for ax, (_, row) in zip(axes[:, 0], rows.iterrows()):
-        accepted = list(row["accepted_per_block"])
-        weights = np.asarray([list(w) for w in row["weights_per_block"]])
-        starts = block_starts(accepted)
-        ends = starts + np.asarray(accepted) + 1
-        gamma = max(int(row["gamma"]), 1)
-        for start, end, n in zip(starts, ends, accepted):
-            ax.axvspan(start, end, color="0.5", alpha=0.08 + 0.4 * n / gamma, lw=0)
-        for i, letter in enumerate(row["methods"]):
-            steps = np.append(starts, ends[-1])  # repeat the last weight to the end of its block
-            ax.step(steps, np.append(weights[:, i], weights[-1, i]), where="post",
-                    color=METHOD_COLOURS.get(letter), label=f"w[{letter}]")
-        ax.set_ylim(-0.02, 1.02)
-        ax.set_ylabel("w*")
-        ax.set_title(f"{row['sample_id']}  tau={row['tau']:.2f}", fontsize=9, loc="left")
-    axes[0, 0].legend(loc="upper right", fontsize=8, ncol=len(rows.iloc[0]["methods"]))
-    axes[-1, 0].set_xlabel("decoding step (shading: proposals accepted in the block, darker = more)")
-    fig.suptitle(f"{label}: ensemble weights per block ({rows.iloc[0]['policy']})")
-    fig.tight_layout()
-    return _save(fig, path)
+    pairs = list(dict.fromkeys(zip(chosen["target"], chosen["draft"], chosen["dtype"])))
+    categories = sorted(chosen["category"].unique())
+    fig, axes = panels(len(pairs), len(categories), width, panel_height=1.9)
+    for ax in axes.flat:
+        ax.set_visible(False)
+    for _, row in chosen.iterrows():
+        position = pairs.index((row["target"], row["draft"], row["dtype"])) * len(categories) + categories.index(row["category"])
+        ax = axes.flat[position]
+        ax.set_visible(True)
+        _draw_ratio(ax, row)
+    first = chosen.iloc[0]
+    fig.suptitle(f"{first['method_label']} ({first['policy']}): share of M in the ensemble weights", fontsize=8)
+    legend(fig, next(ax for ax in axes.flat if ax.get_visible()), width)
+    caption = (f"w(M)/(w(M)+w(T)) of {first['method_label']} ({first['policy']}) per block, one first-turn sample per "
+               f"scenario category (the one with the most blocks) and pair ({'; '.join(pair_label(*p) for p in pairs)}); "
+               f"gamma {_gammas(chosen)}; shading: proposals accepted in the block, darker = more.")
+    return fig, caption
 
 
-def plot_tau_bars(df: pd.DataFrame, path: str | Path) -> Path | None:
-    """Grouped bars: pooled tau of each method label per dataset and turn."""
-    ok = df[df["error"].isna()]
-    if ok.empty:
-        return None
-    ok = ok.assign(group=ok["dataset"] + np.where(ok["turn"] == "first", "", " / " + ok["turn"]))
-    table = ok.groupby(["group", "method_label"]).apply(pooled_tau, include_groups=False).unstack("method_label")
-    table = table[sorted(table.columns, key=method_order)]
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(table) * max(1, len(table.columns)) / 4), 4))
-    table.plot.bar(ax=ax, width=0.85)
-    ax.axhline(1.0, color="black", lw=0.8)
-    ax.set_ylabel("block efficiency tau")
-    ax.set_xlabel("")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.tick_params(axis="x", labelrotation=30)
-    fig.tight_layout()
-    return _save(fig, path)
+def _draw_ratio(ax, row: pd.Series) -> None:
+    accepted = list(row["accepted_per_block"])
+    weights = np.asarray([list(w) for w in row["weights_per_block"]])
+    m, t = row["methods"].index("M"), row["methods"].index("T")
+    ratio = weights[:, m] / np.clip(weights[:, m] + weights[:, t], 1e-12, None)
+    starts = block_starts(accepted)
+    ends = starts + np.asarray(accepted) + 1
+    gamma = max(int(row["gamma"]), 1)
+    for start, end, n in zip(starts, ends, accepted):
+        ax.axvspan(start, end, color="0.5", alpha=0.05 + 0.35 * n / gamma, lw=0)
+    for name, level in REFERENCES.items():
+        colour = method_colour({"M only": "M", "T only": "T", "static MT": "MT"}[name])
+        ax.axhline(level, color=colour, lw=0.8, ls="--", label=name)
+    ax.step(np.append(starts, ends[-1]), np.append(ratio, ratio[-1]), where="post",
+            color=method_colour(row["method_label"]), lw=1.2, label=row["method_label"])
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_title(f"{row['category']}: {row['sample_id']}\n{pair_label(row['target'], row['draft'], row['dtype'])}, "
+                 f"tau {row['tau']:.2f}", fontsize=6)
+    ax.set_xlabel("decoding step", fontsize=6)
+    ax.set_ylabel("w(M)/(w(M)+w(T))", fontsize=6)
+    ax.tick_params(labelsize=6)
 
 
-def _save(fig, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+def save(fig: Figure, stem: str | Path) -> list[Path]:
+    """`stem`.png (200 dpi), .pdf and .svg."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_suffix(f".{fmt}") for fmt in FORMATS]
+    for path in paths:
+        fig.savefig(path, dpi=200)
+    return paths

@@ -126,23 +126,38 @@ def _measured_speedup(group: pd.DataFrame, baseline: pd.DataFrame, label: str) -
     return float(ar[both].sum() / sd[both].sum())
 
 
-def markdown_table(table: pd.DataFrame, mark_best: bool = True) -> str:
-    """Markdown with the best value of each column in bold and the second best in italics
-    (AR rows and the index left unmarked), as the paper marks its tables: within each block of
-    rows that share the index levels before `method_label` (e.g. one pair's first turn)."""
+def best_marks(table: pd.DataFrame) -> dict[tuple[int, str], str]:
+    """(row position, column) -> "best" or "second", as the paper marks its tables: within each
+    block of rows that share the index levels before `method_label` (e.g. one pair's first
+    turn), AR rows left out, values compared as printed (2 decimals). Ranks are competition
+    ranks: every value tied for the top is best, and "second" exists only when one value is
+    best alone (three tied for best leave the fourth unmarked)."""
     flat = table.reset_index()
     index_columns = list(table.index.names)
+    candidates = flat[flat["method_label"] != "AR"] if "method_label" in flat else flat
+    block_levels = index_columns[: index_columns.index("method_label")] if "method_label" in index_columns else []
+    blocks = [block for _, block in candidates.groupby(block_levels, sort=False)] if block_levels else [candidates]
     marks: dict[tuple[int, str], str] = {}
-    if mark_best:
-        candidates = flat[flat["method_label"] != "AR"] if "method_label" in flat else flat
-        block_levels = index_columns[: index_columns.index("method_label")] if "method_label" in index_columns else []
-        blocks = [block for _, block in candidates.groupby(block_levels, sort=False)] if block_levels else [candidates]
-        for column, block in itertools.product(table.columns, blocks):
-            values = block[column].dropna().round(2)
-            ranked = sorted(values.unique(), reverse=True)
-            for rank, mark in zip(ranked[:2], ("**", "*")):
-                for i in values[values == rank].index:
-                    marks[(i, column)] = mark
+    for column, block in itertools.product(table.columns, blocks):
+        values = pd.to_numeric(block[column], errors="coerce").dropna().round(2)
+        if values.empty:
+            continue
+        top = values.max()
+        best = values[values == top]
+        marks.update({(i, column): "best" for i in best.index})
+        rest = values[values < top]
+        if len(best) == 1 and not rest.empty:
+            marks.update({(i, column): "second" for i in rest[rest == rest.max()].index})
+    return marks
+
+
+def markdown_table(table: pd.DataFrame, mark_best: bool = True) -> str:
+    """Markdown with the best value of each column in bold and the second best in italics
+    (`best_marks`; AR rows and the index left unmarked)."""
+    flat = table.reset_index()
+    index_columns = list(table.index.names)
+    style = {"best": "**", "second": "*"}
+    marks = {key: style[mark] for key, mark in best_marks(table).items()} if mark_best else {}
     header = "| " + " | ".join(map(str, index_columns + list(table.columns))) + " |"
     lines = [header, "|" + "---|" * (len(index_columns) + len(table.columns))]
     for i, row in flat.iterrows():

@@ -3,7 +3,8 @@
 `OUT/_report-<run>/` (underscore: Parquet readers of OUT skip it): `summary.md` (completeness,
 tau per dataset, category averages, expected and measured speedup with the samples timed and
 the calibration used, M vs T and where MT* lands, the lossless audit, replay fidelity, image
-conversions, failed samples), one CSV per table, `tau.png` and `weights.png`.
+conversions, failed samples), one CSV per table, the paper's Table 1/2 as LaTeX
+(`table1.tex`, `table2.tex`), and `tau` and `weights` figures as PNG, PDF and SVG.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from pipeline.results.audit import GROUP_KEYS, lossless_table, lossless_text
 from pipeline.results.calibration_store import calibration_table, read_calibrations
 from pipeline.results.completeness import completeness_table, completeness_text
 from pipeline.results.fidelity import GROUP_KEYS as FIDELITY_KEYS, fidelity_table, fidelity_text
-from pipeline.results.plots import plot_tau_bars, plot_weight_trajectories
+from pipeline.results.latex import paper_tables
+from pipeline.results.plots import save, tau_figure, weight_ratio_figure
 from pipeline.results.report import (
     category_table, error_counts, findings_text, markdown_table, method_findings, speedup_table, tau_table,
 )
@@ -53,8 +55,9 @@ def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
     if not errors.empty:
         lines = [f"| {r.dataset} | {r.turn} | {r.errors} |" for r in errors.itertuples()]
         sections.append("## Failed samples (left out of every table)\n\n| dataset | turn | errors |\n|---|---|---|\n" + "\n".join(lines))
-    plots = [plot_tau_bars(rows, folder / "tau.png"), plot_weight_trajectories(rows, folder / "weights.png")]
-    sections.append("## Plots\n\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots if p is not None))
+    for name, latex in paper_tables(rows, tables["tau"][1], tables["categories"][1]).items():
+        (folder / name).write_text(latex)
+    sections.append(figures_section(rows, folder))
     text = "\n\n".join(section for section in sections if section) + "\n"
     (folder / "summary.md").write_text(text)
     return text
@@ -119,3 +122,17 @@ def calibration_section(calibrations: pd.DataFrame, folder: Path) -> str:
     table.to_csv(folder / "calibration.csv")
     return ("## Calibration used (latency ratios, median [min-max] over rounds; the latest per pair and dtype)\n\n"
             + markdown_table(table, mark_best=False))
+
+
+def figures_section(rows: pd.DataFrame, folder: Path) -> str:
+    """Each figure as PNG, PDF and SVG, shown with its caption."""
+    lines = ["## Figures (PNG, PDF and SVG at a two-column paper's width; `-one-column` files at one column's; "
+             "LaTeX tables: table1.tex, table2.tex)"]
+    for stem, draw in (("tau", tau_figure), ("weights", weight_ratio_figure)):
+        made = draw(rows)
+        if made is not None:
+            figure, caption = made
+            save(figure, folder / stem)
+            save(draw(rows, width="one-column")[0], folder / f"{stem}-one-column")
+            lines.append(f"![{stem}]({stem}.png)\n\n> {caption}")
+    return "\n\n".join(lines)

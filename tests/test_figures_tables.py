@@ -1,0 +1,111 @@
+"""Figures never pool model pairs, the Fig. 3 ratio is drawn from the recorded weights, and the
+LaTeX tables carry the paper's marks (ties included) in a well-formed tabular."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from pipeline.data.sample import Sample
+from pipeline.decoding.records import SampleRecord
+from pipeline.drafting.policies import GridSearchPolicy
+from pipeline.planning.grid import Pair, RunConfig
+from pipeline.results.latex import latex_table, paper_tables
+from pipeline.results.plots import FORMATS, method_colour, save, tau_cells, tau_figure, weight_ratio_figure
+from pipeline.results.report import category_table, markdown_table, tau_table
+from pipeline.results.schema import make_row
+
+STRONG, WEAK = Pair("big", "small"), Pair("big", "tiny")
+
+
+def frame(*specs) -> pd.DataFrame:
+    """Rows from (pair, methods, dataset, category, accepted per block, weights per block)."""
+    out = []
+    for n, (pair, methods, dataset, category, accepted, weights) in enumerate(specs):
+        policy = GridSearchPolicy() if weights else None
+        config = RunConfig(pair, methods, policy) if policy else RunConfig(pair, methods)
+        sample = Sample(dataset, "test", n, "first", "USER: hi ASSISTANT:", category=category)
+        record = SampleRecord(sample.sample_id, accepted_per_block=accepted, weights_per_block=weights or [],
+                              output_ids=[1] * (len(accepted) + sum(accepted)))
+        out.append(make_row("r", "s", config, sample, record))
+    return pd.DataFrame(out)
+
+
+def test_tau_figure_never_pools_pairs():
+    rows = frame((STRONG, "M", "pope", "benchmark", [4, 4], None), (WEAK, "M", "pope", "benchmark", [0, 0], None),
+                 (STRONG, "T", "pope", "benchmark", [2, 2], None), (WEAK, "T", "vist", "ood", [1, 1], None))
+    cells = tau_cells(rows)
+    per_pair = cells.set_index(["draft", "dataset", "method_label"])["tau"]
+    assert per_pair[("small", "pope", "M")] == 5.0 and per_pair[("tiny", "pope", "M")] == 1.0  # not 3.0
+    assert cells.groupby(["draft", "turn", "dataset", "method_label"]).size().max() == 1
+    figure, caption = tau_figure(rows)
+    assert len(figure.axes) == 2  # one panel per pair (x one turn)
+    titles = [ax.get_title() for ax in figure.axes]
+    assert any("big <- small (fp32)" in t for t in titles) and any("big <- tiny (fp32)" in t for t in titles)
+    assert "2 pair(s)" in caption and "gamma 5" in caption
+    bars = {(ax.get_title().split("\n")[0], tuple(round(c, 3) for c in patch.get_facecolor()[:3]), round(patch.get_height(), 6))
+            for ax in figure.axes for patch in ax.patches}
+    m_colour = tuple(round(c, 3) for c in bar_colour("M"))
+    assert ("big <- small (fp32)", m_colour, 5.0) in bars and ("big <- tiny (fp32)", m_colour, 1.0) in bars
+
+
+def bar_colour(label: str):
+    from matplotlib.colors import to_rgb
+
+    return to_rgb(method_colour(label))
+
+
+def test_weight_ratio_figure_is_the_share_of_m_per_block(tmp_path):
+    weights = [[0.5, 0.5], [0.8, 0.2], [0.0, 1.0]]
+    rows = frame((STRONG, "MT", "pope", "benchmark", [1, 3, 0], weights),
+                 (STRONG, "MT", "vist", "ood", [2, 2], [[0.5, 0.5], [1.0, 0.0]]))
+    figure, caption = weight_ratio_figure(rows)
+    assert len([ax for ax in figure.axes if ax.get_visible()]) == 2  # one panel per category
+    benchmark = next(ax for ax in figure.axes if ax.get_title().startswith("benchmark"))
+    line = next(l for l in benchmark.get_lines() if l.get_label() == "MT*")
+    assert np.allclose(line.get_ydata(), [0.5, 0.8, 0.0, 0.0])  # the last value repeats to the block's end
+    assert {l.get_label() for l in benchmark.get_lines()} >= {"M only", "T only", "static MT"}
+    assert "gamma 5" in caption and "big <- small (fp32)" in caption
+    paths = save(figure, tmp_path / "weights")
+    assert [p.suffix for p in paths] == [f".{f}" for f in FORMATS] and all(p.stat().st_size > 0 for p in paths)
+
+
+def ranked(values: dict[str, float]) -> pd.DataFrame:
+    index = pd.MultiIndex.from_tuples([("t", "d", "first", label) for label in values],
+                                      names=["target", "draft", "turn", "method_label"])
+    return pd.DataFrame({"pope": list(values.values())}, index=index)
+
+
+def test_three_tied_for_best_leave_no_second():
+    table = ranked({"AR": 1.0, "M": 3.0, "T": 3.0, "C": 3.0, "P": 2.5})
+    assert "| M | **3.00** |" in markdown_table(table) and "| P | 2.50 |" in markdown_table(table)
+    latex = latex_table(table, caption="c", label="l")
+    assert latex.count("\\textbf{3.00}") == 3 and "\\underline" not in latex
+    alone = ranked({"M": 3.0, "T": 2.0, "C": 2.0, "P": 1.5})
+    assert latex_table(alone, caption="c", label="l").count("\\underline{2.00}") == 2  # tied seconds
+
+
+def well_formed(latex: str, columns: int) -> None:
+    body = latex.split("\\toprule")[1].split("\\bottomrule")[0]
+    for line in body.strip().splitlines():
+        if line.startswith("\\midrule") or line.startswith("\\multicolumn"):
+            continue
+        assert line.endswith("\\\\") and line.count(" & ") == columns, line
+    assert latex.count("{") == latex.count("}") and latex.count("\\begin{") == latex.count("\\end{")
+
+
+def test_paper_tables_in_latex_carry_marks_and_ood_daggers():
+    rows = frame((STRONG, "M", "pope", "benchmark", [4, 4], None), (STRONG, "T", "pope", "benchmark", [2, 2], None),
+                 (STRONG, "MT", "pope", "benchmark", [3, 3], None), (STRONG, "M", "vist", "ood", [1, 1], None),
+                 (STRONG, "T", "vist", "ood", [3, 3], None), (STRONG, "MT", "vist", "ood", [0, 0], None))
+    tau, categories = tau_table(rows), category_table(rows)
+    tex = paper_tables(rows, tau, categories)
+    table1 = tex["table1.tex"]
+    well_formed(table1, len(tau.columns))
+    assert "POPE & VIST$^{\\dagger}$ & Avg." in table1 and "out of distribution" in table1
+    assert "M & \\textbf{5.00} & \\underline{2.00} & \\textbf{5.00}" in table1
+    assert "T & 3.00 & \\textbf{4.00} & 3.00" in table1 and "MT & \\underline{4.00} & 1.00 & \\underline{4.00}" in table1
+    assert "\\emph{big $\\leftarrow$ small, first turn}" in table1
+    well_formed(tex["table2.tex"], len(categories.columns))
+    assert re.search(r"Ood first\$\^\{\\dagger\}\$", tex["table2.tex"])

@@ -6,6 +6,7 @@ so a lost worker costs time but never rows.
 """
 from __future__ import annotations
 
+import os
 import re
 from collections import defaultdict
 
@@ -31,6 +32,15 @@ INPUT_ERRORS = (ValueError, OSError, Image.DecompressionBombError)
 Items = tuple[tuple[RunConfig, str], ...] | list[tuple[RunConfig, str]]  # (configuration, sample id)
 
 
+def quiet_libraries() -> None:
+    """No progress bars from transformers (weights, GGUF tensors) or the hub in a worker: its
+    output is the run's log, one line per shard."""
+    from transformers.utils import logging as transformers_logging
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    transformers_logging.disable_progress_bar()
+
+
 def error_category(err: Exception) -> str:
     """input | resource | model (pipeline.decoding.records.ERROR_CATEGORIES)."""
     if isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower():
@@ -54,6 +64,7 @@ class PairEvaluator:
         self, pair: Pair, captioner: str | None = None, drafting_methods: tuple[str, ...] = (), allow_text: bool = False
     ) -> None:
         load_drafting_methods(list(drafting_methods))
+        quiet_libraries()
         self.pair = pair
         self.device = default_device()
         self.target, self.draft = load_pair(

@@ -139,7 +139,7 @@ class GridRunner:
         self.report.shards_planned += len(planned)
         print(f"[{label}] {len(planned)} shards to run ({len(units)} work units)", file=self.stream, flush=True)
         if planned:
-            self._dispatch(planned, Progress(label, len(planned), self.stream))
+            self._dispatch(planned, Progress(label, planned, self.stream))
 
     def _worker_count(self) -> tuple[int, float]:
         resources = ray.cluster_resources()
@@ -222,7 +222,7 @@ class GridRunner:
         path = write_shard(self.out, table)
         self.report.shards_written += 1
         self.report.rows_written += table.num_rows
-        progress.advance(table.num_rows)
+        progress.advance(shard, table.num_rows)
         if self.on_shard_written:
             self.on_shard_written(path, self)
 

@@ -27,7 +27,9 @@ ROUNDS, REPEATS = 5, 10  # 5 alternating rounds of 10 timed steps per measuremen
 
 def measure(target: str, draft: str, dtype: str, gamma: int, repeats: int, rounds: int) -> Calibration:
     from actors.model_files import resolve_model
+    from actors.pair_worker import quiet_libraries
 
+    quiet_libraries()
     # allow_text: a pair named here passed the grid's checks, or was named by hand (multimodal
     # families outside pipeline.models.families are refused all the same)
     pair = load_pair(resolve_model(target), resolve_model(draft), dtype=dtype, device=default_device(), allow_text=True)

@@ -8,16 +8,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import re
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from ray._common.utils import get_ray_address_file
 
 from pipeline.planning.grid_file import load_grid
 from pipeline.results.schema import SCHEMA
@@ -40,67 +35,23 @@ def comparable_rows(df) -> list[dict]:
     return json.loads(rows.to_json(orient="records"))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(url: str, head: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if head.poll() is not None:
-            raise RuntimeError(f"ray start exited with {head.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except OSError:
-            time.sleep(1)
-    raise TimeoutError(f"the Ray dashboard at {url} did not come up in {timeout} s")
-
-
 @pytest.fixture
-def ray_head(tmp_path):
+def ray_head():
+    """A head started and stopped the way the README says (scripts/local_ray.sh): free ports,
+    and a stop that leaves any other Ray on this machine alone."""
     if shutil.which("ray") is None:
         pytest.skip("the ray CLI is not installed")
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    dashboard, gcs_port = free_port(), free_port()
-    head = subprocess.Popen(
-        [
-            "ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
-            "--num-cpus=2", "--num-gpus=1", f"--port={gcs_port}", f"--dashboard-port={dashboard}",
-            f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-            f"--dashboard-agent-grpc-port={free_port()}", f"--metrics-export-port={free_port()}",
-            f"--runtime-env-agent-port={free_port()}",
-        ],
-        env=env, stdout=open(tmp_path / "head.log", "w"), stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    address = f"http://127.0.0.1:{dashboard}"
+    script = ["bash", str(REPO / "scripts" / "local_ray.sh")]
+    started = subprocess.run([*script, "start", "--num-cpus=2", "--num-gpus=1"], env=env, capture_output=True,
+                             text=True, timeout=180)
+    assert started.returncode == 0, started.stderr
+    exported = dict(re.findall(r"(RAY_HEAD_PID|RAY_DASHBOARD)=(\S+)", started.stdout))
     try:
-        wait_for(f"{address}/api/version", head)
-        yield address, env
+        yield exported["RAY_DASHBOARD"], env
     finally:
-        head.terminate()  # on SIGTERM, `ray start --block` drains and stops the processes it started
-        try:
-            head.wait(timeout=60)
-        finally:
-            try:  # anything of that session still alive
-                os.killpg(head.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            head.wait()
-            forget_cluster(gcs_port)
-
-
-def forget_cluster(gcs_port: int) -> None:
-    """`ray start` records its address for later `ray.init()` calls to join; drop the record of
-    this (now stopped) head so they start their own Ray instead of failing to connect."""
-    record = Path(get_ray_address_file(None))
-    try:
-        if record.read_text().strip().endswith(f":{gcs_port}"):
-            record.unlink()
-    except FileNotFoundError:
-        pass
+        subprocess.run([*script, "stop", exported["RAY_HEAD_PID"]], env=env, timeout=120, check=True)
+        assert subprocess.run(["kill", "-0", exported["RAY_HEAD_PID"]], capture_output=True).returncode != 0
 
 
 def test_ray_job_submit_runs_the_smoke_grid(ray_head, tmp_path):
@@ -124,4 +75,5 @@ def test_ray_job_submit_runs_the_smoke_grid(ray_head, tmp_path):
     assert df.error.isna().all() and set(df.turn) == {"first", "qaorg"}
     assert f"run smoke: {len(df)} rows written" in log
     assert comparable_rows(df) == json.loads(SMOKE_ROWS.read_text())
-    assert re.search(r"\[second turn\] (\d+)/\1 shards, \d+ samples, [\d.]+ samples/s, ETA 0:00:00", log), log[-3000:]
+    assert re.search(r"\[second turn\] (\d+)/\1 shards, (\d+)/\2 rows, [\d.]+ decodes/s, ETA 0:00:00", log), log[-3000:]
+    assert "Loading weights" not in log and "it/s]" not in log  # no library progress bars in the job's log

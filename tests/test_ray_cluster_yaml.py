@@ -1,8 +1,10 @@
 """ray_cluster.yaml passes the cluster launcher's own schema check (as `ray up` would run it)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import pytest
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
@@ -16,3 +18,25 @@ def test_cluster_config_is_valid_for_the_launcher():
     assert config["head_node_type"] == "head" and workers["max_workers"] >= workers["min_workers"] >= 1
     assert any("pip install -e ~/tabed" in c for c in config["setup_commands"])
     assert config["file_mounts"]["~/tabed"] == "."
+
+
+# GPU memory of the instance types a config may name (one GPU each), in GB
+GPU_MEMORY_GB = {"g5.2xlarge": 24, "g5.4xlarge": 24, "g6e.xlarge": 48, "g6e.2xlarge": 48, "p4d.24xlarge": 40}
+
+
+def needed_gb(model: str, dtype: str) -> float:
+    """A target's weights (2 bytes per parameter in fp16/bf16, 4 in fp32) plus ~15% for the
+    draft and the KV caches; the size is read from the hub id (`-7b-`, `-13b-`)."""
+    billions = float(re.search(r"(\d+(?:\.\d+)?)b\b", model.lower().replace("-hf", "")).group(1))
+    return billions * (4 if dtype == "fp32" else 2) * 1.15
+
+
+def test_every_gpu_worker_fits_every_target_of_the_paper_grid():
+    config = yaml.safe_load((REPO / "ray_cluster.yaml").read_text())
+    assert "py311" in config["docker"]["image"]  # Python >= 3.10 whatever the AMI's OS
+    grid = yaml.safe_load((REPO / "configs" / "paper_full.yaml").read_text())
+    largest = max(needed_gb(pair["target"], pair.get("dtype", "fp32")) for pair in grid["pairs"])
+    assert largest == pytest.approx(13 * 2 * 1.15)
+    for name, node in config["available_node_types"].items():
+        if name != config["head_node_type"]:
+            assert GPU_MEMORY_GB[node["node_config"]["InstanceType"]] >= largest, name

@@ -113,42 +113,36 @@ def _silence_special_tokens(model, tokenizer: PreTrainedTokenizerFast):
     return model
 
 
-def build_llava(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlavaForConditionalGeneration:
+ANYRES_PINPOINTS = [[IMAGE_SIZE, IMAGE_SIZE], [IMAGE_SIZE, 2 * IMAGE_SIZE], [2 * IMAGE_SIZE, IMAGE_SIZE]]
+
+
+def _build(config_class, model_class, tokenizer: PreTrainedTokenizerFast, seed: int, **family_fields):
+    """A tiny model of one LLaVA family: the shared CLIP tower and Llama text model, seeded.
+    The CLS-dropping `default` feature strategy everywhere: CLIP has a CLS token (OneVision's
+    real SigLIP tower has none, and uses `full`)."""
     torch.manual_seed(seed)
-    config = LlavaConfig(
+    config = config_class(
         vision_config=_vision_config(),
         text_config=_text_config(tokenizer),
         image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
         vision_feature_layer=-2,
         vision_feature_select_strategy="default",
+        **family_fields,
     )
-    return _silence_special_tokens(LlavaForConditionalGeneration(config).eval(), tokenizer)
+    return _silence_special_tokens(model_class(config).eval(), tokenizer)
+
+
+def build_llava(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlavaForConditionalGeneration:
+    return _build(LlavaConfig, LlavaForConditionalGeneration, tokenizer, seed)
 
 
 def build_llava_next(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlavaNextForConditionalGeneration:
-    torch.manual_seed(seed)
-    config = LlavaNextConfig(
-        vision_config=_vision_config(),
-        text_config=_text_config(tokenizer),
-        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
-        image_grid_pinpoints=[[IMAGE_SIZE, IMAGE_SIZE], [IMAGE_SIZE, 2 * IMAGE_SIZE], [2 * IMAGE_SIZE, IMAGE_SIZE]],
-        vision_feature_layer=-2,
-        vision_feature_select_strategy="default",
-    )
-    return _silence_special_tokens(LlavaNextForConditionalGeneration(config).eval(), tokenizer)
+    return _build(LlavaNextConfig, LlavaNextForConditionalGeneration, tokenizer, seed, image_grid_pinpoints=ANYRES_PINPOINTS)
 
 
 def build_llava_onevision(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlavaOnevisionForConditionalGeneration:
-    torch.manual_seed(seed)
-    config = LlavaOnevisionConfig(
-        vision_config=_vision_config(),
-        text_config=_text_config(tokenizer),
-        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
-        image_grid_pinpoints=[[IMAGE_SIZE, IMAGE_SIZE], [IMAGE_SIZE, 2 * IMAGE_SIZE], [2 * IMAGE_SIZE, IMAGE_SIZE]],
-        vision_feature_layer=-2,
-        vision_feature_select_strategy="default",  # CLIP has a CLS token; SigLIP (the real one) has none
-    )
-    return _silence_special_tokens(LlavaOnevisionForConditionalGeneration(config).eval(), tokenizer)
+    return _build(LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration, tokenizer, seed,
+                  image_grid_pinpoints=ANYRES_PINPOINTS)
 
 
 class _SavedSeparately:

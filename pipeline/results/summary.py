@@ -71,12 +71,17 @@ def completeness_section(out: str | Path, run: str, rows: pd.DataFrame, folder: 
     return f"## Completeness\n\n{completeness_text(table, expected)}\n\n{markdown_table(table, mark_best=False)}"
 
 
+def checked_section(folder: Path, name: str, title: str, text: str, table: pd.DataFrame, keys: list[str]) -> str:
+    """A check's table as `name`.csv and as a section: title, the sentence saying what it found, the table."""
+    table.to_csv(folder / f"{name}.csv", index=False)
+    return f"## {title}\n\n{text}\n\n{markdown_table(table.set_index(keys), mark_best=False)}"
+
+
 def audit_section(rows: pd.DataFrame, folder: Path) -> str:
     """Greedy speculative rows equal to the target's own greedy output, per pair, dtype, engine."""
     audit = lossless_table(rows)
-    audit.to_csv(folder / "lossless.csv", index=False)
-    return ("## Lossless audit: greedy speculative output vs the target's own greedy output\n\n"
-            f"{lossless_text(audit)}\n\n{markdown_table(audit.set_index(GROUP_KEYS), mark_best=False)}")
+    return checked_section(folder, "lossless", "Lossless audit: greedy speculative output vs the target's own greedy output",
+                           lossless_text(audit), audit, GROUP_KEYS)
 
 
 def image_conversions_text(rows: pd.DataFrame) -> str:
@@ -94,9 +99,8 @@ def image_conversions_text(rows: pd.DataFrame) -> str:
 def fidelity_section(rows: pd.DataFrame, folder: Path) -> str:
     """Live greedy rows against the replay of the same configuration and sample."""
     table = fidelity_table(rows)
-    table.to_csv(folder / "fidelity.csv", index=False)
-    return ("## Replay fidelity: live greedy rows vs trace replay of the same configuration and sample\n\n"
-            f"{fidelity_text(table)}\n\n{markdown_table(table.set_index(FIDELITY_KEYS), mark_best=False)}")
+    return checked_section(folder, "fidelity", "Replay fidelity: live greedy rows vs trace replay of the same configuration and sample",
+                           fidelity_text(table), table, FIDELITY_KEYS)
 
 
 def timed_samples_text(rows: pd.DataFrame) -> str:

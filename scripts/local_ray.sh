@@ -22,7 +22,8 @@ case "${1:-}" in
       --metrics-export-port="$(free_port)" --runtime-env-agent-port="$(free_port)" "$@" >"$log" 2>&1 &
     pid=$!
     for _ in $(seq 120); do
-      if curl -sf "http://127.0.0.1:$dashboard/api/version" >/dev/null; then
+      if python -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" \
+          "http://127.0.0.1:$dashboard/api/version" 2>/dev/null; then
         echo "export RAY_HEAD_PID=$pid RAY_DASHBOARD=http://127.0.0.1:$dashboard  # log: $log"
         exit 0
       fi
@@ -33,7 +34,7 @@ case "${1:-}" in
     kill -TERM "$pid"; exit 1 ;;
   stop)
     pid="${2:?usage: local_ray.sh stop RAY_HEAD_PID}"
-    port=$(ps -o args= -p "$pid" 2>/dev/null | grep -o -- '--port=[0-9]*' | cut -d= -f2 || true)
+    port=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -o -- '--port=[0-9]*' | cut -d= -f2 || true)
     kill -TERM "$pid" 2>/dev/null || exit 0   # `ray start --block` drains its own processes on SIGTERM
     for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
     kill -KILL -- "-$pid" 2>/dev/null || true  # whatever of its session is left

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections import defaultdict
+from typing import Sequence
 
 import pyarrow as pa
 import torch
@@ -29,7 +30,7 @@ from pipeline.results.store import rows_to_table
 # A bad input: a clear input error (ModelInputError is a ValueError), an unreadable or
 # oversized image.
 INPUT_ERRORS = (ValueError, OSError, Image.DecompressionBombError)
-Items = tuple[tuple[RunConfig, str], ...] | list[tuple[RunConfig, str]]  # (configuration, sample id)
+Items = Sequence[tuple[RunConfig, str]]  # (configuration, sample id)
 
 
 def quiet_libraries() -> None:

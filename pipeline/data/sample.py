@@ -46,10 +46,15 @@ class Sample:
         under the same id (a second turn built from another answer, an image restored since)
         is recognised as stale on resume."""
         digest = hashlib.sha256(self.prompt.encode())
-        for image in self.images:
-            digest.update(f"|{image.mode}:{image.size}|".encode())
-            digest.update(image.tobytes())
+        _add_pixels(digest, self.images)
         digest.update(f"|error:{self.error}".encode())
+        return digest.hexdigest()[:16]
+
+    @cached_property
+    def image_hash(self) -> str:
+        """Hash of the image pixels alone: samples that show the same pictures share it."""
+        digest = hashlib.sha256()
+        _add_pixels(digest, self.images)
         return digest.hexdigest()[:16]
 
     def check(self) -> None:
@@ -60,3 +65,9 @@ class Sample:
                 f"sample {self.sample_id}: prompt has {n} {IMAGE_PLACEHOLDER} placeholder(s) "
                 f"but {len(self.images)} image(s)"
             )
+
+
+def _add_pixels(digest, images: tuple[Image.Image, ...]) -> None:
+    for image in images:
+        digest.update(f"|{image.mode}:{image.size}|".encode())
+        digest.update(image.tobytes())

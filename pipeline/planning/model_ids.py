@@ -23,13 +23,23 @@ def model_kind(name: str) -> str:
     """`llava_next` when the model is known to be LLaVA-NeXT without loading it, else `other`."""
     if name == f"{TINY_PREFIX}next_target" or NEXT_HUB_NAME.search(name):
         return "llava_next"
-    config = Path(name) / "config.json"
-    if config.is_file():
-        try:
-            return json.loads(config.read_text()).get("model_type", "other")
-        except (OSError, ValueError):
-            return "other"
-    return "other"
+    return (_json_file(Path(name) / "config.json") or {}).get("model_type", "other")
+
+
+def _json_file(path: Path) -> dict | None:
+    """A JSON file's content, or None when it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def _cached_config(name: str) -> Path | None:
+    """The hub cache's config.json of hub id `name`, when it is there (nothing is downloaded)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(name, "config.json")
+    return Path(cached) if isinstance(cached, str) else None
 
 
 def check_model_id(name: Any, where: str) -> str:
@@ -65,9 +75,7 @@ def check_cached_when_offline(name: str, where: str) -> None:
         return
     if os.environ.get("HF_HUB_OFFLINE", "").lower() not in ("1", "true", "yes", "on"):
         return
-    from huggingface_hub import try_to_load_from_cache
-
-    if not isinstance(try_to_load_from_cache(name, "config.json"), str):
+    if _cached_config(name) is None:
         raise GridError(f"{where}: {name!r} is not in the local hub cache and HF_HUB_OFFLINE is set")
 
 
@@ -96,16 +104,8 @@ def readable_config(name: str) -> dict | None:
     or a hub id's from the local hub cache; None otherwise (tiny:, embedded:, not cached)."""
     path = Path(name).expanduser() / "config.json"
     if not path.is_file() and HUB_ID.fullmatch(name):
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(name, "config.json")
-        path = Path(cached) if isinstance(cached, str) else path
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+        path = _cached_config(name) or path
+    return _json_file(path)
 
 
 def check_family_here(name: str, where: str, *, allow_text: bool) -> None:

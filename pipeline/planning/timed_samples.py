@@ -7,7 +7,6 @@ images not chosen yet; samples that failed to load are never chosen.
 """
 from __future__ import annotations
 
-import hashlib
 import random
 from typing import Mapping, Sequence
 
@@ -15,15 +14,8 @@ from pipeline.data.sample import Sample
 
 
 def image_identity(sample: Sample) -> str:
-    """A hash of the sample's image pixels (empty for a text-only prompt, which never
-    repeats an image)."""
-    if not sample.images:
-        return f"text:{sample.sample_id}"
-    digest = hashlib.sha256()
-    for image in sample.images:
-        digest.update(f"{image.mode}:{image.size}|".encode())
-        digest.update(image.tobytes())
-    return digest.hexdigest()[:16]
+    """What the sample shows: its pixels' hash (a text-only prompt never repeats an image)."""
+    return sample.image_hash if sample.images else f"text:{sample.sample_id}"
 
 
 def choose_timed(samples_by_dataset: Mapping[str, Sequence[Sample]], count: int, seed: int) -> list[str]:

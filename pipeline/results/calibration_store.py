@@ -74,15 +74,17 @@ def _spread(calibration: pd.Series, name: str) -> str:
 
 
 def calibration_table(calibrations: pd.DataFrame) -> pd.DataFrame:
-    """One line per stored calibration: ratios as median [min-max] over rounds, and when,
-    where and how it was measured."""
+    """One line per pair and dtype, the calibration reports use (`stored_calibration`): ratios
+    as median [min-max] over rounds, and when, where and how it was measured."""
     if calibrations.empty:
         return pd.DataFrame()
+    keys = calibrations[["target", "draft", "dtype"]].drop_duplicates().itertuples(index=False)
+    used = [stored_calibration(calibrations, *key) for key in keys]
     lines = [
         {"target": c["target"], "draft": c["draft"], "dtype": c["dtype"], "device": c["device"], "engine": c.get("engine", "-"),
          "gamma": int(c["gamma"]), "Tq/Tp": _spread(c, "ratio_draft_target"), "Tp(gamma+1)/Tp": _spread(c, "ratio_verify"),
          "Tp ms": round(1e3 * c["target_token_s"], 2), "Tq ms": round(1e3 * c["draft_token_s"], 2),
          "rounds x repeats": f"{int(c['rounds'])} x {int(c['repeats'])}", "measured at": c["measured_at"] or "-"}
-        for _, c in calibrations.iterrows()
+        for c in used
     ]
     return pd.DataFrame(lines).set_index(["target", "draft", "dtype"])

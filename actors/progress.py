@@ -1,8 +1,8 @@
 """Console progress of one phase (a turn) of a run: rows written of rows planned, and an ETA.
 
 Rows cost very different times: a replayed shard decodes each of its samples once (one trace
-collection scores all its configurations), a live shard decodes every row, plus one trace
-collection per sample for its replay check. So progress is measured in *decodes*, the ETA is
+collection scores all its configurations, for every draft of the target), a live shard decodes
+every SD row and each sample's target once (its AR rows, whose decode the replay check reuses). So progress is measured in *decodes*, the ETA is
 the decodes left over a smoothed rate of decodes per second. On a terminal it is a tqdm bar;
 in a log (`ray job logs`, a file) it is one line per finished shard.
 """
@@ -25,8 +25,10 @@ def decodes(shard: Shard) -> int:
     samples = len(shard.sample_ids)
     if shard.mode == "replay":
         return samples
-    checked = {sid for config, sid in shard.items if config.greedy and not config.is_ar}
-    return len(shard.items) + len(checked)
+    speculative = [sid for config, sid in shard.items if not config.is_ar]
+    # one target decode per sample: its AR row, which its replay check reuses, or the check's own
+    target = {sid for config, sid in shard.items if config.is_ar or config.greedy}
+    return len(speculative) + len(target)
 
 
 class Progress:

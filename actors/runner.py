@@ -1,4 +1,4 @@
-"""Runs a validated grid on Ray: keep one actor per model pair busy, write each finished shard
+"""Runs a validated grid on Ray: keep the actors of each model group (a target and its drafts) busy, write each finished shard
 at once, survive dead actors, resume from what is already written.
 
 First turns run first; second turns (`pipeline.planning.samples`) are built from the target's
@@ -17,10 +17,10 @@ from typing import Callable, TextIO
 
 import ray
 
-from actors.pair_worker import remote_worker
+from actors.target_worker import remote_worker
 from actors.progress import Progress
 from pipeline.drafting.methods import needs_captions
-from pipeline.planning.grid import FIRST_TURN, GridSpec, Pair, Shard
+from pipeline.planning.grid import FIRST_TURN, GridSpec, ModelGroup, Pair, Shard
 from pipeline.planning.samples import RegistrySource, RunSamples, SampleSource
 from pipeline.planning.resume import reconcile, wanted_rows
 from pipeline.planning.shards import plan_shards
@@ -49,9 +49,9 @@ class RunReport:
 
 @dataclass
 class _Worker:
-    pair: Pair
+    group: ModelGroup
     handle: object
-    placed: object | None  # ObjectRef resolving once the actor runs (placed, pair loaded); None after
+    placed: object | None  # ObjectRef resolving once the actor runs (placed, models loaded); None after
     started: float = field(default_factory=time.monotonic)
     in_flight: dict = field(default_factory=dict)  # ObjectRef -> Shard
 
@@ -154,47 +154,48 @@ class GridRunner:
     def _dispatch(self, shards: list[Shard], progress: Progress) -> None:
         """Keep every worker busy until each shard is written (or has failed too often)."""
         self._slots, self._gpus = self._worker_count()
-        self._pending: dict[Pair, deque[Shard]] = defaultdict(deque)
+        self._pending: dict[ModelGroup, deque[Shard]] = defaultdict(deque)
         for shard in shards:
-            self._pending[shard.pair].append(shard)
+            self._pending[shard.group].append(shard)
         self._fill()
         while any(w.in_flight or w.placed is not None for w in self.workers):
             self._collect_one(progress)
             self._fill()
 
     def _fill(self) -> None:
-        """Top up every worker's queue, then start workers for the pairs with the most shards
-        waiting per worker, recycling a worker whose pair has nothing left when all slots are taken."""
+        """Top up every worker's queue, then start workers for the groups with the most shards
+        waiting per worker, recycling a worker whose group has nothing left when all slots are taken."""
         for worker in self.workers:
             self._top_up(worker)
-        while (pair := self._neediest_pair()) is not None:
+        while (group := self._neediest_group()) is not None:
             if len(self.workers) >= self._slots:
-                idle = next((w for w in self.workers if not self._pending[w.pair] and not w.in_flight), None)
+                idle = next((w for w in self.workers if not self._pending[w.group] and not w.in_flight), None)
                 if idle is None:
                     return
                 ray.kill(idle.handle)
                 self.workers.remove(idle)
-            handle = remote_worker(pair, self._captioner, num_gpus=self._gpus, num_cpus=self.cpus_per_worker,
-                                   drafting_methods=self.spec.drafting_methods, allow_text=pair in self.spec.text_only)
-            probe = handle.device_name.options(max_task_retries=0).remote()  # fails once, quietly, if the pair cannot load
-            self.workers.append(_Worker(pair, handle, probe))
+            allow_text = any(pair in self.spec.text_only for pair in group.pairs)
+            handle = remote_worker(group, self._captioner, num_gpus=self._gpus, num_cpus=self.cpus_per_worker,
+                                   drafting_methods=self.spec.drafting_methods, allow_text=allow_text)
+            probe = handle.device_name.options(max_task_retries=0).remote()  # fails once, quietly, if a model cannot load
+            self.workers.append(_Worker(group, handle, probe))
             self._top_up(self.workers[-1])
 
     def _top_up(self, worker: _Worker) -> None:
-        """Queue shards on a running worker; one still starting gets none, so a pair that
+        """Queue shards on a running worker; one still starting gets none, so a model that
         cannot load fails once (its start) rather than once per shard sent to it."""
         if worker.placed is not None:
             return
-        queue = self._pending[worker.pair]
+        queue = self._pending[worker.group]
         while queue and len(worker.in_flight) < IN_FLIGHT_PER_WORKER:
             self._submit(worker, queue.popleft())
 
-    def _neediest_pair(self) -> Pair | None:
+    def _neediest_group(self) -> ModelGroup | None:
         live = defaultdict(int)
         for worker in self.workers:
-            live[worker.pair] += 1
-        waiting = [pair for pair, queue in self._pending.items() if queue]
-        return max(waiting, key=lambda pair: len(self._pending[pair]) / (live[pair] + 1), default=None)
+            live[worker.group] += 1
+        waiting = [group for group, queue in self._pending.items() if queue]
+        return max(waiting, key=lambda group: len(self._pending[group]) / (live[group] + 1), default=None)
 
     def _collect_one(self, progress: Progress) -> None:
         """Wait for the next finished shard or worker start: write the shard, take the started
@@ -212,7 +213,7 @@ class GridRunner:
         try:
             table = ray.get(ref)
         except ray.exceptions.RayActorError as err:
-            if err.actor_init_failed:  # loading the pair failed: deterministic, retrying cannot help
+            if err.actor_init_failed:  # loading a model failed: deterministic, retrying cannot help
                 raise self._cannot_start(worker, err) from None
             self._redispatch(worker, shard, err)
             return
@@ -228,7 +229,7 @@ class GridRunner:
 
     def _started(self, worker: _Worker) -> None:
         """A worker's start finished: it takes shards from now on, or the run ends when its
-        pair cannot load (deterministic: another start would fail the same way)."""
+        models cannot load (deterministic: another start would fail the same way)."""
         try:
             ray.get(worker.placed)
         except ray.exceptions.RayActorError as err:
@@ -241,10 +242,10 @@ class GridRunner:
 
     @staticmethod
     def _cannot_start(worker: _Worker, err: Exception) -> RunFailed:
-        return RunFailed(f"the worker for {worker.pair.label} could not start: {last_error_line(err)}")
+        return RunFailed(f"the worker for {worker.group.label} could not start: {last_error_line(err)}")
 
     def _submit(self, worker: _Worker, shard: Shard) -> None:
-        samples = {sid: self.samples.get(shard.pair, sid) for sid in shard.sample_ids}
+        samples = {sid: self.samples.get(shard.group, sid) for sid in shard.sample_ids}
         worker.in_flight[worker.handle.run_shard.remote(shard, samples)] = shard
 
     def _redispatch(self, worker: _Worker, shard: Shard, err: Exception) -> None:
@@ -254,7 +255,7 @@ class GridRunner:
         if worker in self.workers:
             self.workers.remove(worker)
             ray.kill(worker.handle)
-        print(f"worker for {worker.pair.label} died ({type(err).__name__}); re-dispatching {len(lost)} shard(s)",
+        print(f"worker for {worker.group.label} died ({type(err).__name__}); re-dispatching {len(lost)} shard(s)",
               file=self.stream, flush=True)
         for item in lost:
             self._retry(item, err)
@@ -263,10 +264,10 @@ class GridRunner:
         self._attempts[shard.shard_id] += 1
         if self._attempts[shard.shard_id] >= self.max_attempts:
             raise RunFailed(
-                f"shard {shard.shard_id} ({shard.pair.label}, {shard.dataset}/{shard.turn}) failed "
+                f"shard {shard.shard_id} ({shard.group.label}, {shard.dataset}/{shard.turn}) failed "
                 f"{self._attempts[shard.shard_id]} times; last error: {last_error_line(err)}"
             ) from None
-        self._pending[shard.pair].appendleft(shard)
+        self._pending[shard.group].appendleft(shard)
         self.report.redispatched += 1
 
     def _check_cluster(self) -> None:
@@ -284,7 +285,7 @@ class GridRunner:
         for worker in self.workers:
             waited = time.monotonic() - worker.started
             if worker.placed is not None and waited > self.placement_timeout_s:
-                raise RunFailed(f"the worker for {worker.pair.label} was not placed on any node in {waited:.0f} s")
+                raise RunFailed(f"the worker for {worker.group.label} was not placed on any node in {waited:.0f} s")
 
 
 def last_error_line(err: BaseException) -> str:

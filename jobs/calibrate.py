@@ -23,13 +23,19 @@ from pipeline.planning.grid_file import load_grid  # noqa: E402
 
 
 ROUNDS, REPEATS = 5, 10  # 5 alternating rounds of 10 timed steps per measurement
+ACTOR_CPUS = 1  # CPUs (threads) of a grid actor on a CPU node: actors.runner's cpus_per_worker default
 
 
-def measure(target: str, draft: str, dtype: str, gamma: int, repeats: int, rounds: int) -> Calibration:
+def measure(target: str, draft: str, dtype: str, gamma: int, repeats: int, rounds: int, threads: int | None = None) -> Calibration:
+    """One pair's calibration; `threads`: CPU threads to time with (those a grid actor decodes with)."""
+    import torch
+
     from actors.model_files import resolve_model
-    from actors.pair_worker import quiet_libraries
+    from actors.target_worker import quiet_libraries
 
     quiet_libraries()
+    if threads:
+        torch.set_num_threads(threads)
     # allow_text: a pair named here passed the grid's checks, or was named by hand (multimodal
     # families outside pipeline.models.families are refused all the same)
     pair = load_pair(resolve_model(target), resolve_model(draft), dtype=dtype, device=default_device(), allow_text=True)
@@ -43,13 +49,18 @@ def calibrate_pairs(
     ray_tasks: bool,
 ) -> list[Calibration]:
     """Measure each (target, draft, dtype) and write it under OUT; with `ray_tasks`, each pair in
-    a Ray task holding one GPU when the cluster has GPUs (Ray must be initialised)."""
+    a Ray task holding one GPU when the cluster has GPUs, else a node's CPUs, so measurements
+    on a CPU never overlap (Ray must be initialised)."""
     if ray_tasks:
         import ray
 
         gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
-        task = ray.remote(num_gpus=gpus, num_cpus=1)(measure)
-        results = ray.get([task.remote(t, d, dt, gamma, repeats, rounds) for t, d, dt in pairs])
+        # Without GPUs each task takes a whole node's CPUs, so two measurements never time each
+        # other's load, and times with the one thread a grid actor decodes with.
+        cpus = 1 if gpus else max(node["Resources"].get("CPU", 1) for node in ray.nodes() if node.get("Alive"))
+        task = ray.remote(num_gpus=gpus, num_cpus=cpus)(measure)
+        threads = None if gpus else ACTOR_CPUS
+        results = ray.get([task.remote(t, d, dt, gamma, repeats, rounds, threads) for t, d, dt in pairs])
     else:
         results = [measure(t, d, dt, gamma, repeats, rounds) for t, d, dt in pairs]
     for result in results:

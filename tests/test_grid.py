@@ -201,6 +201,25 @@ def test_plan_shards_bundles_replay_configs_and_skips_done_rows():
     assert {s.shard_id for s in again} - {s.shard_id for s in live} == {again[0].shard_id}
 
 
+def test_drafts_of_one_target_share_shards_and_timed_samples_run_live_with_their_ar_row():
+    pairs = [{"target": "tiny:target", "draft": "tiny:draft"}, {"target": "tiny:target", "draft": "tiny:next_target"},
+             {"target": "tiny:next_target", "draft": "tiny:draft"}]
+    spec = grid(pairs=pairs, methods=["AR", "M"], gamma=[5], window=[None], distance=["kl"], turns=["first"])
+    samples = [sample(i) for i in range(3)]
+    shards = plan_shards("r", spec.units(), lambda u: samples, shard_size=3, grid_mode="auto", live_samples=1)
+    groups = {s.group for s in shards}
+    assert {(g.target, g.drafts) for g in groups} == {
+        ("tiny:target", ("tiny:draft", "tiny:next_target")), ("tiny:next_target", ("tiny:draft",))}
+    for shard in shards:  # every pair of the group in one shard: one target decode per sample serves them all
+        assert {c.pair for c, _ in shard.items} == set(shard.group.pairs)
+        if shard.mode == "live":  # the walltime sample's AR row is decoded live beside its SD rows
+            assert {c.methods for c, _ in shard.items} == {"AR", "M"} and set(shard.timed) == {sid for _, sid in shard.items}
+        else:
+            assert not shard.timed
+    keys = [k for s in shards for k in s.keys]
+    assert len(keys) == len(set(keys)) == len(spec.configs()) * 3
+
+
 def test_timed_samples_are_seeded_and_spread_over_distinct_images():
     from PIL import Image
 

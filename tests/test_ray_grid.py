@@ -15,7 +15,7 @@ from PIL import Image
 from actors.runner import GridRunner
 from pipeline.data.sample import Sample
 from pipeline.decoding.live import autoregressive_decode, speculative_decode
-from pipeline.planning.grid import Catalog, Pair, RunConfig, Shard
+from pipeline.planning.grid import Catalog, ModelGroup, Pair, RunConfig, Shard
 from pipeline.planning.grid_file import parse_grid
 from pipeline.results.store import read_results
 
@@ -193,15 +193,16 @@ def test_a_pair_that_cannot_load_stops_the_run_with_its_error(ray_local, tiny_di
 
 
 def test_worker_decodes_on_each_configs_engine_with_identical_outputs(tiny_dirs):
-    from actors.pair_worker import PairEvaluator
+    from actors.target_worker import TargetWorker
 
     pair = Pair(tiny_dirs["target"], tiny_dirs["draft"])
-    worker = PairEvaluator(pair)
+    group = ModelGroup(pair.target, pair.dtype, (pair.draft,))
+    worker = TargetWorker(group)
     sample = ToySource().first_turn("toy", 1)[0]
     configs = [RunConfig(pair, methods, gamma=None if methods == "AR" else 3, max_new_tokens=8, engine=engine)
                for methods in ("AR", "MT") for engine in ("eager", "static")]
     for mode in ("live", "replay"):  # replay: one trace collection per engine, AR rows included
-        shard = Shard("r", pair, "toy", "first", mode, tuple((c, sample.sample_id) for c in configs),
+        shard = Shard("r", group, "toy", "first", mode, tuple((c, sample.sample_id) for c in configs),
                       ((sample.sample_id, sample.prompt_hash),))
         rows = worker.run_shard(shard, {sample.sample_id: sample}).to_pylist()
         assert [r["engine"] for r in rows] == ["eager", "static"] * 2 and all(r["error"] is None for r in rows)
@@ -215,6 +216,40 @@ def test_worker_decodes_on_each_configs_engine_with_identical_outputs(tiny_dirs)
             assert shadows[:2] == [None, None] and shadows[2:] == [r["accepted_per_block"] for r in rows[2:]]
         else:
             assert shadows == [None] * 4
+
+
+def test_one_worker_serves_every_draft_of_its_target_from_one_target_decode(tiny_dirs, monkeypatch):
+    import actors.target_worker as worker_module
+    import pipeline.decoding.replay as replay_module
+
+    target, draft = tiny_dirs["target"], tiny_dirs["draft"]
+    group = ModelGroup(target, "fp32", (draft, target))  # the target drafting for itself: a second draft
+    alone = worker_module.TargetWorker(ModelGroup(target, "fp32", (draft,)))
+    worker = worker_module.TargetWorker(group)
+    sample = ToySource().first_turn("toy", 1)[0]
+    configs = [RunConfig(pair, m, gamma=None if m == "AR" else 3, max_new_tokens=8)
+               for pair in group.pairs for m in ("AR", "M", "MT")]
+    decodes = []
+    for module in (replay_module, worker_module):  # the traces' decode of y and the live AR decode
+        real = module.autoregressive_decode
+        monkeypatch.setattr(module, "autoregressive_decode", lambda *a, real=real, **k: decodes.append(1) or real(*a, **k))
+    for mode in ("replay", "live"):
+        items = tuple((c, sample.sample_id) for c in configs)
+        shard = Shard("r", group, "toy", "first", mode, items, ((sample.sample_id, sample.prompt_hash),))
+        decodes.clear()
+        rows = worker.run_shard(shard, {sample.sample_id: sample}).to_pylist()
+        assert len(decodes) == 1  # one target decode for both drafts: both AR rows, and y of every trace
+        assert all(r["error"] is None for r in rows) and [r["draft"] for r in rows] == [draft] * 3 + [target] * 3
+        assert rows[0]["output_ids"] == rows[3]["output_ids"] and rows[0]["mode"] == "ar"
+        # the first draft's rows are what a worker holding that pair alone gives
+        single = Shard("r", alone.group, "toy", "first", mode, items[:3], shard.prompt_hashes)
+        by_itself = alone.run_shard(single, {sample.sample_id: sample}).to_pylist()
+        for shared, own in zip(rows[:3], by_itself):
+            assert (shared["output_ids"], shared["accepted_per_block"]) == (own["output_ids"], own["accepted_per_block"])
+        if mode == "live":  # the replay check reuses the live AR decode as y
+            assert all(r["replay_accepted_per_block"] == r["accepted_per_block"] for r in rows if r["mode"] == "live")
+    with pytest.raises(ValueError, match="this worker holds"):
+        alone.run_shard(shard, {sample.sample_id: sample})
 
 
 def embedded_spec(tiny_dirs, limit):

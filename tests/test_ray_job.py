@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 # before the layout moved into core / planning / cluster wings; rewritten when row keys came to
 # include the prompt hash, and when walltime samples came to be chosen by seed (the `timed` and
 # `replay_accepted_per_block` columns, modes and shard ids changed), checked equal on every
-# other column each time; the `answer` column (null here) was added by hand.
+# other column each time; the `answer` column (null here) was added by hand. The timed
+# sample's AR row moved into its live shard (decoded once for every draft): shard ids only.
 SMOKE_ROWS = REPO / "tests" / "fixtures" / "smoke_rows.json"
 
 

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from pipeline.data.sample import Sample
-from pipeline.planning.grid import Pair, RunConfig, Shard, WorkUnit
+from pipeline.planning.grid import ModelGroup, Pair, RunConfig, Shard, WorkUnit
 from pipeline.planning.resume import OLD_KEY, PROMPT_CHANGED, reconcile, wanted_rows
 from pipeline.results.run_lock import RunLocked, run_lock
 from pipeline.results.store import drop_rows, read_results, run_dir, write_shard, written_rows
@@ -103,10 +103,11 @@ def test_a_second_driver_is_refused_and_a_dead_ones_lock_is_taken_over(tmp_path)
 
 
 def test_one_configuration_that_crashes_is_an_error_row(tiny_dirs, monkeypatch):
-    import actors.pair_worker as worker_module
+    import actors.target_worker as worker_module
 
     pair = Pair(tiny_dirs["target"], tiny_dirs["draft"])
-    worker = worker_module.PairEvaluator(pair)
+    group = ModelGroup(pair.target, pair.dtype, (pair.draft,))
+    worker = worker_module.TargetWorker(group)
     s = Sample("toy", "test", 0, "first", "USER: <image>\nWhat? ASSISTANT:", (Image.new("RGB", (30, 30), "red"),))
     ok, bad = RunConfig(pair, "M", gamma=2, max_new_tokens=4), RunConfig(pair, "MT", gamma=2, max_new_tokens=4)
     real = worker_module.speculative_decode
@@ -117,7 +118,7 @@ def test_one_configuration_that_crashes_is_an_error_row(tiny_dirs, monkeypatch):
         return real(target, draft, sample, config, *args, **kwargs)
 
     monkeypatch.setattr(worker_module, "speculative_decode", crash_on_mt)
-    shard = Shard("r", pair, "toy", "first", "live", ((ok, s.sample_id), (bad, s.sample_id)), ((s.sample_id, s.prompt_hash),))
+    shard = Shard("r", group, "toy", "first", "live", ((ok, s.sample_id), (bad, s.sample_id)), ((s.sample_id, s.prompt_hash),))
     rows = worker.run_shard(shard, {s.sample_id: s}).to_pylist()
     assert rows[0]["error"] is None and rows[0]["new_tokens"] > 0
     assert rows[0]["replay_accepted_per_block"] == rows[0]["accepted_per_block"]  # checked against replay
@@ -127,7 +128,7 @@ def test_one_configuration_that_crashes_is_an_error_row(tiny_dirs, monkeypatch):
     # a sample that cannot be traced fails its AR row as "ar", its SD rows as "replay"
     broken = Sample("toy", "test", 1, "first", "USER: <image>\nWhat? ASSISTANT:")
     ar = RunConfig(pair, "AR", gamma=None, max_new_tokens=4)
-    shard = Shard("r", pair, "toy", "first", "replay", ((ar, broken.sample_id), (ok, broken.sample_id)),
+    shard = Shard("r", group, "toy", "first", "replay", ((ar, broken.sample_id), (ok, broken.sample_id)),
                   ((broken.sample_id, broken.prompt_hash),))
     rows = worker.run_shard(shard, {broken.sample_id: broken}).to_pylist()
     assert [(r["mode"], r["error_category"]) for r in rows] == [("ar", "input"), ("replay", "input")]

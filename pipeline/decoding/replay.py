@@ -73,7 +73,7 @@ class Traces:
     eos_token_ids: frozenset[int]
     tokenizer: PreTrainedTokenizerBase = field(repr=False, compare=False)
     engine: str = "eager"  # the engine that decoded y and ran the teacher-forced passes
-    target_forwards: int = 0  # greedy decoding (prefill + one per token) + teacher-forced pass
+    target_forwards: int = 0  # greedy decoding (prefill + one per token, unless reused) + teacher-forced pass
     time_collect_s: float = 0.0
     #: the plain greedy decode that produced y: a real AR baseline row, timings included
     baseline: SampleRecord | None = field(default=None, repr=False, compare=False)
@@ -102,6 +102,40 @@ def _teacher_forced_logits(
     return rows.feed(sequence, keep=len(sequence))
 
 
+@dataclass
+class TargetTrace:
+    """The target's half of a sample's traces, shared by every draft paired with the target:
+    y (its greedy output) and p along y."""
+
+    output_ids: list[int]
+    target_probs: torch.Tensor
+    max_new_tokens: int
+    engine: str
+    target_forwards: int
+    time_s: float
+    baseline: SampleRecord
+
+
+@torch.inference_mode()
+def trace_target(
+    target: LVLM, sample: Sample, *, max_new_tokens: int, engine: str = "eager", baseline: SampleRecord | None = None,
+) -> TargetTrace:
+    """y from `autoregressive_decode` (the target alone, greedy), unless `baseline` is such a
+    decode already made (a live AR row of the same budget and engine), then one
+    teacher-forced target forward over prompt + y.
+
+    Target forwards: 1 + len(y) for y when decoded here, 2 for the teacher-forced pass.
+    """
+    start = time.perf_counter()
+    counted = ForwardCounter(target)
+    if baseline is None:
+        baseline = autoregressive_decode(counted, sample, max_new_tokens=max_new_tokens, engine=engine)
+    y = baseline.output_ids
+    target_logits = _teacher_forced_logits(counted, sample, "M", None, y, engine)[0]
+    return TargetTrace(y, probabilities(target_logits, 0.0).cpu(), max_new_tokens, engine, counted.forwards,
+                       time.perf_counter() - start, baseline)
+
+
 @torch.inference_mode()
 def collect_traces(
     target: LVLM,
@@ -112,34 +146,37 @@ def collect_traces(
     *,
     max_new_tokens: int,
     engine: str | None = None,
+    target_trace: TargetTrace | None = None,
 ) -> Traces:
-    """Traces of one sample: y from `autoregressive_decode` (the target alone, greedy), then one
-    teacher-forced target forward over prompt + y and one teacher-forced draft forward with all
-    `methods` as rows of one batch, exactly as the live engine batches them.
-
-    Target forwards: 1 + len(y) for y, 2 for the teacher-forced pass (prefill + forward).
-    """
+    """Traces of one sample: the target's (`trace_target`, or `target_trace` when another
+    draft of this target has made them for the same budget and engine), then one
+    teacher-forced draft forward with all `methods` as rows of one batch, exactly as the live
+    engine batches them."""
     DecodeConfig(methods=methods, max_new_tokens=max_new_tokens).validate()
     engine = engine or default_engine(target, draft)
     start = time.perf_counter()
-    counted = ForwardCounter(target)
-    baseline = autoregressive_decode(counted, sample, max_new_tokens=max_new_tokens, engine=engine)
-    y = baseline.output_ids
-    target_logits = _teacher_forced_logits(counted, sample, "M", None, y, engine)[0]
+    if target_trace is None:
+        target_trace = trace_target(target, sample, max_new_tokens=max_new_tokens, engine=engine)
+    elif (target_trace.max_new_tokens, target_trace.engine) != (max_new_tokens, engine):
+        raise ValueError(
+            f"the target trace of {sample.sample_id} was made for {target_trace.max_new_tokens} tokens on the "
+            f"{target_trace.engine} engine, not {max_new_tokens} on {engine}"
+        )
+    y = target_trace.output_ids
     draft_logits = _teacher_forced_logits(draft, sample, methods, captioner, y, engine)
     return Traces(
         sample_id=sample.sample_id,
         methods=methods,
         output_ids=y,
-        target_probs=probabilities(target_logits, 0.0).cpu(),
+        target_probs=target_trace.target_probs,
         draft_probs=probabilities(draft_logits, 0.0).transpose(0, 1).contiguous().cpu(),
         max_new_tokens=max_new_tokens,
         eos_token_ids=frozenset(target.eos_token_ids),
         tokenizer=target.tokenizer,
         engine=engine,
-        target_forwards=counted.forwards,
-        time_collect_s=time.perf_counter() - start,
-        baseline=baseline,
+        target_forwards=target_trace.target_forwards,
+        time_collect_s=target_trace.time_s + time.perf_counter() - start,
+        baseline=target_trace.baseline,
     )
 
 

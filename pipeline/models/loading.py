@@ -87,7 +87,18 @@ def load_pair(
     target: str, draft: str, *, dtype: str = "fp32", device: str | torch.device = "cpu", allow_text: bool = False
 ) -> tuple[LVLM, LVLM]:
     """Target and draft on one device, checked to share a tokenizer."""
-    pair = (load_model(target, dtype=dtype, device=device, allow_text=allow_text),
-            load_model(draft, dtype=dtype, device=device, allow_text=allow_text))
-    check_same_tokenizer(*pair)
-    return pair
+    loaded, drafts = load_target_and_drafts(target, {draft: draft}, dtype=dtype, device=device, allow_text=allow_text)
+    return loaded, drafts[draft]
+
+
+def load_target_and_drafts(
+    target: str, drafts: dict[str, str], *, dtype: str = "fp32", device: str | torch.device = "cpu",
+    allow_text: bool = False,
+) -> tuple[LVLM, dict[str, LVLM]]:
+    """A target and several drafts (name -> what to load) on one device, the target once,
+    each draft checked to share its tokenizer."""
+    loaded = load_model(target, dtype=dtype, device=device, allow_text=allow_text)
+    models = {name: load_model(path, dtype=dtype, device=device, allow_text=allow_text) for name, path in drafts.items()}
+    for model in models.values():
+        check_same_tokenizer(loaded, model)
+    return loaded, models

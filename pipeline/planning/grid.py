@@ -47,6 +47,34 @@ class Pair:
 
 
 @dataclass(frozen=True)
+class ModelGroup:
+    """A target in one dtype and every draft the grid pairs it with: what one actor loads. The
+    target sits on its device once, and its greedy decode and teacher-forced pass serve all
+    these drafts (draft size as a grid axis, like the paper's 68M vs 160M drafts)."""
+
+    target: str
+    dtype: str
+    drafts: tuple[str, ...]
+
+    @property
+    def pairs(self) -> tuple[Pair, ...]:
+        return tuple(Pair(self.target, draft, self.dtype) for draft in self.drafts)
+
+    @property
+    def label(self) -> str:
+        return f"{self.target} <- {', '.join(self.drafts)} ({self.dtype})"
+
+
+def model_groups(pairs: Iterable[Pair]) -> dict[Pair, ModelGroup]:
+    """Each pair's group: pairs of one target and dtype share one, drafts in first-seen order."""
+    drafts: dict[tuple[str, str], list[str]] = {}
+    for pair in dict.fromkeys(pairs):
+        drafts.setdefault((pair.target, pair.dtype), []).append(pair.draft)
+    groups = {key: ModelGroup(*key, tuple(names)) for key, names in drafts.items()}
+    return {pair: group for group in groups.values() for pair in group.pairs}
+
+
+@dataclass(frozen=True)
 class PolicyEntry:
     """A weight policy of the grid and the ensembles it runs on (None: every ensemble).
 
@@ -97,14 +125,8 @@ class RunConfig:
     def decode_config(self) -> DecodeConfig:
         if self.is_ar:
             raise ValueError("the AR baseline has no speculative decoding config")
-        return DecodeConfig(
-            methods=self.methods,
-            policy=self.policy,
-            gamma=self.gamma,
-            temperature=self.temperature,
-            max_new_tokens=self.max_new_tokens,
-            seed=self.seed,
-        )
+        return DecodeConfig(methods=self.methods, policy=self.policy, gamma=self.gamma, temperature=self.temperature,
+                            max_new_tokens=self.max_new_tokens, seed=self.seed)
 
     def key(self) -> str:
         """Hash of every field that changes results (not the run name or decoding mode); the
@@ -121,9 +143,8 @@ def _config_key(config: RunConfig) -> str:
 
 
 def row_key(config_key: str, sample_id: str, prompt_hash: str) -> str:
-    """The key of one result row: a configuration applied to one sample's prompt (its
-    `Sample.prompt_hash`: the same id may carry another prompt on another run, e.g. a
-    second turn built from another answer)."""
+    """The key of one result row: a configuration applied to one sample's prompt (its `prompt_hash`:
+    the same id may carry another prompt on another run, e.g. a second turn from another answer)."""
     return hashlib.sha256(f"{config_key}|{sample_id}|{prompt_hash}".encode()).hexdigest()[:20]
 
 
@@ -138,13 +159,13 @@ class WorkUnit:
 
 @dataclass(frozen=True)
 class Shard:
-    """A batch of rows for one actor: (configuration, sample id) items of one pair, dataset
-    and turn. `mode` "replay" scores all its greedy configurations of a sample from one set
-    of traces; "live" decodes every item. The id hashes the row keys, so a rerun that plans
-    the same rows finds the same file."""
+    """A batch of rows for one actor: (configuration, sample id) items of one model group,
+    dataset and turn. `mode` "replay" scores all greedy configurations of a sample from one
+    set of traces; "live" decodes every item. The id hashes the row keys, so a rerun that
+    plans the same rows finds the same file."""
 
     run: str
-    pair: Pair
+    group: ModelGroup
     dataset: str
     turn: str
     mode: str

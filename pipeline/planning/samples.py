@@ -8,7 +8,7 @@ from typing import Callable, Iterable, Protocol
 
 from pipeline.data.sample import Sample
 from pipeline.data.user_datasets import UserDataset
-from pipeline.planning.grid import FIRST_TURN, GridSpec, Pair, WorkUnit
+from pipeline.planning.grid import FIRST_TURN, GridSpec, ModelGroup, Pair, WorkUnit
 
 # (pair, dataset, max_new_tokens) -> the target's greedy first-turn answer per first-turn sample id
 AnswerReader = Callable[[Pair, str, int], dict[str, str]]
@@ -77,9 +77,10 @@ class RunSamples:
         """Samples per unit of `dataset`, first turn or second (one second turn per first)."""
         return len(self.source.first_turn(dataset, self.spec.limit))
 
-    def get(self, pair: Pair, sample_id: str) -> Sample:
-        """A sample `for_unit` returned for a unit of this pair."""
-        return self._by_pair[(pair.target, pair.dtype, sample_id)]
+    def get(self, models: Pair | ModelGroup, sample_id: str) -> Sample:
+        """A sample `for_unit` returned for a unit of this pair, or of a pair of this group
+        (samples depend on the target and dtype only)."""
+        return self._by_pair[(models.target, models.dtype, sample_id)]
 
     def _second_turn(self, unit: WorkUnit, first: list[Sample]) -> list[Sample]:
         pair, max_new_tokens = unit.config.pair, unit.config.max_new_tokens

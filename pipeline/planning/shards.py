@@ -8,7 +8,7 @@ from collections import defaultdict
 from typing import Callable, Iterable, Sequence
 
 from pipeline.data.sample import Sample
-from pipeline.planning.grid import FIRST_TURN, GridSpec, Pair, RunConfig, Shard, WorkUnit, row_key
+from pipeline.planning.grid import FIRST_TURN, GridSpec, ModelGroup, RunConfig, Shard, WorkUnit, model_groups, row_key
 from pipeline.planning.timed_samples import choose_timed
 
 
@@ -32,21 +32,24 @@ def plan_shards(
     live_seed: int = 0,
     done: set[str] = frozenset(),
 ) -> list[Shard]:
-    """Shards of at most `shard_size` samples, one pair, dataset and turn each, without the
-    rows in `done`. Replay shards carry every greedy configuration of their samples (one
-    trace collection scores them all); live shards carry the greedy configurations together
-    (one shadow replay checks them, `actors.pair_worker`) or one sampling configuration. In
-    `auto` mode the greedy SD configs of `live_samples` first-turn samples per model pair
-    (`pipeline.planning.timed_samples`) run live instead, so walltime is measured on them;
-    each row is computed once either way, and every shard names its timed samples."""
-    groups: dict[tuple[Pair, str, str], list[RunConfig]] = defaultdict(list)
+    """Shards of at most `shard_size` samples, one model group (a target and its drafts),
+    dataset and turn each, without the rows in `done`. Replay shards carry every greedy
+    configuration of their samples, for every draft (one trace collection scores them all);
+    live shards carry the greedy configurations together (one shadow replay checks them,
+    `actors.target_worker`) or one sampling configuration. In `auto` mode every greedy
+    configuration of `live_samples` first-turn samples per group
+    (`pipeline.planning.timed_samples`) runs live instead, AR included, so walltime is
+    measured on them; each row is computed once either way, and every shard names its timed
+    samples."""
+    group_of = model_groups(unit.config.pair for unit in units)
+    groups: dict[tuple[ModelGroup, str, str], list[RunConfig]] = defaultdict(list)
     for unit in units:
-        groups[(unit.config.pair, unit.dataset, unit.turn)].append(unit.config)
+        groups[(group_of[unit.config.pair], unit.dataset, unit.turn)].append(unit.config)
     timed = _timed_samples(groups, samples_for, live_samples, live_seed) if grid_mode == "auto" else {}
     shards = []
-    for (pair, dataset, turn), configs in groups.items():
+    for (group, dataset, turn), configs in groups.items():
         hashes = {s.sample_id: s.prompt_hash for s in samples_for(WorkUnit(configs[0], dataset, turn))}
-        timed_here = timed.get(pair, set()) & set(hashes) if turn == FIRST_TURN else set()
+        timed_here = timed.get(group, set()) & set(hashes) if turn == FIRST_TURN else set()
         for mode, bundle, ids in _bundles(configs, list(hashes), timed_here, grid_mode):
             for start in range(0, len(ids), shard_size):
                 items = tuple(
@@ -54,39 +57,40 @@ def plan_shards(
                     for sample_id in ids[start:start + shard_size]
                     for config in bundle
                     if row_key(config.key(), sample_id, hashes[sample_id]) not in done
-                    and not (mode == "replay" and sample_id in timed_here and not config.is_ar)
+                    and not (mode == "replay" and sample_id in timed_here)
                 )
                 if items:
                     prompts = tuple((sid, hashes[sid]) for sid in dict.fromkeys(sid for _, sid in items))
                     shard_timed = tuple(sid for sid, _ in prompts if sid in timed_here)
-                    shards.append(Shard(run, pair, dataset, turn, mode, items, prompts, shard_timed))
+                    shards.append(Shard(run, group, dataset, turn, mode, items, prompts, shard_timed))
     return shards
 
 
 def _timed_samples(
-    groups: dict[tuple[Pair, str, str], list[RunConfig]], samples_for: Callable[[WorkUnit], list[Sample]],
+    groups: dict[tuple[ModelGroup, str, str], list[RunConfig]], samples_for: Callable[[WorkUnit], list[Sample]],
     live_samples: int, live_seed: int,
-) -> dict[Pair, set[str]]:
-    """Each pair's walltime samples, chosen over its first-turn datasets in grid order."""
-    by_pair: dict[Pair, dict[str, list[Sample]]] = defaultdict(dict)
-    for (pair, dataset, turn), configs in groups.items():
+) -> dict[ModelGroup, set[str]]:
+    """Each group's walltime samples, chosen over its first-turn datasets in grid order (the
+    same for all its drafts, so their speedups are measured on the same samples)."""
+    by_group: dict[ModelGroup, dict[str, list[Sample]]] = defaultdict(dict)
+    for (group, dataset, turn), configs in groups.items():
         if turn == FIRST_TURN:
-            by_pair[pair][dataset] = samples_for(WorkUnit(configs[0], dataset, turn))
-    return {pair: set(choose_timed(datasets, live_samples, live_seed)) for pair, datasets in by_pair.items()}
+            by_group[group][dataset] = samples_for(WorkUnit(configs[0], dataset, turn))
+    return {group: set(choose_timed(datasets, live_samples, live_seed)) for group, datasets in by_group.items()}
 
 
 def _bundles(
     configs: list[RunConfig], sample_ids: list[str], timed: set[str], grid_mode: str
 ) -> list[tuple[str, list[RunConfig], list[str]]]:
-    """(mode, configurations, sample ids) of one pair, dataset and turn: one replay bundle of
+    """(mode, configurations, sample ids) of one group, dataset and turn: one replay bundle of
     every replayable configuration; one live bundle of the greedy configurations that run live
-    (all of them in `live` mode, the SD ones on the `timed` samples in `auto` mode: AR's
-    replay row is timed); one live bundle per sampling configuration."""
+    (all of them in `live` mode, the replayable ones on the `timed` samples in `auto` mode);
+    one live bundle per sampling configuration."""
     replayed = [c for c in configs if decode_mode(c, grid_mode) == "replay"]
     live_greedy = [c for c in configs if c.greedy and decode_mode(c, grid_mode) == "live"]
     bundles = [("replay", replayed, sample_ids), ("live", live_greedy, sample_ids)]
     if timed:
-        bundles.append(("live", [c for c in replayed if not c.is_ar], [s for s in sample_ids if s in timed]))
+        bundles.append(("live", replayed, [s for s in sample_ids if s in timed]))
     bundles += [("live", [c], sample_ids) for c in configs if not c.greedy]
     return [bundle for bundle in bundles if bundle[1]]
 

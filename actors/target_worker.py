@@ -1,0 +1,210 @@
+"""The Ray actor that owns one target and its drafts and turns shards into result rows.
+
+`TargetWorker` is a plain class (testable without Ray); `remote_worker` wraps it as an actor
+that Ray restarts when it dies (reloading its models) and whose interrupted calls Ray retries,
+so a lost worker costs time but never rows.
+"""
+from __future__ import annotations
+
+import os
+import re
+from collections import defaultdict
+from typing import Sequence
+
+import pyarrow as pa
+import torch
+from PIL import Image
+
+from actors.model_files import resolve_model
+from pipeline.data.sample import Sample
+from pipeline.decoding.engine import default_engine
+from pipeline.decoding.live import autoregressive_decode, speculative_decode
+from pipeline.decoding.records import SampleRecord
+from pipeline.drafting.captioner import load_captioner
+from pipeline.drafting.methods import METHODS
+from pipeline.planning.grid import ModelGroup, RunConfig, Shard
+from pipeline.planning.plugins import load_drafting_methods
+from pipeline.models.loading import default_device, load_target_and_drafts
+from pipeline.results.schema import make_row
+from pipeline.results.store import rows_to_table
+
+# A bad input: a clear input error (ModelInputError is a ValueError), an unreadable or
+# oversized image.
+INPUT_ERRORS = (ValueError, OSError, Image.DecompressionBombError)
+Items = Sequence[tuple[RunConfig, str]]  # (configuration, sample id)
+
+
+def quiet_libraries() -> None:
+    """No progress bars from transformers (weights, GGUF tensors) or the hub in a worker: its
+    output is the run's log, one line per shard."""
+    from transformers.utils import logging as transformers_logging
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    transformers_logging.disable_progress_bar()
+
+
+def error_category(err: Exception) -> str:
+    """input | resource | model (pipeline.decoding.records.ERROR_CATEGORIES)."""
+    if isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower():
+        return "resource"
+    return "input" if isinstance(err, INPUT_ERRORS) else "model"
+
+
+def failed(sample_id: str, mode: str, err: Exception) -> SampleRecord:
+    """The error row of one sample under one configuration; the text carries no object
+    addresses, so reruns write the same text."""
+    text = re.sub(r" at 0x[0-9a-fA-F]+", "", f"{type(err).__name__}: {err}")
+    return SampleRecord(sample_id=sample_id, mode=mode, error=text, error_category=error_category(err))
+
+
+class TargetWorker:
+    """Loads one model group — a target and every draft the grid pairs with it — once per
+    process (and the captioner, if any method set needs it), after importing the grid's own
+    drafting methods (`drafting_methods`: import paths); `allow_text`: the grid marked the
+    group's pairs `text_only`. Drafts share the target's decodes: per sample and engine, one
+    greedy decode of the target and one teacher-forced target pass serve every draft."""
+
+    def __init__(
+        self, group: ModelGroup, captioner: str | None = None, drafting_methods: tuple[str, ...] = (),
+        allow_text: bool = False,
+    ) -> None:
+        load_drafting_methods(list(drafting_methods))
+        quiet_libraries()
+        self.group = group
+        self.device = default_device()
+        self.target, self.drafts = load_target_and_drafts(
+            resolve_model(group.target), {d: resolve_model(d) for d in group.drafts}, dtype=group.dtype,
+            device=self.device, allow_text=allow_text,
+        )
+        self.captioner = load_captioner(captioner, self.device) if captioner else None
+
+    def device_name(self) -> str:
+        return str(self.device)
+
+    def run_shard(self, shard: Shard, samples: dict[str, Sample]) -> pa.Table:
+        """Rows for every item of the shard, in item order; one bad sample is one error row."""
+        if shard.group != self.group:
+            raise ValueError(f"shard {shard.shard_id} is for {shard.group.label}, this worker holds {self.group.label}")
+        records = self._replay(shard.items, samples) if shard.mode == "replay" else {}
+        baselines: dict[tuple, SampleRecord] = {}  # AR is the target alone: one decode serves every draft's row
+        for config, sample_id in sorted(shard.items, key=lambda item: not item[0].is_ar):
+            if (config, sample_id) in records:
+                continue
+            if config.is_ar:
+                key = (sample_id, self._engine(config), config.max_new_tokens, config.temperature, config.seed)
+                if key not in baselines:
+                    baselines[key] = self.decode(config, samples[sample_id])
+                records[(config, sample_id)] = baselines[key]
+            else:
+                records[(config, sample_id)] = self.decode(config, samples[sample_id])
+        if shard.mode == "live":
+            self._shadow_replay(shard.items, samples, records)
+        return rows_to_table([
+            make_row(shard.run, shard.shard_id, config, samples[sample_id], records[(config, sample_id)], sample_id in shard.timed)
+            for config, sample_id in shard.items
+        ])
+
+    def decode(self, config: RunConfig, sample: Sample) -> SampleRecord:
+        """One live decode (SD or the AR baseline) on the configuration's engine."""
+        mode = "ar" if config.is_ar else "live"
+        try:
+            if config.is_ar:
+                return autoregressive_decode(
+                    self.target, sample, max_new_tokens=config.max_new_tokens,
+                    temperature=config.temperature, seed=config.seed, engine=config.decode_engine,
+                )
+            return speculative_decode(
+                self.target, self.drafts[config.pair.draft], sample, config.decode_config(), self.captioner,
+                engine=config.decode_engine,
+            )
+        except Exception as err:  # one sample under one configuration; the shard goes on
+            return failed(sample.sample_id, mode, err)
+
+    def _shadow_replay(self, items: Items, samples: dict[str, Sample], records: dict[tuple[RunConfig, str], SampleRecord]) -> None:
+        """Score the live greedy SD rows by trace replay too and keep replay's accepted counts
+        beside live's (`replay_accepted_per_block`): the report's check that replay-scored rows
+        are what live decoding gives. The shard's own greedy AR decode, when it has one, is
+        the traces' y. A replay that fails leaves the live row as it is."""
+        checked = [(c, s) for c, s in items if c.greedy and not c.is_ar and records[(c, s)].error is None]
+        decoded = {(s, self._engine(c), c.max_new_tokens): records[(c, s)] for c, s in items
+                   if c.is_ar and c.greedy and records[(c, s)].error is None}
+        for item, shadow in self._replay(checked, samples, decoded).items():
+            if shadow.error is None:
+                records[item].replay_accepted_per_block = shadow.accepted_per_block
+
+    def _engine(self, config: RunConfig, draft: str | None = None) -> str:
+        """The engine a configuration decodes on: the grid's, or the device's default for the
+        target (AR) or the target with `draft` (SD)."""
+        models = (self.target,) if draft is None else (self.target, self.drafts[draft])
+        return config.decode_engine or default_engine(*models)
+
+    def _replay(
+        self, items: Items, samples: dict[str, Sample], decoded: dict[tuple, SampleRecord] | None = None,
+    ) -> dict[tuple[RunConfig, str], SampleRecord]:
+        """Greedy items scored from one trace collection per sample (pipeline.decoding.replay):
+        the target's greedy decode and teacher-forced pass once per engine, then one
+        teacher-forced pass per draft. AR baseline rows are that greedy decode, so their
+        walltime belongs to the engine that collected; `decoded`: greedy AR records already
+        decoded, by (sample id, engine, max_new_tokens), to use as y. AR rows this leaves out
+        (no SD configuration of their sample here) are decoded live by `run_shard`."""
+        from pipeline.decoding.replay import collect_traces, replay, trace_target
+
+        by_sample: dict[str, list[RunConfig]] = defaultdict(list)
+        for config, sample_id in items:
+            by_sample[sample_id].append(config)
+        records = {}
+        for sample_id, configs in by_sample.items():
+            sample, budget = samples[sample_id], max(c.max_new_tokens for c in configs)
+            target_traces: dict[str, object] = {}  # engine -> TargetTrace, or the error making it raised
+
+            def target_trace(engine: str):
+                if engine not in target_traces:
+                    try:
+                        target_traces[engine] = trace_target(
+                            self.target, sample, max_new_tokens=budget, engine=engine,
+                            baseline=(decoded or {}).get((sample_id, engine, budget)),
+                        )
+                    except Exception as err:
+                        target_traces[engine] = err
+                if isinstance(target_traces[engine], Exception):
+                    raise target_traces[engine]
+                return target_traces[engine]
+
+            batches: dict[tuple[str, str], list[RunConfig]] = defaultdict(list)
+            for config in configs:
+                if not config.is_ar:
+                    batches[(config.pair.draft, self._engine(config, config.pair.draft))].append(config)
+            for (draft, engine), mine in batches.items():
+                letters = "".join(m for m in METHODS if any(m in c.methods for c in mine))
+                try:
+                    traces = collect_traces(
+                        self.target, self.drafts[draft], sample, letters, self.captioner,
+                        max_new_tokens=budget, engine=engine, target_trace=target_trace(engine),
+                    )
+                except Exception as err:  # this draft's rows of this sample fail; the shard goes on
+                    records.update({(c, sample_id): failed(sample_id, "replay", err) for c in mine})
+                    continue
+                for config in mine:
+                    try:
+                        records[(config, sample_id)] = replay(traces, config.decode_config())
+                    except Exception as err:  # one configuration of this sample
+                        records[(config, sample_id)] = failed(sample_id, "replay", err)
+            for config in configs:
+                made = target_traces.get(self._engine(config)) if config.is_ar and config.greedy else None
+                if made is not None and not isinstance(made, Exception) and config.max_new_tokens == budget:
+                    records[(config, sample_id)] = made.baseline  # the decode that produced y
+        return records
+
+
+def remote_worker(
+    group: ModelGroup, captioner: str | None, *, num_gpus: float, num_cpus: float, max_restarts: int = 2,
+    drafting_methods: tuple[str, ...] = (), allow_text: bool = False,
+):
+    """Start a `TargetWorker` actor. Ray restarts it up to `max_restarts` times and retries
+    calls that were in flight when it died; the runner (`actors.runner`) re-dispatches beyond that."""
+    import ray
+
+    actor = ray.remote(TargetWorker).options(
+        num_gpus=num_gpus, num_cpus=num_cpus, max_restarts=max_restarts, max_task_retries=max_restarts
+    )
+    return actor.remote(group, captioner, drafting_methods, allow_text)

@@ -25,7 +25,7 @@ from pipeline.planning.samples import RegistrySource, RunSamples, SampleSource
 from pipeline.planning.resume import reconcile, wanted_rows
 from pipeline.planning.shards import plan_shards
 from pipeline.results.run_lock import run_lock
-from pipeline.results.store import drop_rows, first_turn_answers, write_manifest, write_shard, written_rows
+from pipeline.results.store import drop_rows, first_turn_answers, write_manifest, write_shards, written_rows
 
 IN_FLIGHT_PER_WORKER = 2  # one running, one queued behind it, so a worker never waits on the driver
 POLL_S = 10.0  # how often a waiting driver checks that the cluster can still run its workers
@@ -57,7 +57,7 @@ class _Worker:
 
 
 class GridRunner:
-    """Drives one run of a grid. `on_shard_written(path, runner)` is called after every write
+    """Drives one run of a grid. `on_shard_written(path, runner)` is called after every file written
     (tests use it to kill an actor or interrupt the driver mid-run)."""
 
     def __init__(
@@ -220,11 +220,11 @@ class GridRunner:
         except ray.exceptions.RayTaskError as err:  # the shard itself failed (per-sample errors are rows)
             self._retry(shard, err)
             return
-        path = write_shard(self.out, table)
+        paths = write_shards(self.out, table)
         self.report.shards_written += 1
         self.report.rows_written += table.num_rows
         progress.advance(shard, table.num_rows)
-        if self.on_shard_written:
+        for path in paths if self.on_shard_written else ():
             self.on_shard_written(path, self)
 
     def _started(self, worker: _Worker) -> None:

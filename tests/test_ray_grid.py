@@ -138,6 +138,24 @@ def test_rows_equal_units_times_samples_and_engine_values(full_run, tiny_dirs, t
         assert row.tau == pytest.approx(expected.tau) and row.time_total_s > 0
 
 
+def test_two_drafts_of_one_target_each_get_all_their_rows(ray_local, tiny_dirs, tmp_path):
+    """Draft size as an axis: one model group, its shards hold both drafts' rows, and each
+    draft's rows land in its own partition, complete."""
+    from pipeline.results.summary import write_summary
+
+    two = dataclasses.replace(spec(tiny_dirs, mode="auto"), live_samples=1, limit=4,  # no broken sample
+                              pairs=(Pair(tiny_dirs["target"], tiny_dirs["draft"]), Pair(tiny_dirs["target"], tiny_dirs["target"])))
+    report = GridRunner(two, tmp_path, source=ToySource(), workers=2, stream=io.StringIO()).run()
+    df = results(tmp_path)
+    assert len(df) == len(two.units()) * 4 == report.rows_written and df.key.is_unique and df.error.isna().all()
+    assert df.groupby("draft").size().to_dict() == {tiny_dirs["draft"]: len(df) // 2, tiny_dirs["target"]: len(df) // 2}
+    assert "Complete: all" in write_summary(tmp_path, "toy", read_results(tmp_path, "toy"))
+    assert (df.groupby(["sample_id", "turn"])["output_ids"].agg(lambda ids: len({tuple(i) for i in ids})) == 1).all()
+    timed = df[df.timed & (df["mode"] == "live")]
+    assert len(timed) == 2 * 3 and timed.groupby("draft")["sample_id"].agg(frozenset).nunique() == 1  # same sample
+    assert (timed.replay_accepted_per_block.map(list) == timed.accepted_per_block.map(list)).all()
+
+
 def test_killed_actors_lose_no_row(ray_local, tiny_dirs, full_run, tmp_path):
     kills = []
 

@@ -59,15 +59,27 @@ def shard_path(out: str | Path, run: str, target: str, draft: str, dataset: str,
 
 
 def write_shard(out: str | Path, table: pa.Table) -> Path:
-    """Write one shard's rows atomically (temporary dot file, then rename); returns the path.
-
-    All rows of a shard share run, target, draft, dataset and shard id.
-    """
-    first = table.slice(0, 1).to_pylist()[0]
-    path = shard_path(out, first["run"], first["target"], first["draft"], first["dataset"], first["shard"])
+    """Write rows of one shard and partition atomically (temporary dot file, then rename);
+    returns the path. Rows of several drafts (a model group's shard) go through `write_shards`."""
+    values = {name: table[name].unique().to_pylist() for name in (*PARTITIONS, "shard")}
+    mixed = {name: found for name, found in values.items() if len(found) != 1}
+    if mixed:
+        raise ValueError(f"one file holds one shard of one partition; these rows differ in {mixed}")
+    path = shard_path(out, *(values[name][0] for name in (*PARTITIONS, "shard")))
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_atomically(table, path)
     return path
+
+
+def write_shards(out: str | Path, table: pa.Table) -> list[Path]:
+    """A shard's rows, one file per partition (a model group's shard holds rows of each of its
+    drafts). Each file is atomic; a run stopped between them keeps the rows written and
+    computes the others again on resume (rows are keyed, so none is written twice)."""
+    keys = table.select(list(PARTITIONS)).to_pylist()
+    parts: dict[tuple, list[int]] = {}
+    for i, key in enumerate(keys):
+        parts.setdefault(tuple(key.values()), []).append(i)
+    return [write_shard(out, table.take(pa.array(rows))) for rows in parts.values()]
 
 
 def _write_atomically(table: pa.Table, path: Path) -> None:

@@ -14,7 +14,7 @@ from pipeline.models.base import ModelInputError
 from pipeline.models.embedded_parts.chat import to_chatml
 from pipeline.models.embedded_parts.easyvqa import COLORS, SHAPES, load_split
 from pipeline.models.embedded_parts.quant import BITS, GROUP, fake_quantize
-from pipeline.models.loading import load_pair
+from pipeline.models.loading import load_target_and_drafts
 
 DESCRIBE = "USER: <image>\nDescribe the image in detail. ASSISTANT:"
 SHORT = "USER: <image>\nWhat is in the image? Answer briefly. ASSISTANT:"
@@ -22,9 +22,17 @@ TWO_IMAGES = "USER: Source: <image> Target: <image> Explain the difference. ASSI
 
 
 @pytest.fixture(scope="module")
-def pair():
-    """Loaded through the pipeline's own entry point (which also checks the tokenizers match)."""
-    return load_pair("embedded:target", "embedded:draft")
+def models():
+    """The target and both drafts, loaded through the pipeline's own entry point (which also
+    checks that the tokenizers match)."""
+    names = ("embedded:draft", "embedded:small_draft")
+    target, drafts = load_target_and_drafts("embedded:target", {name: name for name in names})
+    return target, drafts["embedded:draft"], drafts["embedded:small_draft"]
+
+
+@pytest.fixture(scope="module")
+def pair(models):
+    return models[:2]
 
 
 @pytest.fixture(scope="module")
@@ -101,9 +109,9 @@ def rows_logits(model, methods: str, images, captions) -> torch.Tensor:
     return rows.feed([30])[:, -1]
 
 
-@pytest.mark.parametrize("variant", [0, 1], ids=["target", "draft"])
-def test_left_padded_batch_rows_equal_single_rows(pair, test_images, variant):
-    model = pair[variant]
+@pytest.mark.parametrize("variant", [0, 1, 2], ids=["target", "draft", "small_draft"])
+def test_left_padded_batch_rows_equal_single_rows(models, test_images, variant):
+    model = models[variant]
     images = [image_of(item) for item in test_images[:2]]
     captions = ["a red triangle", "a blue circle"]
     batched = rows_logits(model, "MTCP", images, captions)
@@ -126,6 +134,18 @@ def test_draft_is_a_4bit_weight_copy_of_the_target(pair):
               for m in (target, draft)]
     agree = (logits[0].argmax(-1) == logits[1].argmax(-1)).float().mean()
     assert 0.5 < agree < 1.0  # a different model that mostly predicts what the target does
+
+
+def test_small_draft_is_small_shipped_and_reads_images_its_own_way(models, test_images):
+    from pipeline.models.embedded import SMALL_DRAFT_DIR
+
+    target, _, small = models
+    assert sum(p.numel() for p in small.model.parameters()) < 0.1 * sum(p.numel() for p in target.model.parameters())
+    shipped = sum(f.stat().st_size for f in SMALL_DRAFT_DIR.iterdir()) / 2**20
+    assert shipped < 20, f"{shipped:.1f} MB of package data"
+    assert small.vocab_size == target.vocab_size and small.image_token_id == target.image_token_id
+    features = small.image_features([image_of(test_images[0])], pooled=True)[0]
+    assert features.shape == (16, small.model.config.hidden_size)  # its own projector, same vision encoder
 
 
 def test_fake_quantize_rounds_each_group_to_a_symmetric_integer_grid():
@@ -167,6 +187,24 @@ def test_speculative_decoding_is_lossless_and_accepts_proposals(pair, test_image
     for methods in ("M", "MT"):
         record = speculative_decode(target, draft, sample, DecodeConfig(methods=methods, max_new_tokens=48))
         assert record.output_ids == reference.output_ids
+        assert record.tau > 1.5, (methods, record.accepted_per_block)
+
+
+@pytest.mark.slow
+def test_small_draft_is_lossless_with_every_method(models, test_images):
+    """The distilled draft serves M, T, C and P (and their ensemble) on a held-out test image."""
+    target, _, small = models
+    item = test_images[1]
+    sample = Sample("easy-vqa", "test", item.image_id, "first", DESCRIBE, (image_of(item),))
+    reference = autoregressive_decode(target, sample, max_new_tokens=32)
+
+    class Captions:
+        def caption(self, image):
+            return item.caption
+
+    for methods in ("M", "T", "C", "P", "MTCP"):
+        record = speculative_decode(target, small, sample, DecodeConfig(methods=methods, max_new_tokens=32), Captions())
+        assert record.output_ids == reference.output_ids, methods
         assert record.tau > 1.5, (methods, record.accepted_per_block)
 
 

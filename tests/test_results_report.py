@@ -120,6 +120,35 @@ def test_speedup_never_pools_walltimes_of_different_engines_or_dtypes():
     assert list(table.index.names) == ["target", "draft", "dtype", "engine", "method_label", "policy"]
 
 
+def test_draft_sizes_are_compared_side_by_side_per_target():
+    from pipeline.results.report import draft_size_table, speedup_table
+
+    def rows(draft, accepted, sd_seconds):
+        base = {"target": "t", "draft": draft, "dtype": "fp32", "turn": "first", "error": None, "gamma": 5.0,
+                "blocks": 2, "engine": "static", "sample_id": "s0"}
+        return [{**base, "method_label": "AR", "mode": "ar", "policy": "static", "accepted_per_block": [0, 0],
+                 "time_total_s": 4.0, "gamma": None},
+                {**base, "method_label": "M", "mode": "live", "policy": "static", "accepted_per_block": accepted,
+                 "time_total_s": sd_seconds},
+                {**base, "method_label": "MT*", "mode": "live", "policy": "grid(hard+soft)",
+                 "accepted_per_block": accepted, "time_total_s": sd_seconds * 2}]
+
+    calibration = lambda draft, ratio: {"target": "t", "draft": draft, "dtype": "fp32", "ratio_draft_target": ratio,
+                                        "ratio_verify": 1.5, "target_token_s": 0.01, "measured_at": "",
+                                        "draft_rows_ratio": [ratio] * 4}
+    df = pd.DataFrame(rows("large", [4, 4], 8.0) + rows("small", [2, 2], 2.0)
+                      + [{**row, "target": "alone"} for row in rows("d", [1, 1], 4.0)])  # one draft: not compared
+    calibrations = pd.DataFrame([calibration("large", 1.0), calibration("small", 0.1)])
+    table = draft_size_table(speedup_table(df, calibrations), calibrations)
+    assert list(table.index) == [("t", "fp32", "static", "small"), ("t", "fp32", "static", "large")]  # cheapest first
+    assert list(table.columns) == ["Tq/Tp"] + [f"{c} {m}" for m in ("M", "MT*") for c in ("tau", "eq1", "measured")]
+    small = table.loc[("t", "fp32", "static", "small")]
+    assert (small["Tq/Tp"], small["tau M"], small["measured M"], small["measured MT*"]) == pytest.approx((0.1, 3.0, 2.0, 1.0))
+    assert small["eq1 M"] == pytest.approx(3.0 / (5 * 0.1 + 1))
+    assert table.loc[("t", "fp32", "static", "large"), "measured M"] == pytest.approx(0.5)
+    assert draft_size_table(speedup_table(df[df["target"] == "alone"], calibrations), calibrations).empty
+
+
 def test_findings_say_where_m_beats_t_and_where_mt_star_lands(tmp_path):
     from pipeline.results.report import findings_text, method_findings
 

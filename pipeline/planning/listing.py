@@ -34,6 +34,8 @@ def listing(kind: str, spec: GridSpec | None = None) -> list[str]:
     if kind == "families":
         return [f"{f.model_type:<16} {f.title}: {f.model_class} (e.g. {f.examples})" for f in FAMILIES.values()] + [
             f"{TEXT_ONLY:<16} a plain causal LM (AutoModelForCausalLM), only for pairs marked text_only: true",
-            "embedded:*       the offline CPU pair that ships with the project; tiny:* tiny random LLaVA models for tests",
+            "embedded:*       the offline CPU models that ship with the project: embedded:target, and two drafts,"
+            " embedded:draft (the target rounded to 4 bits: large) and embedded:small_draft (7M, distilled);"
+            " tiny:* tiny random LLaVA models for tests",
         ]
     raise ValueError(f"unknown listing {kind!r}; choose one of {KINDS}")

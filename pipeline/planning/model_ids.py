@@ -13,7 +13,7 @@ from pipeline.models.families import UnsupportedFamily, check_family
 from pipeline.planning.grid import TINY_PREFIX, GridError
 
 TINY_MODELS = ("target", "draft", "next_target")
-EMBEDDED_MODELS = ("embedded:target", "embedded:draft")
+EMBEDDED_MODELS = ("embedded:target", "embedded:draft", "embedded:small_draft")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 # Hub ids whose model class is LLaVA-NeXT, recognised without downloading their config.
 NEXT_HUB_NAME = re.compile(r"llava-v1\.6|llava-next|llava_next", re.IGNORECASE)
@@ -43,7 +43,7 @@ def _cached_config(name: str) -> Path | None:
 
 
 def check_model_id(name: Any, where: str) -> str:
-    """A model is a hub id `org/name`, an existing local directory, `embedded:target|draft`
+    """A model is a hub id `org/name`, an existing local directory, `embedded:target|draft|small_draft`
     or `tiny:target|draft|next_target`."""
     if not isinstance(name, str) or not name:
         raise GridError(f"{where}: a model must be a non-empty string, got {name!r}")
@@ -63,7 +63,7 @@ def check_model_id(name: Any, where: str) -> str:
     if looks_local or not HUB_ID.fullmatch(name):
         raise GridError(
             f"{where}: {name!r} is neither an existing local directory nor a hub id 'org/name' "
-            "(nor embedded:target|draft, tiny:target|draft|next_target)"
+            "(nor embedded:target|draft|small_draft, tiny:target|draft|next_target)"
         )
     return name
 

@@ -113,6 +113,35 @@ def speedup_table(df: pd.DataFrame, calibrations: pd.DataFrame) -> pd.DataFrame:
     return table.iloc[sorted(range(len(table)), key=lambda i: (table.index[i][:4], method_order(table.index[i][4])))]
 
 
+def draft_size_table(speedup: pd.DataFrame, calibrations: pd.DataFrame) -> pd.DataFrame:
+    """The drafts of each target side by side (draft size as a grid axis, like the paper's 68M
+    vs 160M), from the speedup table: Tq/Tp, then per method label (M and each TABED label
+    run) first-turn tau, Eq. 1 and measured speedup; cheapest draft first. Empty when no
+    target has two drafts."""
+    if speedup.empty:
+        return pd.DataFrame()
+    table = speedup.reset_index()
+    table = table[table["method_label"] != "AR"]
+    groups = ["target", "dtype", "engine"]
+    table = table[table.groupby(groups)["draft"].transform("nunique") > 1]
+    if table.empty:
+        return pd.DataFrame()
+    labels = [label for label in sorted(table["method_label"].unique(), key=method_order)
+              if label == "M" or label.endswith("*")]
+    rows = []
+    for (target, dtype, engine, draft), group in table.groupby(groups + ["draft"], sort=False):
+        calib = stored_calibration(calibrations, target, draft, dtype)
+        row = {"target": target, "dtype": dtype, "engine": engine, "draft": draft,
+               "Tq/Tp": float("nan") if calib is None else calib["ratio_draft_target"]}
+        by_label = group.set_index("method_label")
+        for label in labels:
+            for column in ("tau", "eq1", "measured"):
+                row[f"{column} {label}"] = by_label[column].get(label, float("nan"))
+        rows.append(row)
+    result = pd.DataFrame(rows).set_index(groups + ["draft"])
+    return result.iloc[sorted(range(len(result)), key=lambda i: (result.index[i][:3], result["Tq/Tp"].iloc[i]))]
+
+
 def _measured_speedup(group: pd.DataFrame, baseline: pd.DataFrame, label: str) -> float:
     """AR walltime / SD walltime of one configuration's live rows, over the samples both ran;
     `baseline` holds the AR rows of the same pair and engine."""

@@ -1,8 +1,8 @@
 """Write a run's reports next to its results: Markdown and CSV tables, PNG plots.
 
 `OUT/_report-<run>/` (underscore: Parquet readers of OUT skip it): `summary.md` (completeness,
-tau per dataset, category averages, expected and measured speedup with the samples timed and
-the calibration used, M vs T and where MT* lands, the lossless audit, replay fidelity, image
+tau per dataset, category averages, expected and measured speedup with the samples timed, each
+target's drafts side by side and the calibration used, M vs T and where MT* lands, the lossless audit, replay fidelity, image
 conversions, failed samples), one CSV per table, the paper's Table 1/2 as LaTeX
 (`table1.tex`, `table2.tex`), and `tau` and `weights` figures as PNG, PDF and SVG.
 """
@@ -19,7 +19,8 @@ from pipeline.results.fidelity import GROUP_KEYS as FIDELITY_KEYS, fidelity_tabl
 from pipeline.results.latex import paper_tables
 from pipeline.results.plots import save, tau_figure, weight_ratio_figure
 from pipeline.results.report import (
-    category_table, error_counts, findings_text, markdown_table, method_findings, speedup_table, tau_table,
+    category_table, draft_size_table, error_counts, findings_text, markdown_table, method_findings, speedup_table,
+    tau_table,
 )
 from pipeline.results.store import read_manifest
 
@@ -43,7 +44,8 @@ def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
     for name, (title, table) in tables.items():
         table.to_csv(folder / f"{name}.csv")
         sections.append(f"## {title}\n\n{markdown_table(table)}")
-    sections += [timed_samples_text(rows), calibration_section(calibrations, folder)]
+    sections += [timed_samples_text(rows), draft_size_section(tables["speedup"][1], calibrations, folder),
+                 calibration_section(calibrations, folder)]
     findings = method_findings(rows)
     findings.to_csv(folder / "findings.csv")
     sections.append(
@@ -116,6 +118,16 @@ def timed_samples_text(rows: pd.DataFrame) -> str:
     ]
     return ("Measured walltimes come from these first-turn samples (seeded by `live_seed`, spread over "
             "datasets and distinct images):\n\n" + "\n".join(lines))
+
+
+def draft_size_section(speedup: pd.DataFrame, calibrations: pd.DataFrame, folder: Path) -> str:
+    """A target's drafts compared (only where the grid pairs one target with several drafts)."""
+    table = draft_size_table(speedup, calibrations)
+    if table.empty:
+        return ""
+    table.to_csv(folder / "draft_sizes.csv")
+    return ("## Draft sizes: each target's drafts side by side (first turns; Tq/Tp from the calibration used; "
+            "tau, Eq. 1 and measured speedup per method)\n\n" + markdown_table(table, mark_best=False))
 
 
 def calibration_section(calibrations: pd.DataFrame, folder: Path) -> str:

@@ -75,10 +75,14 @@ def _convert_gguf(path: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def load_tokenizer() -> PreTrainedTokenizerBase:
+    """SmolLM2's tokenizer with `<image>` (every embedded model's)."""
+    return AutoTokenizer.from_pretrained(converted_dir())
+
+
 def load_language_model(dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The frozen SmolLM2 (eval mode, no gradients) and its tokenizer with `<image>`."""
-    path = converted_dir()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    tokenizer = load_tokenizer()
+    model = AutoModelForCausalLM.from_pretrained(converted_dir(), dtype=dtype).eval()
     model.requires_grad_(False)
     return model, tokenizer

@@ -40,6 +40,7 @@ class Projector(torch.nn.Module):
     def load(cls, path: Path) -> "Projector":
         if not Path(path).is_file():
             raise FileNotFoundError(f"projector weights {path} are missing: run scripts/train_embedded.py")
-        projector = cls()
-        projector.load_state_dict(load_file(str(path)))
+        state = load_file(str(path))
+        projector = cls(hidden_dim=state["fc2.weight"].shape[0])  # the target's 576 or a draft's own width
+        projector.load_state_dict(state)
         return projector.eval().requires_grad_(False)

@@ -30,6 +30,7 @@ from pipeline.results.store import drop_rows, first_turn_answers, write_manifest
 IN_FLIGHT_PER_WORKER = 2  # one running, one queued behind it, so a worker never waits on the driver
 POLL_S = 10.0  # how often a waiting driver checks that the cluster can still run its workers
 PLACEMENT_TIMEOUT_S = 900.0  # a worker not placed on any node by then never will be
+CPUS_PER_WORKER = 1  # default CPUs (threads) of an actor; jobs/calibrate.py times with as many
 
 
 class RunFailed(RuntimeError):
@@ -69,7 +70,7 @@ class GridRunner:
         run: str | None = None,
         workers: int | None = None,
         gpus_per_worker: float | None = None,
-        cpus_per_worker: float = 1,
+        cpus_per_worker: float = CPUS_PER_WORKER,
         max_attempts: int = 3,
         poll_s: float = POLL_S,
         placement_timeout_s: float = PLACEMENT_TIMEOUT_S,

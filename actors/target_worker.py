@@ -155,31 +155,26 @@ class TargetWorker:
         records = {}
         for sample_id, configs in by_sample.items():
             sample, budget = samples[sample_id], max(c.max_new_tokens for c in configs)
-            target_traces: dict[str, object] = {}  # engine -> TargetTrace, or the error making it raised
-
-            def target_trace(engine: str):
-                if engine not in target_traces:
-                    try:
-                        target_traces[engine] = trace_target(
-                            self.target, sample, max_new_tokens=budget, engine=engine,
-                            baseline=(decoded or {}).get((sample_id, engine, budget)),
-                        )
-                    except Exception as err:
-                        target_traces[engine] = err
-                if isinstance(target_traces[engine], Exception):
-                    raise target_traces[engine]
-                return target_traces[engine]
-
             batches: dict[tuple[str, str], list[RunConfig]] = defaultdict(list)
             for config in configs:
                 if not config.is_ar:
                     batches[(config.pair.draft, self._engine(config, config.pair.draft))].append(config)
+            target_traces = {}  # engine -> the target's trace, shared by every draft on that engine
+            for engine in dict.fromkeys(engine for _, engine in batches):
+                try:
+                    target_traces[engine] = trace_target(self.target, sample, max_new_tokens=budget, engine=engine,
+                                                         baseline=(decoded or {}).get((sample_id, engine, budget)))
+                except Exception as err:  # every draft's rows of this sample on this engine fail
+                    records.update({(c, sample_id): failed(sample_id, "replay", err)
+                                    for (_, on), mine in batches.items() if on == engine for c in mine})
             for (draft, engine), mine in batches.items():
+                if engine not in target_traces:
+                    continue
                 letters = "".join(m for m in METHODS if any(m in c.methods for c in mine))
                 try:
                     traces = collect_traces(
                         self.target, self.drafts[draft], sample, letters, self.captioner,
-                        max_new_tokens=budget, engine=engine, target_trace=target_trace(engine),
+                        max_new_tokens=budget, engine=engine, target_trace=target_traces[engine],
                     )
                 except Exception as err:  # this draft's rows of this sample fail; the shard goes on
                     records.update({(c, sample_id): failed(sample_id, "replay", err) for c in mine})
@@ -191,7 +186,7 @@ class TargetWorker:
                         records[(config, sample_id)] = failed(sample_id, "replay", err)
             for config in configs:
                 made = target_traces.get(self._engine(config)) if config.is_ar and config.greedy else None
-                if made is not None and not isinstance(made, Exception) and config.max_new_tokens == budget:
+                if made is not None and config.max_new_tokens == budget:
                     records[(config, sample_id)] = made.baseline  # the decode that produced y
         return records
 

@@ -23,7 +23,6 @@ from pipeline.planning.grid_file import load_grid  # noqa: E402
 
 
 ROUNDS, REPEATS = 5, 10  # 5 alternating rounds of 10 timed steps per measurement
-ACTOR_CPUS = 1  # CPUs (threads) of a grid actor on a CPU node: actors.runner's cpus_per_worker default
 
 
 def measure(target: str, draft: str, dtype: str, gamma: int, repeats: int, rounds: int, threads: int | None = None) -> Calibration:
@@ -54,12 +53,14 @@ def calibrate_pairs(
     if ray_tasks:
         import ray
 
+        from actors.runner import CPUS_PER_WORKER
+
         gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
         # Without GPUs each task takes a whole node's CPUs, so two measurements never time each
         # other's load, and times with the one thread a grid actor decodes with.
         cpus = 1 if gpus else max(node["Resources"].get("CPU", 1) for node in ray.nodes() if node.get("Alive"))
         task = ray.remote(num_gpus=gpus, num_cpus=cpus)(measure)
-        threads = None if gpus else ACTOR_CPUS
+        threads = None if gpus else CPUS_PER_WORKER
         results = ray.get([task.remote(t, d, dt, gamma, repeats, rounds, threads) for t, d, dt in pairs])
     else:
         results = [measure(t, d, dt, gamma, repeats, rounds) for t, d, dt in pairs]

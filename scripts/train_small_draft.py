@@ -16,10 +16,14 @@ outputs (shape: pipeline/models/embedded_parts/small_draft.py):
    standardisation copied from the target's projector; cross-entropy on the teacher's tokens,
    each row drafted as M (full image tokens), P (2x2-pooled), T (images as newlines) or C
    (the embedded captioner's captions), so one draft serves all four methods;
-4. the fp16-rounded weights (what ships) are loaded back through `load_embedded` and scored on
+4. its output vocabulary: the tokens of the teacher's answers and SmolLM2's 8192 first ids
+   (embedded_parts/small_draft says why);
+5. the fp16-rounded weights (what ships) are loaded back through `load_embedded` and scored on
    held-out test samples: tau of M, T, C and P by trace replay (the first `--held-out` samples
    of embedded_describe, embedded_vqa and embedded_compare) and Tq/Tp by `calibrate`;
    metrics.json records these, the losses and the times.
+
+`--rescore --teacher-cache FILE` redoes steps 4-5 for the weights already in `--out`.
 """
 from __future__ import annotations
 
@@ -45,7 +49,9 @@ from pipeline.decoding.replay import collect_traces, replay  # noqa: E402
 from pipeline.drafting.methods import method_embeddings, splice  # noqa: E402
 from pipeline.models.embedded import SMALL_DRAFT_DIR, EmbeddedLVLM, load_embedded, load_embedded_captioner  # noqa: E402
 from pipeline.models.embedded_parts.projector import Projector  # noqa: E402
-from pipeline.models.embedded_parts.small_draft import load_small_draft, save_small_draft, small_draft_config  # noqa: E402
+from pipeline.models.embedded_parts.small_draft import (  # noqa: E402
+    load_small_draft, output_vocabulary, save_small_draft, save_vocabulary, small_draft_config,
+)
 from pipeline.results.calibration import calibrate  # noqa: E402
 
 METHOD_SHARES = {"M": 0.45, "P": 0.15, "T": 0.25, "C": 0.15}
@@ -244,7 +250,11 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--held-out", type=int, default=5, help="test samples per scenario to score")
     parser.add_argument("--teacher-cache", type=Path, help="JSON file to keep the teacher's answers in (and reuse)")
+    parser.add_argument("--rescore", action="store_true",
+                        help="keep the weights in --out: write their output vocabulary (from --teacher-cache) and score them again")
     args = parser.parse_args()
+    if args.rescore and not (args.teacher_cache and args.teacher_cache.is_file()):
+        parser.error("--rescore needs the --teacher-cache the weights were trained on")
     start = time.perf_counter()
     rng = random.Random(args.seed)
     torch.manual_seed(args.seed)
@@ -267,31 +277,42 @@ def main() -> None:
     teacher_seconds = time.perf_counter() - start
     log(f"teacher: {len(second)} second-turn answers; {sum(len(a) for *_, a in data)} answer tokens", start)
 
-    draft = new_student(target)
-    losses = train(draft, data, cache, args.steps, args.batch, args.lr, random.Random(args.seed + 1), start)
-    train_seconds = time.perf_counter() - start - teacher_seconds
-    save_small_draft(draft.model, draft.projector, args.out)
-    (args.out / "__init__.py").touch()
+    vocabulary = output_vocabulary(answer for *_, answer in data)
+    if args.rescore:  # the shipped weights, with the output vocabulary of their own teacher answers
+        save_vocabulary(vocabulary, args.out)
+        metrics = json.loads((args.out / "metrics.json").read_text())
+    else:
+        draft = new_student(target)
+        losses = train(draft, data, cache, args.steps, args.batch, args.lr, random.Random(args.seed + 1), start)
+        train_seconds = time.perf_counter() - start - teacher_seconds
+        save_small_draft(draft.model, draft.projector, args.out, vocabulary)
+        (args.out / "__init__.py").touch()
+        metrics = {
+            "seed": args.seed, "images": args.images, "first_turn_examples": len(first),
+            "second_turn_examples": len(second), "answer_tokens": args.answer_tokens, "steps": args.steps,
+            "batch": args.batch, "lr": args.lr, "method_shares": METHOD_SHARES,
+            "loss_first_100": round(sum(losses[:100]) / 100, 4), "loss_last_100": round(sum(losses[-100:]) / 100, 4),
+            "teacher_seconds": round(teacher_seconds, 1), "train_seconds": round(train_seconds, 1),
+        }
 
-    torch.set_num_threads(1)  # as the pipeline's CPU actors run
+    score_start = time.perf_counter()
+    # scored with the node's two threads, as the grid's timed decodes and calibration run on a CPU
     lm, projector = load_small_draft(args.out, torch.float32)  # as written: fp16-rounded, as load_embedded reads it
     shipped = EmbeddedLVLM(lm, target.tokenizer, target.vision, projector, "embedded:small_draft")
     scored = held_out_tau(target, shipped, captioner, args.held_out, args.answer_tokens)
     log(f"held-out tau: {scored['tau']}", start)
     ratios = calibrate(target, shipped, gamma=5, repeats=10, rounds=3)
-    metrics = {
-        "seed": args.seed, "images": args.images, "first_turn_examples": len(first), "second_turn_examples": len(second),
-        "answer_tokens": args.answer_tokens, "steps": args.steps, "batch": args.batch, "lr": args.lr,
-        "method_shares": METHOD_SHARES,
+    metrics.update({
         "parameters": sum(p.numel() for p in shipped.model.parameters()),
-        "loss_first_100": round(sum(losses[:100]) / 100, 4), "loss_last_100": round(sum(losses[-100:]) / 100, 4),
+        "output_vocabulary": len(vocabulary),
         "held_out": scored,
         "tq_over_tp": round(ratios.ratio_draft_target, 4),
         "verify_ratio": round(ratios.ratio_verify, 4), "draft_rows_ratio": [round(r, 4) for r in ratios.draft_rows_ratio],
         "tp_ms": round(1e3 * ratios.target_token_s, 2), "tq_ms": round(1e3 * ratios.draft_token_s, 2),
-        "teacher_seconds": round(teacher_seconds, 1), "train_seconds": round(train_seconds, 1),
-        "total_seconds": round(time.perf_counter() - start, 1),
-    }
+        "threads": torch.get_num_threads(), "score_seconds": round(time.perf_counter() - score_start, 1),
+    })
+    if not args.rescore:
+        metrics["total_seconds"] = round(time.perf_counter() - start, 1)
     (args.out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     log(f"wrote {args.out}: tau {scored['tau']}, Tq/Tp {metrics['tq_over_tp']}", start)
 

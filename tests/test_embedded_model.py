@@ -148,6 +148,25 @@ def test_small_draft_is_small_shipped_and_reads_images_its_own_way(models, test_
     assert features.shape == (16, small.model.config.hidden_size)  # its own projector, same vision encoder
 
 
+def test_small_draft_proposes_from_its_output_vocabulary_with_the_full_heads_logits(models):
+    from pipeline.models.embedded_parts.small_draft import COMMON_TOKENS
+
+    _, _, small = models
+    head = small.model.lm_head
+    kept = head.token_ids
+    assert kept[:COMMON_TOKENS].tolist() == list(range(COMMON_TOKENS)) and len(kept) < small.vocab_size / 4
+    ids = torch.tensor([small.tokenize_prompt("USER: Describe a red circle. ASSISTANT:")])
+    logits = small.logits(cache=small.new_cache(), attention_mask=torch.ones_like(ids),
+                          position_ids=torch.arange(ids.shape[1])[None], input_ids=ids, keep=2)[0]
+    assert logits.shape == (2, small.vocab_size)
+    outside = torch.ones(small.vocab_size, dtype=torch.bool)
+    outside[kept] = False
+    assert torch.isneginf(logits[:, outside]).all()
+    hidden = small.model.model(input_ids=ids).last_hidden_state[0, -2:]
+    full_head = hidden @ small.model.get_input_embeddings().weight.T  # the tied head it was trained with
+    torch.testing.assert_close(logits[:, kept], full_head[:, kept])
+
+
 def test_fake_quantize_rounds_each_group_to_a_symmetric_integer_grid():
     torch.manual_seed(0)
     weight = torch.randn(8, 2 * GROUP)

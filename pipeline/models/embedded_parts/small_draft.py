@@ -2,13 +2,20 @@
 
 4 layers, 128 wide (4 heads, 2 key/value heads), tied embeddings over the same 49152 tokens
 as the target, and its own projector (1280 -> 128 -> 128) on the same EfficientNet-Lite0
-features. About 7.1M parameters, shipped in fp16 (14 MB); the target has 135M. On a CPU one
-step costs about a tenth of the target's, most of it the LM head over the vocabulary.
+features. About 7.1M parameters, shipped in fp16 (14 MB); the target has 135M.
+
+It reads every token but proposes only from an output vocabulary (`output_vocabulary.json`):
+the tokens of its training answers and SmolLM2's 8192 first ids, its commonest BPE pieces,
+about 9k of 49152. The head over the whole vocabulary was about 60% of a draft step on a
+CPU; over the subset a step costs a third as much, and the logits of the kept tokens are the
+full head's, so proposals change only where the full head's choice lay outside the subset.
 `scripts/train_small_draft.py` distils it from the target; `pipeline.models.embedded` loads it.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Iterable
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PretrainedConfig
@@ -20,6 +27,32 @@ LAYERS = 4
 HEADS = 4
 KV_HEADS = 2
 PROJECTOR_NAME = "projector.safetensors"
+VOCABULARY_NAME = "output_vocabulary.json"
+COMMON_TOKENS = 8192  # SmolLM2's first ids: BPE numbers its merges commonest first
+
+
+class OutputVocabularyHead(torch.nn.Module):
+    """The LM head restricted to the tokens the draft may propose. It returns logits over the
+    whole vocabulary, -inf outside the subset, so mixing, verification and the TABED history
+    see the same shapes as with any draft."""
+
+    def __init__(self, weight: torch.Tensor, token_ids: torch.Tensor) -> None:
+        super().__init__()
+        self.vocab_size = weight.shape[0]
+        self.register_buffer("token_ids", token_ids.to(device=weight.device, dtype=torch.long))
+        self.register_buffer("weight", weight.detach()[self.token_ids].clone())
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = hidden.new_full((*hidden.shape[:-1], self.vocab_size), float("-inf"))
+        return logits.index_copy_(-1, self.token_ids, hidden @ self.weight.T)
+
+
+def output_vocabulary(answers: Iterable[Iterable[int]], common: int = COMMON_TOKENS) -> list[int]:
+    """The ids the draft may propose: every token of its training answers and the `common` first ids."""
+    ids = set(range(common))
+    for answer in answers:
+        ids.update(answer)
+    return sorted(ids)
 
 
 def small_draft_config(target: PretrainedConfig) -> LlamaConfig:
@@ -33,11 +66,17 @@ def small_draft_config(target: PretrainedConfig) -> LlamaConfig:
     )
 
 
-def save_small_draft(lm: LlamaForCausalLM, projector: Projector, directory: Path) -> None:
-    """The language model in fp16 (what ships, ~14 MB) and the projector in fp32 (0.7 MB)."""
+def save_small_draft(lm: LlamaForCausalLM, projector: Projector, directory: Path, vocabulary: list[int]) -> None:
+    """The language model in fp16 (what ships, ~14 MB), the projector in fp32 (0.7 MB) and the
+    output vocabulary (ids)."""
     directory.mkdir(parents=True, exist_ok=True)
     lm.to(torch.float16).save_pretrained(directory)
     projector.save(directory / PROJECTOR_NAME)
+    save_vocabulary(vocabulary, directory)
+
+
+def save_vocabulary(vocabulary: list[int], directory: Path) -> None:
+    (directory / VOCABULARY_NAME).write_text(json.dumps(vocabulary) + "\n")
 
 
 def load_small_draft(directory: Path, dtype: torch.dtype) -> tuple[LlamaForCausalLM, Projector]:
@@ -46,4 +85,6 @@ def load_small_draft(directory: Path, dtype: torch.dtype) -> tuple[LlamaForCausa
         raise FileNotFoundError(f"the small draft's weights {directory} are missing: run scripts/train_small_draft.py")
     lm = LlamaForCausalLM.from_pretrained(directory, dtype=dtype).eval()
     lm.requires_grad_(False)
+    vocabulary = json.loads((directory / VOCABULARY_NAME).read_text())
+    lm.lm_head = OutputVocabularyHead(lm.get_input_embeddings().weight, torch.tensor(vocabulary))
     return lm, Projector.load(directory / PROJECTOR_NAME)

@@ -1,13 +1,12 @@
-"""Runs a validated grid on Ray: keep the actors of each model group (a target and its drafts) busy, write each finished shard
-at once, survive dead actors, resume from what is already written.
-
+"""Runs a validated grid on Ray: keep the actors of each model group (a target and its drafts)
+busy, write each finished shard at once, survive dead actors, resume from what is written.
 First turns run first; second turns (`pipeline.planning.samples`) are built from the target's
-greedy first-turn answers as read back from the results dataset (docs/cluster.md, "Turns"),
-then run on the same actors.
+greedy first-turn answers as read back from the results dataset (docs/cluster.md, "Turns").
+On CPU workers, shards with timed samples run last on workers taking a whole node's CPUs as
+threads, so no walltime shares its cores with another decode (a GPU worker owns its device).
 """
 from __future__ import annotations
 
-import re
 import sys
 import time
 from collections import Counter, defaultdict, deque
@@ -17,6 +16,7 @@ from typing import Callable, TextIO
 
 import ray
 
+from actors.ray_info import fitting_nodes, last_error_line, node_cpus
 from actors.target_worker import remote_worker
 from actors.progress import Progress
 from pipeline.drafting.methods import needs_captions
@@ -30,7 +30,7 @@ from pipeline.results.store import drop_rows, first_turn_answers, write_manifest
 IN_FLIGHT_PER_WORKER = 2  # one running, one queued behind it, so a worker never waits on the driver
 POLL_S = 10.0  # how often a waiting driver checks that the cluster can still run its workers
 PLACEMENT_TIMEOUT_S = 900.0  # a worker not placed on any node by then never will be
-CPUS_PER_WORKER = 1  # default CPUs (threads) of an actor; jobs/calibrate.py times with as many
+CPUS_PER_WORKER = 1  # default CPUs (threads) of an actor
 
 
 class RunFailed(RuntimeError):
@@ -87,6 +87,7 @@ class GridRunner:
         self.workers: list[_Worker] = []
         self.report = RunReport()
         self._attempts: dict[str, int] = defaultdict(int)
+        self._cpus = cpus_per_worker  # of the workers running now
         self._captioner = spec.captioner if any(needs_captions(m) for m in spec.methods) else None  # for the actors
 
     def _first_turn_answers(self, pair: Pair, dataset: str, max_new_tokens: int) -> dict[str, str]:
@@ -107,9 +108,7 @@ class GridRunner:
                 for label, turns in phases:
                     self._run_phase(label, turns)
             finally:
-                for worker in self.workers:
-                    ray.kill(worker.handle)
-                self.workers.clear()
+                self._stop_workers()
                 self.report.seconds = time.monotonic() - start
         return self.report
 
@@ -142,19 +141,35 @@ class GridRunner:
         if planned:
             self._dispatch(planned, Progress(label, planned, self.stream))
 
-    def _worker_count(self) -> tuple[int, float]:
+    def _stop_workers(self) -> None:
+        for worker in self.workers:
+            ray.kill(worker.handle)
+        self.workers.clear()
+
+    def _worker_count(self, cpus: float) -> tuple[int, float]:
         resources = ray.cluster_resources()
         gpus = resources.get("GPU", 0.0)
         per_worker = self.gpus_per_worker if self.gpus_per_worker is not None else (1.0 if gpus else 0.0)
         if per_worker > gpus:
             raise RunFailed(f"workers need {per_worker:g} GPU each but the Ray cluster has {gpus:g}")
-        slots = max(1, int(gpus / per_worker if per_worker else resources.get("CPU", 1.0) / self.cpus_per_worker))
+        slots = max(1, int(gpus / per_worker if per_worker else resources.get("CPU", 1.0) / cpus))
         # more actors than the cluster can place would hold shards that never run
         return min(self.requested_workers or slots, slots), per_worker
 
     def _dispatch(self, shards: list[Shard], progress: Progress) -> None:
-        """Keep every worker busy until each shard is written (or has failed too often)."""
-        self._slots, self._gpus = self._worker_count()
+        """Run the shards in waves (module doc): timed ones last on CPU workers."""
+        timed_last = not self._worker_count(self.cpus_per_worker)[1]
+        self._dispatch_wave([s for s in shards if not (s.timed and timed_last)], self.cpus_per_worker, progress)
+        self._dispatch_wave([s for s in shards if s.timed and timed_last], max(node_cpus(), self.cpus_per_worker), progress)
+
+    def _dispatch_wave(self, shards: list[Shard], cpus: float, progress: Progress) -> None:
+        """Keep every worker (of `cpus` CPUs) busy until each shard is written (or has failed too often)."""
+        if not shards:
+            return
+        if cpus != self._cpus:  # the last wave's workers are idle and the wrong size
+            self._stop_workers()
+        self._cpus = cpus
+        self._slots, self._gpus = self._worker_count(cpus)
         self._pending: dict[ModelGroup, deque[Shard]] = defaultdict(deque)
         for shard in shards:
             self._pending[shard.group].append(shard)
@@ -176,7 +191,8 @@ class GridRunner:
                 ray.kill(idle.handle)
                 self.workers.remove(idle)
             allow_text = any(pair in self.spec.text_only for pair in group.pairs)
-            handle = remote_worker(group, self._captioner, num_gpus=self._gpus, num_cpus=self.cpus_per_worker,
+            handle = remote_worker(group, self._captioner, num_gpus=self._gpus, num_cpus=self._cpus,
+                                   threads=None if self._gpus else max(1, int(self._cpus)),
                                    drafting_methods=self.spec.drafting_methods, allow_text=allow_text)
             probe = handle.device_name.options(max_task_retries=0).remote()  # fails once, quietly, if a model cannot load
             self.workers.append(_Worker(group, handle, probe))
@@ -275,23 +291,10 @@ class GridRunner:
         """While nothing finishes: end the run if no live node can host a worker (the last
         one that could has died) or a worker has waited too long to be placed; Ray itself
         would wait for capacity forever."""
-        fits = [
-            node for node in ray.nodes()
-            if node.get("Alive") and node["Resources"].get("GPU", 0.0) >= self._gpus
-            and node["Resources"].get("CPU", 0.0) >= self.cpus_per_worker
-        ]
-        if not fits:
+        if not fitting_nodes(self._gpus, self._cpus):
             raise RunFailed(f"no live node in the Ray cluster can host a worker ({self._gpus:g} GPU, "
-                            f"{self.cpus_per_worker:g} CPU each); the nodes that could have left")
+                            f"{self._cpus:g} CPU each); the nodes that could have left")
         for worker in self.workers:
             waited = time.monotonic() - worker.started
             if worker.placed is not None and waited > self.placement_timeout_s:
                 raise RunFailed(f"the worker for {worker.group.label} was not placed on any node in {waited:.0f} s")
-
-
-def last_error_line(err: BaseException) -> str:
-    """The root cause of a remote failure in one line: the last `SomeError: message` line of
-    Ray's text (which carries the remote traceback), else its first line."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    causes = [line for line in lines if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b", line)]
-    return (causes or lines or [type(err).__name__])[-1 if causes else 0]

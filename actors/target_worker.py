@@ -62,12 +62,15 @@ class TargetWorker:
     process (and the captioner, if any method set needs it), after importing the grid's own
     drafting methods (`drafting_methods`: import paths); `allow_text`: the grid marked the
     group's pairs `text_only`. Drafts share the target's decodes: per sample and engine, one
-    greedy decode of the target and one teacher-forced target pass serve every draft."""
+    greedy decode of the target and one teacher-forced target pass serve every draft.
+    `threads`: CPU threads torch computes with (None: torch's default)."""
 
     def __init__(
         self, group: ModelGroup, captioner: str | None = None, drafting_methods: tuple[str, ...] = (),
-        allow_text: bool = False,
+        allow_text: bool = False, threads: int | None = None,
     ) -> None:
+        if threads:
+            torch.set_num_threads(threads)
         load_drafting_methods(list(drafting_methods))
         quiet_libraries()
         self.group = group
@@ -79,7 +82,8 @@ class TargetWorker:
         self.captioner = load_captioner(captioner, self.device) if captioner else None
 
     def device_name(self) -> str:
-        return str(self.device)
+        """Where it decodes: the device, and on a CPU the threads (e.g. `cpu (threads: 2)`)."""
+        return str(self.device) if self.device.type != "cpu" else f"cpu (threads: {torch.get_num_threads()})"
 
     def run_shard(self, shard: Shard, samples: dict[str, Sample]) -> pa.Table:
         """Rows for every item of the shard, in item order; one bad sample is one error row."""
@@ -193,7 +197,7 @@ class TargetWorker:
 
 def remote_worker(
     group: ModelGroup, captioner: str | None, *, num_gpus: float, num_cpus: float, max_restarts: int = 2,
-    drafting_methods: tuple[str, ...] = (), allow_text: bool = False,
+    drafting_methods: tuple[str, ...] = (), allow_text: bool = False, threads: int | None = None,
 ):
     """Start a `TargetWorker` actor. Ray restarts it up to `max_restarts` times and retries
     calls that were in flight when it died; the runner (`actors.runner`) re-dispatches beyond that."""
@@ -202,4 +206,4 @@ def remote_worker(
     actor = ray.remote(TargetWorker).options(
         num_gpus=num_gpus, num_cpus=num_cpus, max_restarts=max_restarts, max_task_retries=max_restarts
     )
-    return actor.remote(group, captioner, drafting_methods, allow_text)
+    return actor.remote(group, captioner, drafting_methods, allow_text, threads)

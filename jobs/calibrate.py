@@ -26,7 +26,7 @@ ROUNDS, REPEATS = 5, 10  # 5 alternating rounds of 10 timed steps per measuremen
 
 
 def measure(target: str, draft: str, dtype: str, gamma: int, repeats: int, rounds: int, threads: int | None = None) -> Calibration:
-    """One pair's calibration; `threads`: CPU threads to time with (those a grid actor decodes with)."""
+    """One pair's calibration; `threads`: CPU threads to time with (those the grid's timed decodes use)."""
     import torch
 
     from actors.model_files import resolve_model
@@ -53,14 +53,14 @@ def calibrate_pairs(
     if ray_tasks:
         import ray
 
-        from actors.runner import CPUS_PER_WORKER
+        from actors.ray_info import node_cpus
 
         gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
-        # Without GPUs each task takes a whole node's CPUs, so two measurements never time each
-        # other's load, and times with the one thread a grid actor decodes with.
-        cpus = 1 if gpus else max(node["Resources"].get("CPU", 1) for node in ray.nodes() if node.get("Alive"))
+        # Without GPUs each task takes a whole node's CPUs as threads, as the grid's timed
+        # decodes do (actors.runner), so two measurements never time each other's load.
+        cpus = 1 if gpus else node_cpus()
         task = ray.remote(num_gpus=gpus, num_cpus=cpus)(measure)
-        threads = None if gpus else CPUS_PER_WORKER
+        threads = None if gpus else max(1, int(cpus))
         results = ray.get([task.remote(t, d, dt, gamma, repeats, rounds, threads) for t, d, dt in pairs])
     else:
         results = [measure(t, d, dt, gamma, repeats, rounds) for t, d, dt in pairs]

@@ -348,3 +348,28 @@ def test_a_second_driver_on_the_same_run_is_refused(ray_local, tiny_dirs, tmp_pa
         other.kill()
         other.wait()
     assert not list(tmp_path.rglob("*.parquet"))
+
+
+def test_timed_shards_run_last_on_cpu_workers_that_hold_the_whole_node(ray_local, tiny_dirs, tmp_path):
+    """Walltime is never measured beside another decode: with CPU workers (no GPU each), the
+    shards holding timed samples are dispatched after every other shard, to workers that take
+    all of the node's CPUs (2 here) as threads."""
+    import pyarrow.parquet as pq
+    import ray
+
+    written = []
+
+    def record(path, runner):
+        row = pq.read_table(path, columns=["turn", "timed"]).slice(0, 1).to_pylist()[0]
+        written.append((row["turn"], row["timed"], [ray.get(w.handle.device_name.remote()) for w in runner.workers]))
+
+    grid = dataclasses.replace(spec(tiny_dirs, "auto"), live_samples=2)
+    runner = GridRunner(grid, tmp_path, source=ToySource(), gpus_per_worker=0, stream=io.StringIO(),
+                        on_shard_written=record)
+    runner.run()
+    flags = [timed for turn, timed, _ in written if turn == "first"]
+    assert True in flags and flags == sorted(flags)  # every timed shard after every other of its phase
+    assert all(devices == ["cpu (threads: 2)"] for _, timed, devices in written if timed)
+    assert all(devices == ["cpu (threads: 1)"] * 2 for _, timed, devices in written if not timed)
+    df = results(tmp_path)
+    assert set(df["mode"][df.timed]) == {"live", "ar"} and df.error[df.timed].isna().any()

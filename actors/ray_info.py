@@ -1,0 +1,28 @@
+"""What the runner reads off Ray: the live nodes a worker fits on, a whole node's CPUs, and
+the root cause in a remote failure's text."""
+from __future__ import annotations
+
+import re
+
+import ray
+
+
+def fitting_nodes(gpus: float, cpus: float) -> list[dict]:
+    """Live nodes with at least `gpus` GPUs and `cpus` CPUs (Ray must be initialised)."""
+    return [
+        node for node in ray.nodes()
+        if node.get("Alive") and node["Resources"].get("GPU", 0.0) >= gpus and node["Resources"].get("CPU", 0.0) >= cpus
+    ]
+
+
+def node_cpus() -> float:
+    """The CPUs of the largest live node: what a worker or task takes to have a node to itself."""
+    return max((node["Resources"].get("CPU", 1.0) for node in ray.nodes() if node.get("Alive")), default=1.0)
+
+
+def last_error_line(err: BaseException) -> str:
+    """The root cause of a remote failure in one line: the last `SomeError: message` line of
+    Ray's text (which carries the remote traceback), else its first line."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    causes = [line for line in lines if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b", line)]
+    return (causes or lines or [type(err).__name__])[-1 if causes else 0]

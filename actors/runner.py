@@ -2,7 +2,7 @@
 busy, write each finished shard at once, survive dead actors, resume from what is written.
 First turns run first; second turns (`pipeline.planning.samples`) are built from the target's
 greedy first-turn answers as read back from the results dataset (docs/cluster.md, "Turns").
-On CPU workers, shards with timed samples run last on workers taking a whole node's CPUs as
+On CPU workers, shards with timed samples run first, on workers taking a whole node's CPUs as
 threads, so no walltime shares its cores with another decode (a GPU worker owns its device).
 """
 from __future__ import annotations
@@ -157,10 +157,10 @@ class GridRunner:
         return min(self.requested_workers or slots, slots), per_worker
 
     def _dispatch(self, shards: list[Shard], progress: Progress) -> None:
-        """Run the shards in waves (module doc): timed ones last on CPU workers."""
-        timed_last = not self._worker_count(self.cpus_per_worker)[1]
-        self._dispatch_wave([s for s in shards if not (s.timed and timed_last)], self.cpus_per_worker, progress)
-        self._dispatch_wave([s for s in shards if s.timed and timed_last], max(node_cpus(), self.cpus_per_worker), progress)
+        """Waves (module doc): timed shards first, so the untimed wave's workers go on to the next phase."""
+        apart = not self._worker_count(self.cpus_per_worker)[1]
+        self._dispatch_wave([s for s in shards if s.timed and apart], max(node_cpus(), self.cpus_per_worker), progress)
+        self._dispatch_wave([s for s in shards if not (s.timed and apart)], self.cpus_per_worker, progress)
 
     def _dispatch_wave(self, shards: list[Shard], cpus: float, progress: Progress) -> None:
         """Keep every worker (of `cpus` CPUs) busy until each shard is written (or has failed too often)."""

@@ -350,10 +350,10 @@ def test_a_second_driver_on_the_same_run_is_refused(ray_local, tiny_dirs, tmp_pa
     assert not list(tmp_path.rglob("*.parquet"))
 
 
-def test_timed_shards_run_last_on_cpu_workers_that_hold_the_whole_node(ray_local, tiny_dirs, tmp_path):
+def test_timed_shards_run_first_on_cpu_workers_that_hold_the_whole_node(ray_local, tiny_dirs, tmp_path):
     """Walltime is never measured beside another decode: with CPU workers (no GPU each), the
-    shards holding timed samples are dispatched after every other shard, to workers that take
-    all of the node's CPUs (2 here) as threads."""
+    shards holding timed samples are dispatched before every other shard of their phase, to
+    workers that take all of the node's CPUs (2 here) as threads."""
     import pyarrow.parquet as pq
     import ray
 
@@ -368,7 +368,7 @@ def test_timed_shards_run_last_on_cpu_workers_that_hold_the_whole_node(ray_local
                         on_shard_written=record)
     runner.run()
     flags = [timed for turn, timed, _ in written if turn == "first"]
-    assert True in flags and flags == sorted(flags)  # every timed shard after every other of its phase
+    assert True in flags and flags == sorted(flags, reverse=True)  # every timed shard before the others of its phase
     assert all(devices == ["cpu (threads: 2)"] for _, timed, devices in written if timed)
     assert all(devices == ["cpu (threads: 1)"] * 2 for _, timed, devices in written if not timed)
     df = results(tmp_path)

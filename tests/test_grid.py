@@ -220,6 +220,27 @@ def test_drafts_of_one_target_share_shards_and_timed_samples_run_live_with_their
     assert len(keys) == len(set(keys)) == len(spec.configs()) * 3
 
 
+def test_a_pair_marked_untimed_is_replayed_on_the_timed_samples_too():
+    pairs = [{"target": "tiny:target", "draft": "tiny:draft"},
+             {"target": "tiny:target", "draft": "tiny:next_target", "timed": False}]
+    spec = grid(pairs=pairs, methods=["AR", "M"], gamma=[5], window=[None], distance=["kl"], turns=["first"])
+    timed_pair, untimed_pair = spec.pairs
+    assert spec.untimed == (untimed_pair,)
+    samples = [sample(i) for i in range(3)]
+    shards = plan_shards("r", spec.units(), lambda u: samples, shard_size=3, grid_mode="auto", live_samples=1,
+                         untimed=frozenset(spec.untimed))
+    live = [s for s in shards if s.mode == "live"]
+    assert len(live) == 1 and {c.pair for c, _ in live[0].items} == {timed_pair} and len(live[0].timed) == 1
+    chosen = live[0].timed[0]
+    replayed = {(c.pair, sid) for s in shards if s.mode == "replay" for c, sid in s.items}
+    assert (untimed_pair, chosen) in replayed and (timed_pair, chosen) not in replayed
+    assert not any(s.timed for s in shards if s.mode == "replay")  # its rows there are not walltime rows
+    keys = [k for s in shards for k in s.keys]
+    assert len(keys) == len(set(keys)) == len(spec.configs()) * 3
+    with pytest.raises(GridError, match=r"pairs\[0\].timed"):
+        grid(pairs=[{"target": "tiny:target", "draft": "tiny:draft", "timed": "sometimes"}])
+
+
 def test_timed_samples_are_seeded_and_spread_over_distinct_images():
     from PIL import Image
 

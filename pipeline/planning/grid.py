@@ -229,13 +229,13 @@ class GridSpec:
     live_seed: int = 0
     #: measure each pair's latency ratios after the run (jobs/calibrate.py) for the speedup table
     calibrate: bool = False
-    #: local copies (save_to_disk dir or Parquet) by dataset or question-task name, for
-    #: clusters without hub access; (name, path) pairs so the spec stays hashable
+    #: local copies (save_to_disk dir or Parquet) by dataset or question-task name: (name, path)
     sources: tuple[tuple[str, str], ...] = ()
     #: datasets the grid file names by path (pipeline.data.user_datasets); their names are in `datasets`
     user_datasets: tuple[UserDataset, ...] = ()
     #: pairs marked `text_only: true`: their models may be plain causal LMs (pipeline.models.families)
     text_only: tuple[Pair, ...] = ()
+    untimed: tuple[Pair, ...] = ()  # pairs marked `timed: false`: replayed on the `live_samples` too
     #: import paths of the grid's own drafting methods (pipeline.planning.plugins); workers import them too
     drafting_methods: tuple[str, ...] = ()
 

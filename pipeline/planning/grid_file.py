@@ -70,8 +70,9 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None) -> GridSpec:
         user_datasets=user_datasets,
         drafting_methods=drafting_methods,
         turns=_turns(raw.get("turns", [FIRST_TURN]), catalog),
-        pairs=tuple(pair for pair, _ in pairs),
-        text_only=tuple(pair for pair, text_only in pairs if text_only),
+        pairs=tuple(pair for pair, _, _ in pairs),
+        text_only=tuple(pair for pair, text_only, _ in pairs if text_only),
+        untimed=tuple(pair for pair, _, timed in pairs if not timed),
         methods=methods,
         policies=tuple(_policy(entry, i, methods) for i, entry in enumerate(_list(raw.get("policies", ["static"]), "policies"))),
         window=tuple(_window(w, i) for i, w in enumerate(_list(raw.get("window", list(GridSpec.window)), "window"))),
@@ -135,11 +136,12 @@ def _turns(value: Any, catalog: Catalog) -> tuple[str, ...]:
     return tuple(turns)
 
 
-PAIR_KEYS = ("target", "draft", "dtype", "text_only")
+PAIR_KEYS = ("target", "draft", "dtype", "text_only", "timed")
 
 
-def _pair(entry: Any, i: int) -> tuple[Pair, bool]:
-    """A pair and whether its models may be plain causal LMs (`text_only: true`)."""
+def _pair(entry: Any, i: int) -> tuple[Pair, bool, bool]:
+    """A pair, whether its models may be plain causal LMs (`text_only: true`) and whether it
+    is timed on the grid's `live_samples` (`timed: false` replays it there too)."""
     where = f"pairs[{i}]"
     if not isinstance(entry, dict):
         raise GridError(f"{where}: expected a mapping {{target, draft, dtype}}, got {entry!r}")
@@ -155,10 +157,11 @@ def _pair(entry: Any, i: int) -> tuple[Pair, bool]:
         dtype=_choice(entry.get("dtype", "fp32"), tuple(DTYPES), f"{where}.dtype"),
     )
     text_only = _bool(entry.get("text_only", False), f"{where}.text_only")
+    timed = _bool(entry.get("timed", True), f"{where}.timed")
     check_same_tokenizer(pair.target, pair.draft, where)
     for role in ("target", "draft"):
         check_family_here(getattr(pair, role), f"{where}.{role}", allow_text=text_only)
-    return pair, text_only
+    return pair, text_only, timed
 
 
 def _methods(value: Any) -> tuple[str, ...]:

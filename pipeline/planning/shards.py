@@ -8,7 +8,7 @@ from collections import defaultdict
 from typing import Callable, Iterable, Sequence
 
 from pipeline.data.sample import Sample
-from pipeline.planning.grid import FIRST_TURN, GridSpec, ModelGroup, RunConfig, Shard, WorkUnit, model_groups, row_key
+from pipeline.planning.grid import FIRST_TURN, GridSpec, ModelGroup, Pair, RunConfig, Shard, WorkUnit, model_groups, row_key
 from pipeline.planning.timed_samples import choose_timed
 
 
@@ -30,6 +30,7 @@ def plan_shards(
     grid_mode: str = "live",
     live_samples: int = 0,
     live_seed: int = 0,
+    untimed: frozenset[Pair] = frozenset(),
     done: set[str] = frozenset(),
 ) -> list[Shard]:
     """Shards of at most `shard_size` samples, one model group (a target and its drafts),
@@ -39,8 +40,8 @@ def plan_shards(
     `actors.target_worker`) or one sampling configuration. In `auto` mode every greedy
     configuration of `live_samples` first-turn samples per group
     (`pipeline.planning.timed_samples`) runs live instead, AR included, so walltime is
-    measured on them; each row is computed once either way, and every shard names its timed
-    samples."""
+    measured on them, except for the `untimed` pairs, which are replayed there too; each row is
+    computed once either way, and every live shard names its timed samples."""
     group_of = model_groups(unit.config.pair for unit in units)
     groups: dict[tuple[ModelGroup, str, str], list[RunConfig]] = defaultdict(list)
     for unit in units:
@@ -50,18 +51,18 @@ def plan_shards(
     for (group, dataset, turn), configs in groups.items():
         hashes = {s.sample_id: s.prompt_hash for s in samples_for(WorkUnit(configs[0], dataset, turn))}
         timed_here = timed.get(group, set()) & set(hashes) if turn == FIRST_TURN else set()
-        for mode, bundle, ids in _bundles(configs, list(hashes), timed_here, grid_mode):
+        for mode, bundle, ids in _bundles(configs, list(hashes), timed_here, grid_mode, untimed):
             for start in range(0, len(ids), shard_size):
                 items = tuple(
                     (config, sample_id)
                     for sample_id in ids[start:start + shard_size]
                     for config in bundle
                     if row_key(config.key(), sample_id, hashes[sample_id]) not in done
-                    and not (mode == "replay" and sample_id in timed_here)
+                    and not (mode == "replay" and sample_id in timed_here and config.pair not in untimed)
                 )
                 if items:
                     prompts = tuple((sid, hashes[sid]) for sid in dict.fromkeys(sid for _, sid in items))
-                    shard_timed = tuple(sid for sid, _ in prompts if sid in timed_here)
+                    shard_timed = tuple(sid for sid, _ in prompts if sid in timed_here and mode == "live")
                     shards.append(Shard(run, group, dataset, turn, mode, items, prompts, shard_timed))
     return shards
 
@@ -80,17 +81,17 @@ def _timed_samples(
 
 
 def _bundles(
-    configs: list[RunConfig], sample_ids: list[str], timed: set[str], grid_mode: str
+    configs: list[RunConfig], sample_ids: list[str], timed: set[str], grid_mode: str, untimed: frozenset[Pair],
 ) -> list[tuple[str, list[RunConfig], list[str]]]:
     """(mode, configurations, sample ids) of one group, dataset and turn: one replay bundle of
     every replayable configuration; one live bundle of the greedy configurations that run live
-    (all of them in `live` mode, the replayable ones on the `timed` samples in `auto` mode);
-    one live bundle per sampling configuration."""
+    (all of them in `live` mode, the replayable ones of timed pairs on the `timed` samples in
+    `auto` mode); one live bundle per sampling configuration."""
     replayed = [c for c in configs if decode_mode(c, grid_mode) == "replay"]
     live_greedy = [c for c in configs if c.greedy and decode_mode(c, grid_mode) == "live"]
     bundles = [("replay", replayed, sample_ids), ("live", live_greedy, sample_ids)]
     if timed:
-        bundles.append(("live", replayed, [s for s in sample_ids if s in timed]))
+        bundles.append(("live", [c for c in replayed if c.pair not in untimed], [s for s in sample_ids if s in timed]))
     bundles += [("live", [c], sample_ids) for c in configs if not c.greedy]
     return [bundle for bundle in bundles if bundle[1]]
 

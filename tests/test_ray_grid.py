@@ -270,6 +270,35 @@ def test_one_worker_serves_every_draft_of_its_target_from_one_target_decode(tiny
         alone.run_shard(shard, {sample.sample_id: sample})
 
 
+def test_a_timed_samples_decodes_are_repeated_and_the_fastest_kept(tiny_dirs, monkeypatch):
+    import actors.target_worker as worker_module
+    from pipeline.decoding.records import SampleRecord
+
+    group = ModelGroup(tiny_dirs["target"], "fp32", (tiny_dirs["draft"],))
+    worker = worker_module.TargetWorker(group)
+    timed, other = ToySource().first_turn("toy", 2)
+    configs = [RunConfig(group.pairs[0], m, gamma=None if m == "AR" else 3, max_new_tokens=8) for m in ("AR", "M")]
+    items = tuple((c, s.sample_id) for s in (timed, other) for c in configs)
+    shard = Shard("r", group, "toy", "first", "live", items, tuple((s.sample_id, s.prompt_hash) for s in (timed, other)),
+                  (timed.sample_id,))
+    # AR rows first: the timed sample's twice, the other's once; then M likewise
+    seconds = iter([3.0, 1.0, 5.0, 2.0, 4.0, 6.0])
+    real = worker._decode_once
+
+    def clocked(config, sample):
+        record = real(config, sample)
+        record.time_total_s = next(seconds)
+        return record
+
+    monkeypatch.setattr(worker, "_decode_once", clocked)
+    rows = worker.run_shard(shard, {s.sample_id: s for s in (timed, other)}).to_pylist()
+    assert [r["time_total_s"] for r in rows] == [1.0, 2.0, 5.0, 6.0]
+    assert [r["timed"] for r in rows] == [True, True, False, False] and all(r["error"] is None for r in rows)
+    flaky = iter([SampleRecord(sample_id="x", mode="live", output_ids=[1]), SampleRecord(sample_id="x", mode="live", output_ids=[2])])
+    monkeypatch.setattr(worker, "_decode_once", lambda config, sample: next(flaky))
+    assert "different outputs" in worker.decode(configs[1], timed, repeats=2).error
+
+
 def embedded_spec(tiny_dirs, limit):
     return parse_grid({
         "name": "qa", "datasets": ["embedded_vqa"], "turns": ["first", "qaorg"],

@@ -15,6 +15,12 @@ def fitting_nodes(gpus: float, cpus: float) -> list[dict]:
     ]
 
 
+def cpu_slots(cpus: float) -> int:
+    """How many workers of `cpus` CPUs the live nodes can hold, node by node (a worker never
+    spans two nodes, so pooled CPUs would overcount on unequal nodes)."""
+    return sum(int(node["Resources"].get("CPU", 0.0) // cpus) for node in fitting_nodes(0.0, cpus))
+
+
 def node_cpus() -> float:
     """The CPUs of the largest live node: what a worker or task takes to have a node to itself."""
     return max((node["Resources"].get("CPU", 1.0) for node in ray.nodes() if node.get("Alive")), default=1.0)

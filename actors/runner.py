@@ -16,7 +16,7 @@ from typing import Callable, TextIO
 
 import ray
 
-from actors.ray_info import fitting_nodes, last_error_line, node_cpus
+from actors.ray_info import cpu_slots, fitting_nodes, last_error_line, node_cpus
 from actors.target_worker import remote_worker
 from actors.progress import Progress
 from pipeline.drafting.methods import needs_captions
@@ -152,7 +152,7 @@ class GridRunner:
         per_worker = self.gpus_per_worker if self.gpus_per_worker is not None else (1.0 if gpus else 0.0)
         if per_worker > gpus:
             raise RunFailed(f"workers need {per_worker:g} GPU each but the Ray cluster has {gpus:g}")
-        slots = max(1, int(gpus / per_worker if per_worker else resources.get("CPU", 1.0) / cpus))
+        slots = max(1, int(gpus / per_worker) if per_worker else cpu_slots(cpus))
         # more actors than the cluster can place would hold shards that never run
         return min(self.requested_workers or slots, slots), per_worker
 

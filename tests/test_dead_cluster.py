@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import time
 
 import pytest
 
@@ -36,12 +37,18 @@ def cluster(tmp_path_factory):
 
 
 def test_losing_the_last_gpu_node_ends_the_run_and_a_rerun_resumes(cluster, tiny_dirs, tmp_path):
+    import ray
+
     gpu_node = cluster.add_node(num_cpus=1, num_gpus=1)
     stream = io.StringIO()
 
     def lose_the_node(path, runner):
         if runner.report.shards_written == 1:
             cluster.remove_node(gpu_node, allow_graceful=False)
+            # until Ray sees it gone: tiny shards could otherwise all finish on the dying node
+            deadline = time.monotonic() + 60
+            while any(n["Alive"] and n["Resources"].get("GPU") for n in ray.nodes()) and time.monotonic() < deadline:
+                time.sleep(0.2)
 
     runner = GridRunner(spec(tiny_dirs), tmp_path, source=ToySource(), gpus_per_worker=1, stream=stream,
                         on_shard_written=lose_the_node, poll_s=1.0)

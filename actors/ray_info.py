@@ -23,7 +23,7 @@ def cpu_slots(cpus: float) -> int:
 
 def node_cpus() -> float:
     """The CPUs of the largest live node: what a worker or task takes to have a node to itself."""
-    return max((node["Resources"].get("CPU", 1.0) for node in ray.nodes() if node.get("Alive")), default=1.0)
+    return max((node["Resources"].get("CPU", 1.0) for node in fitting_nodes(0.0, 0.0)), default=1.0)
 
 
 def last_error_line(err: BaseException) -> str:

@@ -6,9 +6,9 @@ features. About 7.1M parameters, shipped in fp16 (14 MB); the target has 135M.
 
 It reads every token but proposes only from an output vocabulary (`output_vocabulary.json`):
 the tokens of its training answers and SmolLM2's 8192 first ids, its commonest BPE pieces,
-about 9k of 49152. The head over the whole vocabulary was about 60% of a draft step on a
-CPU; over the subset a step costs a third as much, and the logits of the kept tokens are the
-full head's, so proposals change only where the full head's choice lay outside the subset.
+about 9k of 49152. The head over the whole vocabulary was about two thirds of a draft step
+on a CPU; over the subset a step costs a third as much, and the logits of the kept tokens are
+the full head's, so proposals change only where the full head's choice lay outside the subset.
 `scripts/train_small_draft.py` distils it from the target; `pipeline.models.embedded` loads it.
 """
 from __future__ import annotations

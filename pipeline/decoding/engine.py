@@ -15,9 +15,8 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 from PIL import Image
@@ -115,25 +114,17 @@ def new_rows(
 
 class PhaseTimer:
     """Seconds per phase without waiting for the device inside a block: CUDA events on a GPU
-    (read once, in `fill`), the wall clock on a CPU. Phases may nest (`tabed` inside `draft`)."""
+    (read once, in `totals`), the wall clock on a CPU. Phases may nest (`tabed` inside `draft`).
+    A phase is a plain object, not a generator context manager: the drafting loop opens one
+    per proposal, and its cost lands in the very overhead it measures."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.seconds: dict[str, float] = defaultdict(float)
         self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
 
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            yield
-            end.record()
-            self._events.append((name, start, end))
-        else:
-            begin = time.perf_counter()
-            yield
-            self.seconds[name] += time.perf_counter() - begin
+    def phase(self, name: str) -> _Phase:
+        return _Phase(self, name)
 
     def totals(self) -> dict[str, float]:
         if self._events:
@@ -142,3 +133,27 @@ class PhaseTimer:
                 self.seconds[name] += start.elapsed_time(end) / 1000
             self._events.clear()
         return self.seconds
+
+
+class _Phase:
+    """One timed stretch of a `PhaseTimer` (`with timer.phase(name):`)."""
+
+    __slots__ = ("timer", "name", "begin")
+
+    def __init__(self, timer: PhaseTimer, name: str) -> None:
+        self.timer, self.name = timer, name
+
+    def __enter__(self) -> None:
+        if self.timer.cuda:
+            self.begin = torch.cuda.Event(enable_timing=True)
+            self.begin.record()
+        else:
+            self.begin = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        if self.timer.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.timer._events.append((self.name, self.begin, end))
+        else:
+            self.timer.seconds[self.name] += time.perf_counter() - self.begin

@@ -26,7 +26,7 @@ from pipeline.decoding.records import SampleRecord
 from pipeline.decoding.verify import sample_token, verify_greedy, verify_sampling
 from pipeline.drafting.batch import BatchedRows
 from pipeline.drafting.captioner import Captioner
-from pipeline.drafting.scoring import mix
+from pipeline.drafting.scoring import mix, mixing_weights
 from pipeline.models.base import LVLM
 
 
@@ -54,7 +54,8 @@ def draft_block(
     uniforms: torch.Tensor | None, keep_methods: bool, timer: PhaseTimer,
 ) -> Draft:
     """`gamma` proposals from the mixture of all rows; `pending` are the shared tokens the rows
-    have not seen yet (1, or 2 after a fully accepted block)."""
+    have not seen yet (1, or 2 after a fully accepted block); `weights` in the rows'
+    distributions' dtype (`mixing_weights`)."""
     logits = rows.feed(pending)[:, -1]
     proposals, method_probs, mixed_probs = [], [], []
     for i in range(config.gamma):
@@ -91,9 +92,10 @@ class SpeculativeDecoder:
         with timer.phase("draft"):
             with timer.phase("tabed"):
                 weights = self.weights.choose()
+                mixing = mixing_weights(weights) if len(config.methods) > 1 else weights
             uniforms = None if self.uniforms is None else self.uniforms[self.blocks]
             self.blocks += 1
-            draft = draft_block(self.draft_rows, self.draft_pending, weights, config, uniforms, self.weights.learns, timer)
+            draft = draft_block(self.draft_rows, self.draft_pending, mixing, config, uniforms, self.weights.learns, timer)
         with timer.phase("verify"):
             logits = self.target_rows.feed(torch.cat([self.target_pending, draft.proposals]), keep=gamma + 1)[0]
             p = probabilities(logits, config.temperature) if self.weights.learns or not config.greedy else None

@@ -31,7 +31,7 @@ from pipeline.decoding.engine import default_engine, prefilled_rows, tokenize
 from pipeline.decoding.live import autoregressive_decode, probabilities
 from pipeline.decoding.records import SampleRecord
 from pipeline.drafting.captioner import Captioner
-from pipeline.drafting.scoring import mix
+from pipeline.drafting.scoring import mix, mixing_weights
 from pipeline.models.base import LVLM
 
 
@@ -221,8 +221,9 @@ def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
     t = 0  # tokens decoded so far = position of the block's first proposal
     while t < n:
         weights = state.choose()
+        mixing = mixing_weights(weights)
         accepted = 0  # one position at a time, as live mixes them (same shapes, same rounding)
-        while accepted < gamma and t + accepted < n and int(mix(q[t + accepted], weights).argmax()) == y[t + accepted]:
+        while accepted < gamma and t + accepted < n and int(mix(q[t + accepted], mixing).argmax()) == y[t + accepted]:
             accepted += 1
         next_token = y[t + accepted] if t + accepted < n else None
         outcome = settle_block(y[t : t + accepted], next_token, gamma=gamma, produced=t,

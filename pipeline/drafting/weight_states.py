@@ -58,14 +58,19 @@ class ScoreWindow:
     def __len__(self) -> int:
         return self._length
 
-    def add(self, rows: torch.Tensor) -> None:
-        end = self._length + rows.shape[0]
+    def add(self, *columns: torch.Tensor) -> None:
+        """Append positions: `[n, k_j]` blocks of columns side by side (any dtype; kept as float64)."""
+        n, width = columns[0].shape[0], sum(c.shape[1] for c in columns)
+        end = self._length + n
         if self._buffer is None or end > self._buffer.shape[0]:
-            grown = rows.new_zeros(max(2 * end, 64), rows.shape[1])
+            grown = torch.zeros(max(2 * end, 64), width, dtype=torch.float64, device=columns[0].device)
             if self._buffer is not None:
                 grown[: self._length] = self._buffer[: self._length]
             self._buffer = grown
-        self._buffer[self._length : end] = rows
+        rows, start = self._buffer[self._length : end], 0
+        for block in columns:
+            rows[:, start : start + block.shape[1]] = block
+            start += block.shape[1]
         self._length = end
 
     def totals(self) -> torch.Tensor:
@@ -80,12 +85,12 @@ class GridSearchState(WeightState):
     def __init__(self, initial: torch.Tensor, *, steps: int, measure: str, distance: str, window: int | None) -> None:
         self.initial, self.measure, self.distance = initial, measure, distance
         self.candidates = simplex_grid(len(initial), steps).to(initial.device)
+        self.mixing_candidates = self.candidates.float()  # in the distributions' dtype, converted once
         self.scores = ScoreWindow(window)  # per position: hit and distance of every candidate
 
     def update(self, q_methods: torch.Tensor, p_target: torch.Tensor) -> None:
         if q_methods.shape[0]:
-            hits, dist = grid_position_scores(q_methods, p_target, self.candidates, self.distance)
-            self.scores.add(torch.cat([hits, dist], 1))
+            self.scores.add(*grid_position_scores(q_methods, p_target, self.mixing_candidates, self.distance))
 
     def choose(self) -> torch.Tensor:
         if not len(self.scores):

@@ -6,10 +6,12 @@ so a lost worker costs time but never rows.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections import defaultdict
-from typing import Sequence
+from dataclasses import replace
+from typing import Callable, Sequence, TypeVar
 
 import pyarrow as pa
 import torch
@@ -24,6 +26,9 @@ from pipeline.drafting.captioner import load_captioner
 from pipeline.drafting.methods import METHODS
 from pipeline.planning.grid import ModelGroup, RunConfig, Shard
 from pipeline.planning.plugins import load_drafting_methods
+from pipeline.models.base import LVLM
+from pipeline.models.devices import device_name, library_versions
+from pipeline.models.hf import one_line
 from pipeline.models.loading import default_device, load_target_and_drafts
 from pipeline.results.schema import make_row
 from pipeline.results.store import rows_to_table
@@ -35,6 +40,8 @@ Items = Sequence[tuple[RunConfig, str]]  # (configuration, sample id)
 # A timed sample's live decodes (AR and SD alike) run this often and the fastest is kept: on a
 # shared machine noise only ever adds time, and one slow moment moved a whole speedup by 20%.
 TIMED_REPEATS = 2
+T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def quiet_libraries() -> None:
@@ -83,10 +90,16 @@ class TargetWorker:
             device=self.device, allow_text=allow_text,
         )
         self.captioner = load_captioner(captioner, self.device) if captioner else None
+        # why the static engine failed here, once it has: `engine: auto` then decodes on eager
+        self._static_failure: str | None = None
 
     def device_name(self) -> str:
         """Where it decodes: the device, and on a CPU the threads (e.g. `cpu (threads: 2)`)."""
         return str(self.device) if self.device.type != "cpu" else f"cpu (threads: {torch.get_num_threads()})"
+
+    def environment(self) -> dict[str, str]:
+        """What every row of this worker was timed on: the device by name, torch and transformers."""
+        return {"device_name": device_name(self.device), **library_versions()}
 
     def run_shard(self, shard: Shard, samples: dict[str, Sample]) -> pa.Table:
         """Rows for every item of the shard, in item order; one bad sample is one error row."""
@@ -107,8 +120,10 @@ class TargetWorker:
                 records[(config, sample_id)] = self.decode(config, samples[sample_id], repeats)
         if shard.mode == "live":
             self._shadow_replay(shard.items, samples, records)
+        environment = self.environment()
         return rows_to_table([
-            make_row(shard.run, shard.shard_id, config, samples[sample_id], records[(config, sample_id)], sample_id in shard.timed)
+            make_row(shard.run, shard.shard_id, config, samples[sample_id], records[(config, sample_id)],
+                     sample_id in shard.timed, environment)
             for config, sample_id in shard.items
         ])
 
@@ -125,18 +140,44 @@ class TargetWorker:
 
     def _decode_once(self, config: RunConfig, sample: Sample) -> SampleRecord:
         mode = "ar" if config.is_ar else "live"
-        try:
+
+        def decode(engine: str) -> SampleRecord:
             if config.is_ar:
                 return autoregressive_decode(
                     self.target, sample, max_new_tokens=config.max_new_tokens,
-                    temperature=config.temperature, seed=config.seed, engine=config.decode_engine,
+                    temperature=config.temperature, seed=config.seed, engine=engine,
                 )
             return speculative_decode(
-                self.target, self.drafts[config.pair.draft], sample, config.decode_config(), self.captioner,
-                engine=config.decode_engine,
+                self.target, self.drafts[config.pair.draft], sample, config.decode_config(), self.captioner, engine=engine,
             )
+
+        try:
+            record, note = self._on_engine(config, self._models(config), decode)
         except Exception as err:  # one sample under one configuration; the shard goes on
             return failed(sample.sample_id, mode, err)
+        return noted(record, note)
+
+    def _models(self, config: RunConfig, draft: str | None = None) -> tuple[LVLM, ...]:
+        """The models a configuration decodes with: the target, and the draft of an SD configuration."""
+        draft = draft or (None if config.is_ar else config.pair.draft)
+        return (self.target,) if draft is None else (self.target, self.drafts[draft])
+
+    def _on_engine(self, config: RunConfig, models: tuple[LVLM, ...], run: Callable[[str], T]) -> tuple[T, str | None]:
+        """`run(engine)` on the configuration's engine; returns its result and a note when it
+        left the engine `auto` would pick. Under `auto`, a static-engine failure that is not the
+        input's (nor memory) is retried on `eager`; if that works, this worker decodes on eager
+        from then on (AR and SD alike, so their walltimes stay comparable) and logs it once.
+        An engine the grid names is never swapped."""
+        engine = self._engine(config, models)
+        try:
+            return run(engine), self._auto_note(config, models)
+        except Exception as err:
+            if config.decode_engine is not None or engine != "static" or error_category(err) != "model":
+                raise
+            result = run("eager")  # its own error, if it fails too, is the row's
+            self._static_failure = f"static engine failed ({one_line(err)}); decoded on eager"
+            log.warning("%s: %s, and so will every later decode of engine auto here", self.group.label, self._static_failure)
+            return result, self._static_failure
 
     def _shadow_replay(self, items: Items, samples: dict[str, Sample], records: dict[tuple[RunConfig, str], SampleRecord]) -> None:
         """Score the live greedy SD rows by trace replay too and keep replay's accepted counts
@@ -150,11 +191,12 @@ class TargetWorker:
             if shadow.error is None:
                 records[item].replay_accepted_per_block = shadow.accepted_per_block
 
-    def _engine(self, config: RunConfig, draft: str | None = None) -> str:
-        """The engine a configuration decodes on: the grid's, or the device's default for the
-        target (AR) or the target with `draft` (SD)."""
-        models = (self.target,) if draft is None else (self.target, self.drafts[draft])
-        return config.decode_engine or default_engine(*models)
+    def _engine(self, config: RunConfig, models: tuple[LVLM, ...] | None = None) -> str:
+        """The engine a configuration decodes on: the grid's, or under `auto` the device's
+        default for `models` (default: the target alone), eager once static has failed here."""
+        if config.decode_engine:
+            return config.decode_engine
+        return "eager" if self._static_failure else default_engine(*(models or (self.target,)))
 
     def _replay(
         self, items: Items, samples: dict[str, Sample], decoded: dict[tuple, SampleRecord] | None = None,
@@ -165,7 +207,7 @@ class TargetWorker:
         walltime belongs to the engine that collected; `decoded`: greedy AR records already
         decoded, by (sample id, engine, max_new_tokens), to use as y. AR rows this leaves out
         (no SD configuration of their sample here) are decoded live by `run_shard`."""
-        from pipeline.decoding.replay import collect_traces, replay, trace_target
+        from pipeline.decoding.replay import TargetTrace, collect_traces, replay, trace_target
 
         by_sample: dict[str, list[RunConfig]] = defaultdict(list)
         for config, sample_id in items:
@@ -173,40 +215,59 @@ class TargetWorker:
         records = {}
         for sample_id, configs in by_sample.items():
             sample, budget = samples[sample_id], max(c.max_new_tokens for c in configs)
-            batches: dict[tuple[str, str], list[RunConfig]] = defaultdict(list)
+            batches: dict[tuple[str, str], list[RunConfig]] = defaultdict(list)  # (draft, the grid's engine)
             for config in configs:
                 if not config.is_ar:
-                    batches[(config.pair.draft, self._engine(config, config.pair.draft))].append(config)
-            target_traces = {}  # engine -> the target's trace, shared by every draft on that engine
-            for engine in dict.fromkeys(engine for _, engine in batches):
-                try:
-                    target_traces[engine] = trace_target(self.target, sample, max_new_tokens=budget, engine=engine,
-                                                         baseline=(decoded or {}).get((sample_id, engine, budget)))
-                except Exception as err:  # every draft's rows of this sample on this engine fail
-                    records.update({(c, sample_id): failed(sample_id, "replay", err)
-                                    for (_, on), mine in batches.items() if on == engine for c in mine})
-            for (draft, engine), mine in batches.items():
+                    batches[(config.pair.draft, config.engine)].append(config)
+            target_traces: dict[str, TargetTrace | Exception] = {}  # engine -> the target's trace, shared by every draft
+
+            def target_trace(engine: str) -> TargetTrace:
                 if engine not in target_traces:
-                    continue
+                    try:
+                        target_traces[engine] = trace_target(self.target, sample, max_new_tokens=budget, engine=engine,
+                                                             baseline=(decoded or {}).get((sample_id, engine, budget)))
+                    except Exception as err:  # made once: every draft's rows of this sample on this engine fail
+                        target_traces[engine] = err
+                made = target_traces[engine]
+                if isinstance(made, Exception):
+                    raise made
+                return made
+
+            for (draft, _), mine in batches.items():
                 letters = "".join(m for m in METHODS if any(m in c.methods for c in mine))
+
+                def collect(engine: str, draft: str = draft, letters: str = letters):
+                    return collect_traces(self.target, self.drafts[draft], sample, letters, self.captioner,
+                                          max_new_tokens=budget, engine=engine, target_trace=target_trace(engine))
+
                 try:
-                    traces = collect_traces(
-                        self.target, self.drafts[draft], sample, letters, self.captioner,
-                        max_new_tokens=budget, engine=engine, target_trace=target_traces[engine],
-                    )
+                    traces, note = self._on_engine(mine[0], self._models(mine[0]), collect)
                 except Exception as err:  # this draft's rows of this sample fail; the shard goes on
                     records.update({(c, sample_id): failed(sample_id, "replay", err) for c in mine})
                     continue
                 for config in mine:
                     try:
-                        records[(config, sample_id)] = replay(traces, config.decode_config())
+                        records[(config, sample_id)] = noted(replay(traces, config.decode_config()), note)
                     except Exception as err:  # one configuration of this sample
                         records[(config, sample_id)] = failed(sample_id, "replay", err)
             for config in configs:
                 made = target_traces.get(self._engine(config)) if config.is_ar and config.greedy else None
-                if made is not None and config.max_new_tokens == budget:
-                    records[(config, sample_id)] = made.baseline  # the decode that produced y
+                if isinstance(made, TargetTrace) and config.max_new_tokens == budget:
+                    records[(config, sample_id)] = noted(made.baseline, self._auto_note(config))  # the decode that made y
         return records
+
+    def _auto_note(self, config: RunConfig, models: tuple[LVLM, ...] | None = None) -> str | None:
+        """The static engine's failure, for a configuration that `auto` decodes on eager because of it."""
+        models = models or self._models(config)
+        moved = config.decode_engine is None and self._static_failure and default_engine(*models) == "static"
+        return self._static_failure if moved else None
+
+
+def noted(record: SampleRecord, note: str | None) -> SampleRecord:
+    """`record` with `note` added to its fallback (a copy: baseline records serve several rows)."""
+    if not note:
+        return record
+    return replace(record, fallback="; ".join(filter(None, (record.fallback, note))))
 
 
 def remote_worker(

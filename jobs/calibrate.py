@@ -1,11 +1,12 @@
 """Measure draft/target latency ratios for every model pair of a grid (or one pair).
 
     python jobs/calibrate.py --grid configs/embedded.yaml --out results/embedded
-    python jobs/calibrate.py --target llava-hf/llava-1.5-7b-hf --draft mjbooo/lvlm68m --out DIR --ray
+    python jobs/calibrate.py --target llava-hf/llava-1.5-7b-hf --draft mjbooo/lvlm68m --gamma 3 5 --out DIR --ray
 
 With --ray each pair is measured in a Ray task holding one GPU (on the hardware the grid runs
 on); without it, on this machine's device. Each measurement is repeated in --rounds rounds
-(target and draft alternating) and the report gives the median and range of the ratios.
+(target and draft alternating) and the report gives the median and range of the ratios. The
+verify cost is measured for gamma + 1 tokens of every gamma (a grid's: all of its gammas).
 """
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.results.calibration import Calibration, calibrate  # noqa: E402
-from pipeline.results.calibration_store import read_calibrations, stored_calibration, write_calibration  # noqa: E402
+from pipeline.results.calibration_store import (  # noqa: E402
+    measured_verify_tokens, read_calibrations, stored_calibration, write_calibration,
+)
 from pipeline.decoding.config import DecodeConfig  # noqa: E402
 from pipeline.models.loading import default_device, load_pair  # noqa: E402
 from pipeline.planning.grid_file import load_grid  # noqa: E402
@@ -25,7 +28,8 @@ from pipeline.planning.grid_file import load_grid  # noqa: E402
 ROUNDS, REPEATS = 5, 10  # 5 alternating rounds of 10 timed steps per measurement
 
 
-def measure(target: str, draft: str, dtype: str, gamma: int, repeats: int, rounds: int, threads: int | None = None) -> Calibration:
+def measure(target: str, draft: str, dtype: str, gammas: tuple[int, ...], repeats: int, rounds: int,
+            threads: int | None = None) -> Calibration:
     """One pair's calibration; `threads`: CPU threads to time with (those the grid's timed decodes use)."""
     import torch
 
@@ -38,14 +42,14 @@ def measure(target: str, draft: str, dtype: str, gamma: int, repeats: int, round
     # allow_text: a pair named here passed the grid's checks, or was named by hand (multimodal
     # families outside pipeline.models.families are refused all the same)
     pair = load_pair(resolve_model(target), resolve_model(draft), dtype=dtype, device=default_device(), allow_text=True)
-    result = calibrate(*pair, gamma=gamma, repeats=repeats, rounds=rounds)
+    result = calibrate(*pair, gammas=gammas, repeats=repeats, rounds=rounds)
     result.target, result.draft, result.dtype = target, draft, dtype  # the grid's names, as in the results rows
     return result
 
 
 def calibrate_pairs(
-    pairs: list[tuple[str, str, str]], out: str, *, gamma: int, repeats: int = REPEATS, rounds: int = ROUNDS,
-    ray_tasks: bool,
+    pairs: list[tuple[str, str, str]], out: str, *, gammas: tuple[int, ...], repeats: int = REPEATS,
+    rounds: int = ROUNDS, ray_tasks: bool,
 ) -> list[Calibration]:
     """Measure each (target, draft, dtype) and write it under OUT; with `ray_tasks`, each pair in
     a Ray task holding one GPU when the cluster has GPUs, else a node's CPUs, so measurements
@@ -61,32 +65,34 @@ def calibrate_pairs(
         cpus = 1 if gpus else node_cpus()
         task = ray.remote(num_gpus=gpus, num_cpus=cpus)(measure)
         threads = None if gpus else max(1, int(cpus))
-        results = ray.get([task.remote(t, d, dt, gamma, repeats, rounds, threads) for t, d, dt in pairs])
+        results = ray.get([task.remote(t, d, dt, gammas, repeats, rounds, threads) for t, d, dt in pairs])
     else:
-        results = [measure(t, d, dt, gamma, repeats, rounds) for t, d, dt in pairs]
+        results = [measure(t, d, dt, gammas, repeats, rounds) for t, d, dt in pairs]
     for result in results:
         path = write_calibration(out, result)
         spread = result.ratio_draft_target_rounds
         print(
             f"calibration {result.target} / {result.draft} ({result.dtype}) on {result.device}: "
             f"Tq/Tp={result.ratio_draft_target:.3f} [{min(spread):.3f}-{max(spread):.3f} over {result.rounds} rounds] "
-            f"Tp(gamma+1)/Tp={result.ratio_verify:.3f} (Tp={result.target_token_s * 1e3:.1f} ms, "
+            f"Tp(n)/Tp={', '.join(f'{n}: {r:.3f}' for n, r in zip(result.verify_tokens, result.verify_ratios))} "
+            f"(Tp={result.target_token_s * 1e3:.1f} ms, "
             f"Tq={result.draft_token_s * 1e3:.1f} ms) -> {path}"
         )
     return results
 
 
 def pairs_to_measure(
-    pairs: list[tuple[str, str, str]], out: str, *, gamma: int, rows_written: int, recalibrate: bool
+    pairs: list[tuple[str, str, str]], out: str, *, gammas: tuple[int, ...], rows_written: int, recalibrate: bool
 ) -> list[tuple[str, str, str]]:
     """The pairs a grid run measures after it ran: all of them when it wrote rows or was asked
-    to (`--recalibrate`), else only those without a stored calibration at this gamma; so a
-    rerun that adds nothing reports exactly what it reported before."""
+    to (`--recalibrate`), else only those whose stored calibration lacks the verify cost of
+    some gamma; so a rerun that adds nothing reports exactly what it reported before."""
     stored = read_calibrations(out)
     todo = []
     for target, draft, dtype in pairs:
-        found = stored_calibration(stored, target, draft, dtype, gamma)
-        if found is None or rows_written or recalibrate:
+        found = stored_calibration(stored, target, draft, dtype)
+        covered = found is not None and {g + 1 for g in gammas} <= measured_verify_tokens(found)
+        if not covered or rows_written or recalibrate:
             todo.append((target, draft, dtype))
         else:
             print(f"calibration {target} / {draft} ({dtype}): reusing the one measured {found['measured_at'] or 'earlier'} "
@@ -101,13 +107,18 @@ def main() -> None:
     parser.add_argument("--draft")
     parser.add_argument("--dtype", default="fp32")
     parser.add_argument("--out", required=True, help="results directory to write _calibration/ into")
-    parser.add_argument("--gamma", type=int, default=DecodeConfig.gamma)
+    parser.add_argument("--gamma", type=int, nargs="+",
+                        help=f"draft lengths whose verify cost (gamma + 1 tokens) to measure (default: the grid's, "
+                             f"else {DecodeConfig.gamma})")
     parser.add_argument("--repeats", type=int, default=REPEATS, help="timed steps per measurement (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds, target and draft alternating (default: %(default)s)")
     parser.add_argument("--ray", action="store_true", help="measure each pair in a Ray task with one GPU")
     args = parser.parse_args()
+    gammas = tuple(args.gamma or (DecodeConfig.gamma,))
     if args.grid:
-        pairs = [(p.target, p.draft, p.dtype) for p in load_grid(args.grid).pairs]
+        spec = load_grid(args.grid)
+        pairs = [(p.target, p.draft, p.dtype) for p in spec.pairs]
+        gammas = tuple(args.gamma or spec.gamma)
     elif args.target and args.draft:
         pairs = [(args.target, args.draft, args.dtype)]
     else:
@@ -116,7 +127,7 @@ def main() -> None:
         import ray
 
         ray.init(address="auto")
-    calibrate_pairs(pairs, args.out, gamma=args.gamma, repeats=args.repeats, rounds=args.rounds, ray_tasks=args.ray)
+    calibrate_pairs(pairs, args.out, gammas=gammas, repeats=args.repeats, rounds=args.rounds, ray_tasks=args.ray)
 
 
 if __name__ == "__main__":

@@ -119,10 +119,10 @@ def run_locked(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -
         f"{report.redispatched} re-dispatched, {report.seconds:.1f} s -> {Path(args.out).resolve()}"
     )
     if spec.calibrate:
-        pairs = pairs_to_measure([(p.target, p.draft, p.dtype) for p in spec.pairs], args.out, gamma=max(spec.gamma),
+        pairs = pairs_to_measure([(p.target, p.draft, p.dtype) for p in spec.pairs], args.out, gammas=spec.gamma,
                                  rows_written=report.rows_written, recalibrate=args.recalibrate)
         if pairs:
-            calibrate_pairs(pairs, args.out, gamma=max(spec.gamma), ray_tasks=True)
+            calibrate_pairs(pairs, args.out, gammas=spec.gamma, ray_tasks=True)
     print(write_summary(args.out, runner.run_name, read_results(args.out, runner.run_name)))
     print(f"tables and plots: {Path(args.out).resolve() / f'_report-{runner.run_name}'}")
     return 0

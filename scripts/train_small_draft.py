@@ -301,7 +301,7 @@ def main() -> None:
     shipped = EmbeddedLVLM(lm, target.tokenizer, target.vision, projector, "embedded:small_draft")
     scored = held_out_tau(target, shipped, captioner, args.held_out, args.answer_tokens)
     log(f"held-out tau: {scored['tau']}", start)
-    ratios = calibrate(target, shipped, gamma=5, repeats=10, rounds=3)
+    ratios = calibrate(target, shipped, gammas=(5,), repeats=10, rounds=3)
     metrics.update({
         "parameters": sum(p.numel() for p in shipped.model.parameters()),
         "output_vocabulary": len(vocabulary),

@@ -4,7 +4,9 @@ from __future__ import annotations
 import pytest
 
 from pipeline.results.calibration import MAX_ROWS, calibrate, expected_speedup
-from pipeline.results.calibration_store import calibration_table, read_calibrations, stored_calibration, write_calibration
+from pipeline.results.calibration_store import (
+    calibration_table, measured_verify_tokens, read_calibrations, stored_calibration, verify_ratio, write_calibration,
+)
 from pipeline.decoding.engine import default_engine
 
 
@@ -17,7 +19,7 @@ def test_expected_speedup_equation_1_and_corrected_form():
 
 def test_calibration_measures_rounds_and_round_trips(tiny_pair, tmp_path):
     target, draft = tiny_pair
-    result = calibrate(target, draft, gamma=3, repeats=3, rounds=3)
+    result = calibrate(target, draft, gammas=(3,), repeats=3, rounds=3)
     assert result.target_token_s > 0 and result.target_verify_s > 0
     assert len(result.draft_rows_token_s) == MAX_ROWS and min(result.draft_rows_token_s) > 0
     assert result.rounds == 3 and len(result.ratio_draft_target_rounds) == 3 and len(result.ratio_verify_rounds) == 3
@@ -44,14 +46,35 @@ def test_the_latest_calibration_of_a_pair_and_dtype_is_used():
         {"target": "t", "draft": "d", "dtype": "fp16", "gamma": 5, "measured_at": "2026-01-03T00:00:00+00:00", "v": 3},
     ])
     assert stored_calibration(table, "t", "d", "fp32")["v"] == 2
-    assert stored_calibration(table, "t", "d", "fp16", gamma=5)["v"] == 3
-    assert stored_calibration(table, "t", "d", "fp16", gamma=4) is None
+    assert stored_calibration(table, "t", "d", "fp16")["v"] == 3
     assert stored_calibration(pd.DataFrame(), "t", "d", "fp32") is None
+
+
+def test_the_verify_curve_gives_each_gamma_its_own_verify_cost(tiny_pair, tmp_path):
+    """A grid sweeping gamma needs Tp(gamma+1)/Tp for each gamma, not the largest one's."""
+    target, draft = tiny_pair
+    result = calibrate(target, draft, gammas=(1, 3), repeats=2, rounds=2, verify_tokens=(9,))
+    assert result.gamma == 3 and result.verify_tokens == [2, 4, 9] and len(result.verify_ratios) == 3
+    write_calibration(tmp_path, result)
+    stored = read_calibrations(tmp_path).iloc[0]
+    assert measured_verify_tokens(stored) == {2, 4, 9}
+    assert [verify_ratio(stored, n) for n in (2, 4, 9)] == pytest.approx(result.verify_ratios)
+    assert verify_ratio(stored, 4) == pytest.approx(result.ratio_verify)  # gamma 3's verify is the headline one
+    assert verify_ratio(stored, 6) != verify_ratio(stored, 6)  # NaN: gamma 5 was not measured
+    assert "2: " in calibration_table(read_calibrations(tmp_path)).iloc[0]["Tp(n)/Tp by n"]
+
+
+def test_a_calibration_from_before_the_curve_knows_only_its_own_gamma():
+    import pandas as pd
+
+    old = pd.Series({"gamma": 5, "ratio_verify": 1.4, "verify_tokens": float("nan")})
+    assert measured_verify_tokens(old) == {6}
+    assert verify_ratio(old, 6) == 1.4 and verify_ratio(old, 4) != verify_ratio(old, 4)
 
 
 @pytest.mark.parametrize("engine", ["static", "eager"])
 def test_calibration_times_the_engine_it_names(tiny_pair, engine):
     target, draft = tiny_pair
-    result = calibrate(target, draft, gamma=3, repeats=2, engine=engine)
+    result = calibrate(target, draft, gammas=(3,), repeats=2, engine=engine)
     assert result.engine == engine and result.target_token_s > 0
-    assert calibrate(target, draft, gamma=3, repeats=2).engine == default_engine(target, draft)
+    assert calibrate(target, draft, gammas=(3,), repeats=2).engine == default_engine(target, draft)

@@ -26,12 +26,14 @@ REPO = Path(__file__).resolve().parents[1]
 # `replay_accepted_per_block` columns, modes and shard ids changed), checked equal on every
 # other column each time; the `answer` column (null here) was added by hand. The timed
 # sample's AR row moved into its live shard (decoded once for every draft): shard ids only.
+# The `steps` and `fallback` columns were added from a run whose other columns all matched.
 SMOKE_ROWS = REPO / "tests" / "fixtures" / "smoke_rows.json"
+MACHINE = ("device_name", "torch_version", "transformers_version")  # where it ran, not what it computed
 
 
 def comparable_rows(df) -> list[dict]:
-    """Every column but the timings, rows in key order, as plain JSON values."""
-    rows = df.drop(columns=[c for c in SCHEMA.names if c.startswith("time_")]).sort_values("key")
+    """Every column but the timings and the machine, rows in key order, as plain JSON values."""
+    rows = df.drop(columns=[c for c in SCHEMA.names if c.startswith("time_") or c in MACHINE]).sort_values("key")
     rows = rows.astype({c: str for c in ("run", "target", "draft", "dataset")})
     return json.loads(rows.to_json(orient="records"))
 

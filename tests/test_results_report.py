@@ -78,54 +78,105 @@ def test_markdown_marks_best_bold_and_second_italic():
     assert "| AR | 1.00 |" in text  # the baseline is never marked
 
 
+CPU = {"device_name": "cpu: X (2 threads)", "steps": "uncompiled", "torch_version": "2.13", "transformers_version": "5.23"}
+
+
 def test_speedup_uses_calibration_and_live_walltime():
-    from pipeline.results.report import speedup_table
+    from pipeline.results.speedup import speedup_table
 
     base = {"target": "t", "draft": "d", "dtype": "fp32", "turn": "first", "error": None, "gamma": 5.0, "blocks": 2,
-            "policy": "static", "engine": "static"}
+            "policy": "static", "engine": "static", **CPU}
     df = pd.DataFrame([
         {**base, "method_label": "AR", "mode": "ar", "sample_id": "s0", "accepted_per_block": [0, 0], "time_total_s": 4.0, "gamma": None},
         {**base, "method_label": "M", "mode": "live", "sample_id": "s0", "accepted_per_block": [3, 1], "time_total_s": 2.0},
         {**base, "method_label": "MT", "mode": "replay", "sample_id": "s1", "accepted_per_block": [2, 2], "time_total_s": 0.0},
     ])
-    calibrations = pd.DataFrame([{"target": "t", "draft": "d", "dtype": "fp32", "ratio_draft_target": 0.1, "ratio_verify": 1.5,
-                                  "target_token_s": 0.01, "draft_rows_token_s": [0.001, 0.0015, 0.002, 0.0025],
-                                  "measured_at": ""}])
+    calibrations = pd.DataFrame([{"target": "t", "draft": "d", "dtype": "fp32", "gamma": 5, "ratio_draft_target": 0.1,
+                                  "ratio_verify": 1.5, "target_token_s": 0.01,
+                                  "draft_rows_token_s": [0.001, 0.0015, 0.002, 0.0025], "measured_at": ""}])
     table = speedup_table(df, calibrations)
-    m = table.loc[("t", "d", "fp32", "static", "M", "static")]
+    machine = "cpu: X (2 threads), uncompiled steps, torch 2.13, transformers 5.23"
+    m = table.loc[("t", "d", "fp32", "static", 5, machine, "M", "static")]
     assert m["tau"] == pytest.approx(3.0)
     assert m["eq1"] == pytest.approx(3.0 / (5 * 0.1 + 1))
     assert m["corrected"] == pytest.approx(3.0 / (5 * 0.1 + 1.5))
     assert m["measured"] == pytest.approx(2.0)
-    mt = table.loc[("t", "d", "fp32", "static", "MT", "static")]
+    mt = table.loc[("t", "d", "fp32", "static", 5, "-", "MT", "static")]  # never timed: no machine
     assert mt["corrected"] == pytest.approx(3.0 / (5 * 0.15 + 1.5))  # a two-row draft batch
     assert pd.isna(mt["measured"])  # replayed rows carry no walltime
+    assert table.loc[("t", "d", "fp32", "static", "-", machine, "AR", "static"), "measured"] == 1.0
 
 
-def test_speedup_never_pools_walltimes_of_different_engines_or_dtypes():
-    from pipeline.results.report import speedup_table
+def test_a_grid_sweeping_gamma_gets_one_speedup_row_per_gamma():
+    """tau, Eq. 1, the verify cost and the measured speedup of each gamma are its own."""
+    from pipeline.results.speedup import speedup_table
+
+    base = {"target": "t", "draft": "d", "dtype": "fp32", "turn": "first", "error": None, "policy": "static",
+            "engine": "static", "method_label": "M", "mode": "live", "sample_id": "s0", **CPU}
+    df = pd.DataFrame([
+        {**base, "method_label": "AR", "mode": "ar", "gamma": None, "accepted_per_block": [0] * 4, "blocks": 4,
+         "time_total_s": 4.0},
+        {**base, "gamma": 2.0, "accepted_per_block": [2, 2], "blocks": 2, "time_total_s": 1.0},  # tau 3
+        {**base, "gamma": 5.0, "accepted_per_block": [5, 0], "blocks": 2, "time_total_s": 2.0},  # tau 3.5
+    ])
+    calibrations = pd.DataFrame([{"target": "t", "draft": "d", "dtype": "fp32", "gamma": 5, "ratio_draft_target": 0.1,
+                                  "ratio_verify": 1.6, "draft_rows_ratio": [0.1] * 4, "measured_at": "",
+                                  "verify_tokens": [3, 6], "verify_ratios": [1.2, 1.6]}])
+    table = speedup_table(df, calibrations).reset_index()
+    sd = table[table["method_label"] == "M"].set_index("gamma")
+    assert sorted(sd.index) == [2, 5]
+    assert sd.loc[2, "tau"] == pytest.approx(3.0) and sd.loc[5, "tau"] == pytest.approx(3.5)
+    assert sd.loc[2, "eq1"] == pytest.approx(3.0 / (2 * 0.1 + 1)) and sd.loc[5, "eq1"] == pytest.approx(3.5 / (5 * 0.1 + 1))
+    assert sd.loc[2, "corrected"] == pytest.approx(3.0 / (2 * 0.1 + 1.2))  # gamma 2's own 3-token verify
+    assert sd.loc[5, "corrected"] == pytest.approx(3.5 / (5 * 0.1 + 1.6))
+    assert (sd.loc[2, "measured"], sd.loc[5, "measured"]) == pytest.approx((4.0, 2.0))
+    # a gamma whose verify cost was not measured gets Eq. 1 but no corrected form
+    no_curve = calibrations.drop(columns=["verify_tokens", "verify_ratios"])
+    sd = speedup_table(df, no_curve).reset_index().query("method_label == 'M'").set_index("gamma")
+    assert pd.isna(sd.loc[2, "corrected"]) and sd.loc[5, "corrected"] == pytest.approx(3.5 / (5 * 0.1 + 1.6))
+
+
+def test_speedup_never_pools_walltimes_of_different_engines_dtypes_or_machines():
+    from pipeline.results.speedup import speedup_table
 
     base = {"target": "t", "draft": "d", "turn": "first", "error": None, "gamma": 5.0, "blocks": 2, "policy": "static",
-            "accepted_per_block": [1, 1], "sample_id": "s0"}
-    row = lambda engine, label, seconds, dtype="fp32": {
+            "accepted_per_block": [1, 1], "sample_id": "s0", **CPU}
+    row = lambda engine, label, seconds, dtype="fp32", **where: {
         **base, "dtype": dtype, "engine": engine, "method_label": label, "time_total_s": seconds,
-        "mode": "ar" if label == "AR" else "live"}
+        "mode": "ar" if label == "AR" else "live", **where}
+    gpu = {"device_name": "NVIDIA H100", "steps": "captured"}
     df = pd.DataFrame([row("static", "AR", 4.0), row("static", "M", 2.0), row("eager", "AR", 9.0),
                        row("eager", "M", 3.0), row(None, "AR", 5.0), row(None, "M", 5.0),
-                       row("static", "AR", 8.0, "fp16"), row("static", "M", 2.0, "fp16")])
+                       row("static", "AR", 8.0, "fp16"), row("static", "M", 2.0, "fp16"),
+                       row("static", "AR", 1.0, **gpu), row("static", "M", 0.25, **gpu),
+                       row("static", "M", 0.5, device_name="NVIDIA H100", steps="captured+uncompiled")])
     table = speedup_table(df, pd.DataFrame())
-    measured = table["measured"].xs("M", level="method_label").droplevel(["target", "draft", "policy"])
+    measured = table["measured"].xs("M", level="method_label").droplevel(["target", "draft", "gamma", "policy"])
+    cpu = "cpu: X (2 threads), uncompiled steps, torch 2.13, transformers 5.23"
+    h100 = "NVIDIA H100, captured steps, torch 2.13, transformers 5.23"
+    fallback = ("fp32", "static", "NVIDIA H100, captured+uncompiled steps, torch 2.13, transformers 5.23")
+    assert pd.isna(measured.pop(fallback))  # a fallback's rows have no AR of their own kind to compare with
     # "-": rows from before engines were recorded
-    assert measured.to_dict() == {("fp32", "-"): 1.0, ("fp32", "eager"): 3.0, ("fp32", "static"): 2.0, ("fp16", "static"): 4.0}
-    assert list(table.index.names) == ["target", "draft", "dtype", "engine", "method_label", "policy"]
+    assert measured.to_dict() == {("fp32", "-", cpu): 1.0, ("fp32", "eager", cpu): 3.0, ("fp32", "static", cpu): 2.0,
+                                  ("fp16", "static", cpu): 4.0, ("fp32", "static", h100): 4.0}
+    assert list(table.index.names) == ["target", "draft", "dtype", "engine", "gamma", "timed_on", "method_label", "policy"]
+
+
+def test_rows_without_timing_columns_are_unrecorded_not_pooled_with_new_ones():
+    from pipeline.results.speedup import timing_label
+
+    rows = pd.DataFrame([CPU, {"device_name": None, "steps": None, "torch_version": None, "transformers_version": None}])
+    assert timing_label(rows).tolist() == ["cpu: X (2 threads), uncompiled steps, torch 2.13, transformers 5.23",
+                                           "unrecorded"]
+    assert timing_label(pd.DataFrame(index=[0])).tolist() == ["unrecorded"]
 
 
 def test_draft_sizes_are_compared_side_by_side_per_target():
-    from pipeline.results.report import draft_size_table, speedup_table
+    from pipeline.results.speedup import draft_size_table, speedup_table
 
     def rows(draft, accepted, sd_seconds):
         base = {"target": "t", "draft": draft, "dtype": "fp32", "turn": "first", "error": None, "gamma": 5.0,
-                "blocks": 2, "engine": "static", "sample_id": "s0"}
+                "blocks": 2, "engine": "static", "sample_id": "s0", **CPU}
         return [{**base, "method_label": "AR", "mode": "ar", "policy": "static", "accepted_per_block": [0, 0],
                  "time_total_s": 4.0, "gamma": None},
                 {**base, "method_label": "M", "mode": "live", "policy": "static", "accepted_per_block": accepted,
@@ -133,19 +184,24 @@ def test_draft_sizes_are_compared_side_by_side_per_target():
                 {**base, "method_label": "MT*", "mode": "live", "policy": "grid(hard+soft)",
                  "accepted_per_block": accepted, "time_total_s": sd_seconds * 2}]
 
-    calibration = lambda draft, ratio: {"target": "t", "draft": draft, "dtype": "fp32", "ratio_draft_target": ratio,
-                                        "ratio_verify": 1.5, "target_token_s": 0.01, "measured_at": "",
-                                        "draft_rows_ratio": [ratio] * 4}
-    df = pd.DataFrame(rows("large", [4, 4], 8.0) + rows("small", [2, 2], 2.0)
+    calibration = lambda draft, ratio: {"target": "t", "draft": draft, "dtype": "fp32", "gamma": 5,
+                                        "ratio_draft_target": ratio, "ratio_verify": 1.5, "target_token_s": 0.01,
+                                        "measured_at": "", "draft_rows_ratio": [ratio] * 4}
+    untimed = [{**row, "mode": "replay" if row["mode"] == "live" else row["mode"]} for row in rows("huge", [5, 5], 1.0)]
+    df = pd.DataFrame(rows("large", [4, 4], 8.0) + rows("small", [2, 2], 2.0) + untimed
                       + [{**row, "target": "alone"} for row in rows("d", [1, 1], 4.0)])  # one draft: not compared
-    calibrations = pd.DataFrame([calibration("large", 1.0), calibration("small", 0.1)])
+    calibrations = pd.DataFrame([calibration("large", 1.0), calibration("small", 0.1), calibration("huge", 2.0)])
     table = draft_size_table(speedup_table(df, calibrations), calibrations)
-    assert list(table.index) == [("t", "fp32", "static", "small"), ("t", "fp32", "static", "large")]  # cheapest first
+    machine = "cpu: X (2 threads), uncompiled steps, torch 2.13, transformers 5.23"
+    block = ("t", "fp32", "static", 5, machine)
+    assert list(table.index) == [block + ("small",), block + ("large",), block + ("huge",)]  # cheapest first
     assert list(table.columns) == ["Tq/Tp"] + [f"{c} {m}" for m in ("M", "MT*") for c in ("tau", "eq1", "measured")]
-    small = table.loc[("t", "fp32", "static", "small")]
+    small = table.loc[block + ("small",)]
     assert (small["Tq/Tp"], small["tau M"], small["measured M"], small["measured MT*"]) == pytest.approx((0.1, 3.0, 2.0, 1.0))
     assert small["eq1 M"] == pytest.approx(3.0 / (5 * 0.1 + 1))
-    assert table.loc[("t", "fp32", "static", "large"), "measured M"] == pytest.approx(0.5)
+    assert table.loc[block + ("large",), "measured M"] == pytest.approx(0.5)
+    huge = table.loc[block + ("huge",)]  # replayed only: its tau and Eq. 1 beside the timed drafts
+    assert huge["tau M"] == pytest.approx(6.0) and pd.isna(huge["measured M"])
     assert draft_size_table(speedup_table(df[df["target"] == "alone"], calibrations), calibrations).empty
 
 

@@ -25,7 +25,7 @@ from pipeline.data.sample import Sample
 from pipeline.drafting.batch import BatchedRows, StaticRows
 from pipeline.drafting.captioner import Captioner
 from pipeline.drafting.methods import method_embeddings, needs_captions
-from pipeline.models.base import LVLM, ModelInputError
+from pipeline.models.base import LVLM, ModelInputError, StepLog
 
 ENGINES = ("static", "eager")
 CPU_ENGINE = "static"  # measured on the 2-core CPU: see docs/engine.md
@@ -85,31 +85,33 @@ def prefilled_rows(
     capacity: int,
     role: str,
     compiled: bool | None = None,
+    step_log: StepLog | None = None,
 ) -> BatchedRows:
     """One row per method holding `prompt[:-1]` in the cache; the last token is fed later.
 
     `capacity`: continuation tokens the rows must hold (static engine); `compiled` overrides
-    whether decode steps compile (None: `compiles(device)`)."""
+    whether decode steps compile (None: `compiles(device)`); `step_log` collects how steps ran."""
     captions = None
     if needs_captions(methods):
         if captioner is None:
             raise ModelInputError(f"caption drafting in {methods!r} needs a captioner")
         captions = [captioner.caption(image) for image in prompt.images]
     embeds = [method_embeddings(model, m, prompt.ids, prompt.images, captions)[:-1] for m in methods]
-    rows = new_rows(model, embeds, engine=engine, capacity=capacity, role=role, compiled=compiled)
+    rows = new_rows(model, embeds, engine=engine, capacity=capacity, role=role, compiled=compiled, step_log=step_log)
     rows.prefill()
     return rows
 
 
 def new_rows(
-    model: LVLM, prompts: list[torch.Tensor], *, engine: str, capacity: int, role: str, compiled: bool | None = None
+    model: LVLM, prompts: list[torch.Tensor], *, engine: str, capacity: int, role: str, compiled: bool | None = None,
+    step_log: StepLog | None = None,
 ) -> BatchedRows:
     """Rows of prompt embeddings `[L_i, hidden]` over the engine's kind of cache (not prefilled)."""
     check_engine(engine)
     if engine == "eager":
-        return BatchedRows(model, prompts)
+        return BatchedRows(model, prompts, step_log)
     compiled = compiles(model.device) if compiled is None else compiled
-    return StaticRows(model, prompts, capacity=capacity, compiled=compiled, role=role)
+    return StaticRows(model, prompts, capacity=capacity, compiled=compiled, role=role, step_log=step_log)
 
 
 class PhaseTimer:

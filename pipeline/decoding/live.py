@@ -27,7 +27,7 @@ from pipeline.decoding.verify import sample_token, verify_greedy, verify_samplin
 from pipeline.drafting.batch import BatchedRows
 from pipeline.drafting.captioner import Captioner
 from pipeline.drafting.scoring import mix, mixing_weights
-from pipeline.models.base import LVLM
+from pipeline.models.base import LVLM, StepLog
 
 
 def sample_generator(config: DecodeConfig, sample_id: str) -> torch.Generator:
@@ -151,11 +151,13 @@ def speculative_decode(
     engine = engine or default_engine(target, draft)
     timer = PhaseTimer(target.device)
     record = SampleRecord(sample_id=sample.sample_id, mode="live", engine=engine)
-    capacity = config.max_new_tokens + config.gamma + 1
+    capacity, steps = config.max_new_tokens + config.gamma + 1, StepLog()
     with timer.phase("prefill"):
         target_prompt, draft_prompt = tokenize(target, sample), tokenize(draft, sample)
-        target_rows = prefilled_rows(target, target_prompt, "M", None, engine=engine, capacity=capacity, role="target")
-        draft_rows = prefilled_rows(draft, draft_prompt, config.methods, captioner, engine=engine, capacity=capacity, role="draft")
+        target_rows = prefilled_rows(target, target_prompt, "M", None, engine=engine, capacity=capacity, role="target",
+                                     step_log=steps)
+        draft_rows = prefilled_rows(draft, draft_prompt, config.methods, captioner, engine=engine, capacity=capacity,
+                                    role="draft", step_log=steps)
     decoder = SpeculativeDecoder(target_rows, draft_rows, target_prompt.ids[-1], config,
                                  sample_generator(config, sample.sample_id), target.eos_token_ids, timer)
     while True:
@@ -164,7 +166,7 @@ def speculative_decode(
         record.weights_per_block.append(weights)
         if outcome.stop:
             break
-    return _finish(record, decoder.output, target, timer)
+    return _finish(record, decoder.output, target, timer, steps)
 
 
 @torch.inference_mode()
@@ -179,10 +181,11 @@ def autoregressive_decode(
     engine = engine or default_engine(target)
     timer = PhaseTimer(target.device)
     record = SampleRecord(sample_id=sample.sample_id, mode="ar", engine=engine)
-    generator = sample_generator(config, sample.sample_id)
+    generator, steps = sample_generator(config, sample.sample_id), StepLog()
     with timer.phase("prefill"):
         prompt = tokenize(target, sample)
-        rows = prefilled_rows(target, prompt, "M", None, engine=engine, capacity=max_new_tokens + 1, role="target")
+        rows = prefilled_rows(target, prompt, "M", None, engine=engine, capacity=max_new_tokens + 1, role="target",
+                              step_log=steps)
     pending = torch.tensor([prompt.ids[-1]], device=target.device)
     output: list[int] = []
     while True:
@@ -199,10 +202,12 @@ def autoregressive_decode(
             pending = token.view(1)
         if outcome.stop:
             break
-    return _finish(record, output, target, timer)
+    return _finish(record, output, target, timer, steps)
 
 
-def _finish(record: SampleRecord, output: list[int], target: LVLM, timer: PhaseTimer) -> SampleRecord:
+def _finish(record: SampleRecord, output: list[int], target: LVLM, timer: PhaseTimer, steps: StepLog) -> SampleRecord:
+    record.steps = steps.summary
+    record.fallback = "; ".join(sorted(steps.fallbacks)) or None
     record.output_ids = output
     record.output_text = target.tokenizer.decode(output, skip_special_tokens=True)
     seconds = timer.totals()

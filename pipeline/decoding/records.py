@@ -23,6 +23,9 @@ class SampleRecord:
     sample_id: str
     mode: str = "live"  # live | replay | ar (plain autoregressive baseline)
     engine: str | None = None  # static | eager: the engine that decoded (replay: that collected the traces)
+    # how the decode steps ran: captured | compiled | uncompiled, or several joined by "+" (replay: None)
+    steps: str | None = None
+    fallback: str | None = None  # why this decode left the requested path (a failed compile, engine), if it did
     output_ids: list[int] = field(default_factory=list)
     output_text: str = ""
     accepted_per_block: list[int] = field(default_factory=list)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.models.base import LVLM
+from pipeline.models.base import LVLM, StepLog
 
 CAPACITY_STEP = 256  # static caches come in multiples of this, so compiled steps are reused across samples
 
@@ -28,11 +28,13 @@ class BatchedRows:
     """A batch of prompt rows plus the shared continuation fed so far (DynamicCache).
 
     `fed` counts how many shared continuation tokens are in the cache; the caller decides
-    which of them survive verification with `keep_shared`.
+    which of them survive verification with `keep_shared`. `step_log` collects how the decode
+    steps ran (shared by a decode's target and draft rows).
     """
 
-    def __init__(self, model: LVLM, prompts: list[torch.Tensor]) -> None:
+    def __init__(self, model: LVLM, prompts: list[torch.Tensor], step_log: StepLog | None = None) -> None:
         self.model = model
+        self.step_log = StepLog() if step_log is None else step_log
         self.rows = len(prompts)
         lengths = [p.shape[0] for p in prompts]
         self.width = max(lengths)
@@ -103,6 +105,8 @@ class BatchedRows:
         return torch.zeros(visible.shape, dtype=self.model.dtype, device=device).masked_fill_(~visible, blocked)
 
     def _forward(self, mask: torch.Tensor, positions: torch.Tensor, *, keep: int, step: bool, **inputs) -> torch.Tensor:
+        if step:
+            self.step_log.modes.add("uncompiled")
         return self.model.logits(cache=self.cache, attention_mask=mask, position_ids=positions, keep=keep, **inputs)
 
 
@@ -117,8 +121,9 @@ class StaticRows(BatchedRows):
     same model never share one.
     """
 
-    def __init__(self, model: LVLM, prompts: list[torch.Tensor], *, capacity: int, compiled: bool, role: str) -> None:
-        super().__init__(model, prompts)
+    def __init__(self, model: LVLM, prompts: list[torch.Tensor], *, capacity: int, compiled: bool, role: str,
+                 step_log: StepLog | None = None) -> None:
+        super().__init__(model, prompts, step_log)
         self.slots = -(-(self.width + capacity) // CAPACITY_STEP) * CAPACITY_STEP
         self.cache = model.static_cache(self.rows, self.slots, role)
         self.compiled = compiled
@@ -153,6 +158,7 @@ class StaticRows(BatchedRows):
             self.fed = n
 
     def _forward(self, mask: torch.Tensor, positions: torch.Tensor, *, keep: int, step: bool, **inputs) -> torch.Tensor:
-        return self.model.logits(
-            cache=self.cache, attention_mask=mask, position_ids=positions, keep=keep, compiled=self.compiled and step, **inputs
-        )
+        if not (self.compiled and step):
+            return super()._forward(mask, positions, keep=keep, step=step, **inputs)
+        return self.model.logits(cache=self.cache, attention_mask=mask, position_ids=positions, keep=keep,
+                                 compiled=True, steps=self.step_log, **inputs)

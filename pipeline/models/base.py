@@ -8,6 +8,7 @@ transformers LLaVA-1.5, LLaVA-NeXT, plain causal LMs and the embedded CPU pair.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -17,6 +18,25 @@ from transformers import Cache, DynamicCache, PreTrainedTokenizerBase
 
 class ModelInputError(ValueError):
     """A prompt or image this model cannot take (clear message, raised before decoding)."""
+
+
+# How a decode step ran: replayed from a captured CUDA graph, through the compiled forward
+# without a graph, or as a plain forward.
+STEP_MODES = ("captured", "compiled", "uncompiled")
+
+
+@dataclass
+class StepLog:
+    """How one decode's steps ran (`STEP_MODES` used) and why any fell back from the compiled
+    path, so a row says what its walltime measured."""
+
+    modes: set[str] = field(default_factory=set)
+    fallbacks: set[str] = field(default_factory=set)
+
+    @property
+    def summary(self) -> str | None:
+        """The modes in `STEP_MODES` order joined by `+` (e.g. `captured+uncompiled`); None if no step ran."""
+        return "+".join(mode for mode in STEP_MODES if mode in self.modes) or None
 
 
 class LVLM(ABC):
@@ -62,11 +82,13 @@ class LVLM(ABC):
         inputs_embeds: torch.Tensor | None = None,
         keep: int = 1,
         compiled: bool = False,
+        steps: StepLog | None = None,
     ) -> torch.Tensor:
         """One forward of the language model over new positions, extending `cache`.
         Returns fp32 logits for the last `keep` positions: `[batch, keep, vocab]`.
         `compiled` asks for the compiled forward (static-shape decode steps over a static cache;
-        on a GPU, replayed as captured CUDA graphs)."""
+        on a GPU, replayed as captured CUDA graphs); a model whose compiled step fails runs it
+        uncompiled instead and notes in `steps` how the step ran and why it fell back."""
 
     @property
     def eos_token_ids(self) -> set[int]:

@@ -6,7 +6,9 @@ projector and so runs the vision tower and projector modules directly.
 """
 from __future__ import annotations
 
+import logging
 import math
+import re
 from typing import Sequence
 
 import torch
@@ -14,9 +16,10 @@ import torch.nn.functional as F
 from PIL import Image
 from transformers import Cache, CompileConfig, PreTrainedModel, PreTrainedTokenizerBase, StaticCache
 
-from pipeline.models.base import LVLM, ModelInputError
+from pipeline.models.base import LVLM, ModelInputError, StepLog
 from pipeline.models.step_graphs import StepGraphs
 
+log = logging.getLogger(__name__)
 
 POOLED_CACHES = 8  # static caches kept per model (one per rows x slots x role in use)
 # inductor kernels without its own CUDA graphs: on a GPU, `step_graphs` captures the steps
@@ -37,6 +40,9 @@ class HFModel(LVLM):
         self.image_token_id = None
         self._static_caches: dict[tuple[int, int, str], StaticCache] = {}
         self._step_graphs = StepGraphs()
+        self.step_compile = STEP_COMPILE  # how decode steps compile (a test swaps in a failing backend)
+        self._failed_steps: dict[tuple[int, ...], str] = {}  # step shape -> why its compiled path failed
+        self._proven_steps: set[tuple] = set()  # (cache, step shape) whose compiled path has run
 
     @property
     def supports_static_cache(self) -> bool:
@@ -85,24 +91,74 @@ class HFModel(LVLM):
         inputs_embeds: torch.Tensor | None = None,
         keep: int = 1,
         compiled: bool = False,
+        steps: StepLog | None = None,
     ) -> torch.Tensor:
         ids = None if input_ids is None else input_ids.to(self.device)
         mask, positions = attention_mask.to(self.device), position_ids.to(self.device)
-        if compiled and ids is not None and self.device.type == "cuda":
-            step = lambda i, m, p: self._forward(cache, keep, True, input_ids=i, attention_mask=m, position_ids=p)
-            return self._step_graphs.run(step, cache, ids, mask, positions, keep)
-        return self._forward(cache, keep, compiled, input_ids=ids, inputs_embeds=inputs_embeds,
+        if compiled and ids is not None:
+            return self._compiled_step(cache, keep, ids, mask, positions, StepLog() if steps is None else steps)
+        return self._forward(cache, keep, False, input_ids=ids, inputs_embeds=inputs_embeds,
                              attention_mask=mask, position_ids=positions)
+
+    def _compiled_step(self, cache: StaticCache, keep: int, ids: torch.Tensor, mask: torch.Tensor,
+                       positions: torch.Tensor, steps: StepLog) -> torch.Tensor:
+        """A decode step through the compiled forward (on a GPU captured as a CUDA graph). If
+        compiling or capturing fails, the step runs as a plain forward, and so does every later
+        step of that shape: a failure is met once per model and step shape, logged once, and
+        noted in `steps` each time. A failure counts only when the plain forward then works;
+        otherwise that forward's own error is raised (a bad input fails either way)."""
+        shape = (ids.shape[0], ids.shape[1], keep, cache.layers[0].max_cache_len)
+        failure = self._failed_steps.get(shape)
+        if failure is None:
+            key = (id(cache), shape)
+            lengths = [layer.cumulative_length for layer in cache.layers]
+            # a first compile or capture may fail after some layers wrote: keep their write positions
+            saved = None if key in self._proven_steps else [length.clone() for length in lengths]
+            try:
+                logits, mode = self._fast_step(cache, keep, ids, mask, positions)
+            except Exception as err:
+                if saved is None:  # a step that ran compiled before: its cache state is unknown now
+                    raise
+                torch._foreach_copy_(lengths, saved)
+                failure = f"compiled {ids.shape[0]}x{ids.shape[1]} step failed ({one_line(err)})"
+                logits = self._forward(cache, keep, False, input_ids=ids, attention_mask=mask, position_ids=positions)
+                self._failed_steps[shape] = failure
+                log.warning("%s: %s; this step shape runs uncompiled from now on", self.name, failure)
+            else:
+                self._proven_steps.add(key)
+                steps.modes.add(mode)
+                return logits
+        else:
+            logits = self._forward(cache, keep, False, input_ids=ids, attention_mask=mask, position_ids=positions)
+        steps.modes.add("uncompiled")
+        steps.fallbacks.add(failure)
+        return logits
+
+    def _fast_step(self, cache: StaticCache, keep: int, ids: torch.Tensor, mask: torch.Tensor,
+                   positions: torch.Tensor) -> tuple[torch.Tensor, str]:
+        """(logits, mode) of the compiled path: a captured CUDA graph on a GPU, else the compiled forward."""
+        if self.device.type == "cuda":
+            step = lambda i, m, p: self._forward(cache, keep, True, input_ids=i, attention_mask=m, position_ids=p)
+            return self._step_graphs.run(step, cache, ids, mask, positions, keep), "captured"
+        return self._forward(cache, keep, True, input_ids=ids, attention_mask=mask, position_ids=positions), "compiled"
 
     def _forward(self, cache: Cache, keep: int, compiled: bool, **inputs) -> torch.Tensor:
         """fp32 logits of the last `keep` positions, `[B, keep, V]`; `compiled`: through
         transformers' compiled call (one compile per model, reused for each static shape)."""
-        forward = self.model.get_compiled_call(STEP_COMPILE) if compiled else self.model
+        forward = self.model.get_compiled_call(self.step_compile) if compiled else self.model
         out = forward(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=keep)
         return out.logits[:, -keep:].float()
 
     def image_features(self, images: Sequence[Image.Image], pooled: bool = False) -> list[torch.Tensor]:
         raise ModelInputError(f"{self.name} is a text-only model: it cannot read images (use T or C drafting)")
+
+
+def one_line(err: BaseException) -> str:
+    """An error as one short line: its type and the first line of its message (and the next,
+    when the first only introduces it, as torch.compile's do), no addresses."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [""]
+    text = f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", f"{type(err).__name__}: {text}")[:240]
 
 
 class HFLlava(HFModel):

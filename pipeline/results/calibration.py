@@ -3,6 +3,8 @@
 Eq. 1, tau / (gamma * Tq/Tp + 1), assumes a target forward over gamma+1 tokens costs what one
 token costs — true on a GPU, not on a CPU. So we measure both ratios with the engine's own
 cached-rows code and report Eq. 1 beside the corrected tau / (gamma * Tq/Tp + Tp(gamma+1)/Tp(1)).
+The verify cost is measured for every token count a grid verifies (gamma + 1 for each of its
+gammas): a curve of Tp(n)/Tp(1), so each gamma's speedup uses its own verify cost.
 `pipeline.results.calibration_store` keeps the results beside the results dataset.
 
 A CPU shared with other work drifts by tens of percent between minutes, so one measurement
@@ -16,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from statistics import median
+from typing import Sequence
 
 import torch
 from PIL import Image
@@ -26,6 +29,7 @@ from pipeline.decoding.engine import default_engine, new_rows
 from pipeline.drafting.batch import BatchedRows
 from pipeline.drafting.methods import method_embeddings
 from pipeline.models.base import LVLM
+from pipeline.models.devices import device_name
 
 PROMPT = "USER: <image>\nDescribe the image in detail. ASSISTANT:"
 MAX_ROWS = 4  # the largest ensemble (MTCP) drafts four rows per step
@@ -37,7 +41,7 @@ class Calibration:
     draft: str
     device: str
     dtype: str
-    gamma: int
+    gamma: int  # the largest gamma measured: target_verify_s and ratio_verify_rounds are its verify's
     target_token_s: float  # Tp: one cached decode step of the target
     target_verify_s: float  # Tp(gamma+1): one target forward over gamma+1 tokens
     draft_token_s: float  # Tq: one cached decode step of the draft, one row
@@ -49,6 +53,12 @@ class Calibration:
     ratio_verify_rounds: list[float] = field(default_factory=list)  # Tp(gamma+1)/Tp of each round
     draft_rows_ratio: list[float] = field(default_factory=list)  # Tq(m rows)/Tp, median over rounds, m = 1..MAX_ROWS
     measured_at: str = ""  # UTC, ISO 8601
+    device_name: str = ""  # e.g. NVIDIA H100 80GB HBM3 (pipeline.models.devices)
+    # the verify-latency curve: token counts n fed in one target forward, the median seconds and
+    # the median over rounds of Tp(n)/Tp(1) for each
+    verify_tokens: list[int] = field(default_factory=list)
+    verify_s: list[float] = field(default_factory=list)
+    verify_ratios: list[float] = field(default_factory=list)
 
     @property
     def ratio_draft_target(self) -> float:
@@ -91,24 +101,28 @@ def _prefilled(model: LVLM, sample: Sample, n_rows: int, engine: str, gamma: int
 
 @torch.inference_mode()
 def calibrate(
-    target: LVLM, draft: LVLM, *, gamma: int = DecodeConfig.gamma, repeats: int = 10, rounds: int = 5,
-    image: Image.Image | None = None, engine: str | None = None,
+    target: LVLM, draft: LVLM, *, gammas: Sequence[int] = (DecodeConfig.gamma,), repeats: int = 10, rounds: int = 5,
+    image: Image.Image | None = None, engine: str | None = None, verify_tokens: Sequence[int] = (),
 ) -> Calibration:
-    """Measure Tp, Tp(gamma+1) and Tq (1..4 rows) on an image prompt in `rounds` rounds, each
-    the median of `repeats` steps after warm-up, with the steps of `engine` (None: the
-    device's default, as decoding picks it). Times are medians over rounds; ratios are the
-    medians of each round's ratios."""
+    """Measure Tp, Tp(n) for n = gamma + 1 of every gamma (and any other `verify_tokens`), and
+    Tq (1..4 rows) on an image prompt in `rounds` rounds, each the median of `repeats` steps
+    after warm-up, with the steps of `engine` (None: the device's default, as decoding picks
+    it). Times are medians over rounds; ratios are the medians of each round's ratios."""
     engine = engine or default_engine(target, draft)
     image = image or Image.new("RGB", (336, 336), (120, 80, 200))
     sample = Sample("calibration", "none", 0, "first", PROMPT, (image,))
-    target_rows = _prefilled(target, sample, 1, engine, gamma)
+    gamma = max(gammas)
+    sizes = sorted({g + 1 for g in gammas} | set(verify_tokens))
+    target_rows = _prefilled(target, sample, 1, engine, max(sizes))
     draft_rows = [_prefilled(draft, sample, n, engine, gamma) for n in range(1, MAX_ROWS + 1)]
     token, verify, drafts = [], [], []
     for _ in range(rounds):
         token.append(_step_seconds(target, target_rows, 1, repeats))
-        verify.append(_step_seconds(target, target_rows, gamma + 1, repeats))
+        verify.append([_step_seconds(target, target_rows, n, repeats) for n in sizes])
         drafts.append([_step_seconds(draft, rows, 1, repeats) for rows in draft_rows])
     rows_ratio = [[d[m] / t for d, t in zip(drafts, token)] for m in range(MAX_ROWS)]
+    curve = [[v[i] / t for v, t in zip(verify, token)] for i in range(len(sizes))]
+    at_gamma = sizes.index(gamma + 1)
     return Calibration(
         target=target.name,
         draft=draft.name,
@@ -116,14 +130,18 @@ def calibrate(
         dtype=str(target.dtype).removeprefix("torch."),
         gamma=gamma,
         target_token_s=median(token),
-        target_verify_s=median(verify),
+        target_verify_s=median(v[at_gamma] for v in verify),
         draft_token_s=median(d[0] for d in drafts),
         draft_rows_token_s=[median(d[m] for d in drafts) for m in range(MAX_ROWS)],
         repeats=repeats,
         engine=engine,
         rounds=rounds,
         ratio_draft_target_rounds=rows_ratio[0],
-        ratio_verify_rounds=[v / t for v, t in zip(verify, token)],
+        ratio_verify_rounds=curve[at_gamma],
         draft_rows_ratio=[median(r) for r in rows_ratio],
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        device_name=device_name(target.device),
+        verify_tokens=sizes,
+        verify_s=[median(v[i] for v in verify) for i in range(len(sizes))],
+        verify_ratios=[median(r) for r in curve],
     )

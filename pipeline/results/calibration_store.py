@@ -5,6 +5,7 @@ the models (`pipeline.results.calibration` measures them).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -40,20 +41,38 @@ def read_calibrations(out: str | Path) -> pd.DataFrame:
     if not files:
         return pd.DataFrame()
     table = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
-    for column, default in (("measured_at", ""), ("rounds", 1)):  # files from before rounds were kept
+    for column, default in (("measured_at", ""), ("rounds", 1), ("device_name", "")):  # files from before these
         table[column] = table[column].fillna(default) if column in table else default
     return table
 
 
-def stored_calibration(calibrations: pd.DataFrame, target: str, draft: str, dtype: str, gamma: int | None = None) -> pd.Series | None:
-    """The latest calibration of a pair in a dtype (and gamma, when given), or None."""
+def stored_calibration(calibrations: pd.DataFrame, target: str, draft: str, dtype: str) -> pd.Series | None:
+    """The latest calibration of a pair in a dtype, or None."""
     if calibrations.empty:
         return None
     match = (calibrations["target"] == target) & (calibrations["draft"] == draft) & (calibrations["dtype"] == dtype)
-    if gamma is not None:
-        match &= calibrations["gamma"] == gamma
     found = calibrations[match].sort_values("measured_at")
     return None if found.empty else found.iloc[-1]
+
+
+def _listed(value: Any) -> list:
+    """A stored list column as a list ([] where a file from before it holds a null)."""
+    return [] if value is None or isinstance(value, float) else list(value)
+
+
+def verify_ratio(calibration: pd.Series, tokens: int) -> float:
+    """Tp(tokens)/Tp(1): one target forward over `tokens` tokens against one cached step, from
+    the calibration's verify-latency curve; NaN when that token count was not measured (files
+    from before the curve hold only gamma + 1)."""
+    measured = _listed(calibration.get("verify_tokens"))
+    if tokens in measured:
+        return float(_listed(calibration["verify_ratios"])[measured.index(tokens)])
+    return float(calibration["ratio_verify"]) if tokens == int(calibration["gamma"]) + 1 else math.nan
+
+
+def measured_verify_tokens(calibration: pd.Series) -> set[int]:
+    """The token counts whose verify cost a calibration measured."""
+    return set(_listed(calibration.get("verify_tokens"))) or {int(calibration["gamma"]) + 1}
 
 
 def draft_rows_ratio(calibration: pd.Series, rows: int) -> float:
@@ -81,8 +100,10 @@ def calibration_table(calibrations: pd.DataFrame) -> pd.DataFrame:
     keys = calibrations[["target", "draft", "dtype"]].drop_duplicates().itertuples(index=False)
     used = [stored_calibration(calibrations, *key) for key in keys]
     lines = [
-        {"target": c["target"], "draft": c["draft"], "dtype": c["dtype"], "device": c["device"], "engine": c.get("engine", "-"),
-         "gamma": int(c["gamma"]), "Tq/Tp": _spread(c, "ratio_draft_target"), "Tp(gamma+1)/Tp": _spread(c, "ratio_verify"),
+        {"target": c["target"], "draft": c["draft"], "dtype": c["dtype"], "device": c.get("device_name") or c["device"],
+         "engine": c.get("engine", "-"), "gamma": int(c["gamma"]), "Tq/Tp": _spread(c, "ratio_draft_target"),
+         "Tp(gamma+1)/Tp": _spread(c, "ratio_verify"),
+         "Tp(n)/Tp by n": ", ".join(f"{n}: {verify_ratio(c, n):.3f}" for n in sorted(measured_verify_tokens(c))),
          "Tp ms": round(1e3 * c["target_token_s"], 2), "Tq ms": round(1e3 * c["draft_token_s"], 2),
          "rounds x repeats": f"{int(c['rounds'])} x {int(c['repeats'])}", "measured at": c["measured_at"] or "-"}
         for c in used

@@ -11,7 +11,6 @@ import itertools
 import pandas as pd
 
 from pipeline.drafting.methods import method_order as letter_order
-from pipeline.results.calibration_store import draft_rows_ratio, stored_calibration
 
 TABLE_INDEX = ["target", "draft", "turn", "method_label"]
 # Grid fields shown as extra index levels only where rows of one method and dataset differ in them.
@@ -68,11 +67,6 @@ def error_counts(df: pd.DataFrame) -> pd.DataFrame:
 
 # policy too: MT with the grid policy and MT with inverse-error weights are both "MT*"
 SUMMARY_INDEX = ["target", "draft", "method_label", "policy"]
-# walltimes of different engines are never pooled or compared; the engine comes before the
-# method so that best values are marked within one pair and engine
-SPEEDUP_INDEX = ["target", "draft", "dtype", "engine", "method_label", "policy"]
-
-
 def category_table(df: pd.DataFrame) -> pd.DataFrame:
     """Paper Table 2: mean of per-dataset pooled tau within each category and turn group
     (benchmark first turn, benchmark second turn, OOD first turn)."""
@@ -84,75 +78,6 @@ def category_table(df: pd.DataFrame) -> pd.DataFrame:
     order = sorted(table.columns, key=lambda c: (not c.startswith("Benchmark"), c.endswith("second"), c))
     table = table[order]
     return table.iloc[sorted(range(len(table)), key=lambda i: (table.index[i][:2], method_order(table.index[i][2])))]
-
-
-def speedup_table(df: pd.DataFrame, calibrations: pd.DataFrame) -> pd.DataFrame:
-    """Expected speedup from pooled first-turn tau and measured latency ratios, beside the
-    measured walltime speedup of live runs (AR time / SD time over the samples both ran on
-    the same engine), per engine.
-
-    `eq1` is the paper's tau / (gamma Tq/Tp + 1); `corrected` uses the draft latency of an
-    m-row batch and the measured cost of a (gamma+1)-token verify, which is not 1 on a CPU.
-    """
-    ok = df[df["error"].isna() & (df["turn"] == "first")].copy()
-    ok["engine"] = ok["engine"].astype(object).where(ok["engine"].notna(), "-")  # rows from before engines were recorded
-    rows = []
-    for (target, draft, dtype, engine, label, policy), group in ok.groupby(SPEEDUP_INDEX):
-        gamma = group["gamma"].dropna()
-        row = dict(zip(SPEEDUP_INDEX, (target, draft, dtype, engine, label, policy))) | {"tau": pooled_tau(group)}
-        calib = stored_calibration(calibrations, target, draft, dtype)
-        if label != "AR" and len(gamma) and calib is not None:
-            g = int(gamma.iloc[0])
-            row["eq1"] = row["tau"] / (g * calib["ratio_draft_target"] + 1)
-            row["corrected"] = row["tau"] / (g * draft_rows_ratio(calib, len(label.rstrip("*"))) + calib["ratio_verify"])
-        baseline = ok[(ok["target"] == target) & (ok["draft"] == draft) & (ok["dtype"] == dtype) & (ok["engine"] == engine) & (ok["mode"] == "ar")]
-        row["measured"] = _measured_speedup(group, baseline, label)
-        rows.append(row)
-    table = pd.DataFrame(rows).reindex(columns=SPEEDUP_INDEX + ["tau", "eq1", "corrected", "measured"])
-    table = table.set_index(SPEEDUP_INDEX)
-    return table.iloc[sorted(range(len(table)), key=lambda i: (table.index[i][:4], method_order(table.index[i][4])))]
-
-
-def draft_size_table(speedup: pd.DataFrame, calibrations: pd.DataFrame) -> pd.DataFrame:
-    """The drafts of each target side by side (draft size as a grid axis, like the paper's 68M
-    vs 160M), from the speedup table: Tq/Tp, then per method label (M and each TABED label
-    run) first-turn tau, Eq. 1 and measured speedup; cheapest draft first. Empty when no
-    target has two drafts."""
-    if speedup.empty:
-        return pd.DataFrame()
-    table = speedup.reset_index()
-    table = table[table["method_label"] != "AR"]
-    groups = ["target", "dtype", "engine"]
-    table = table[table.groupby(groups)["draft"].transform("nunique") > 1]
-    if table.empty:
-        return pd.DataFrame()
-    labels = [label for label in sorted(table["method_label"].unique(), key=method_order)
-              if label == "M" or label.endswith("*")]
-    rows = []
-    for (target, dtype, engine, draft), group in table.groupby(groups + ["draft"], sort=False):
-        calib = stored_calibration(calibrations, target, draft, dtype)
-        row = {"target": target, "dtype": dtype, "engine": engine, "draft": draft,
-               "Tq/Tp": float("nan") if calib is None else calib["ratio_draft_target"]}
-        by_label = group.set_index("method_label")
-        for label in labels:
-            for column in ("tau", "eq1", "measured"):
-                row[f"{column} {label}"] = by_label[column].get(label, float("nan"))
-        rows.append(row)
-    result = pd.DataFrame(rows).set_index(groups + ["draft"])
-    return result.iloc[sorted(range(len(result)), key=lambda i: (result.index[i][:3], result["Tq/Tp"].iloc[i]))]
-
-
-def _measured_speedup(group: pd.DataFrame, baseline: pd.DataFrame, label: str) -> float:
-    """AR walltime / SD walltime of one configuration's live rows, over the samples both ran;
-    `baseline` holds the AR rows of the same pair and engine."""
-    ar = baseline.groupby("sample_id")["time_total_s"].mean()
-    if label == "AR":
-        return 1.0 if not ar.empty else float("nan")
-    sd = group[group["mode"] == "live"].groupby("sample_id")["time_total_s"].mean()
-    both = ar.index.intersection(sd.index)
-    if both.empty or sd[both].sum() <= 0:
-        return float("nan")
-    return float(ar[both].sum() / sd[both].sum())
 
 
 def best_marks(table: pd.DataFrame) -> dict[tuple[int, str], str]:

@@ -7,9 +7,9 @@ for AR, `measure` unless the policy is a grid).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import pyarrow as pa
 
@@ -30,6 +30,8 @@ class RowSource:
     sample: Sample
     record: SampleRecord
     timed: bool = False  # the sample is one of its pair's walltime samples
+    # what the worker timed on: device_name, torch_version, transformers_version (pipeline.models.devices)
+    environment: Mapping[str, str] = field(default_factory=dict)
 
     @cached_property
     def config_key(self) -> str:
@@ -103,6 +105,13 @@ COLUMNS: tuple[Column, ...] = (
     Column("mode", pa.string(), _outcome("mode")),  # live | replay | ar
     # static | eager: what decoded (replay: what collected the traces); for an error row, what the grid named
     Column("engine", pa.string(), lambda src: src.record.engine or src.config.decode_engine),
+    # how the decode steps ran: captured (CUDA graphs) | compiled | uncompiled, "+"-joined when mixed
+    Column("steps", pa.string(), _outcome("steps")),
+    Column("fallback", pa.string(), _outcome("fallback")),  # why a decode left the compiled path or engine asked for
+    # what walltimes were measured on; reports never pool timings across these (pipeline.results.report)
+    Column("device_name", pa.string(), lambda src: src.environment.get("device_name")),
+    Column("torch_version", pa.string(), lambda src: src.environment.get("torch_version")),
+    Column("transformers_version", pa.string(), lambda src: src.environment.get("transformers_version")),
     Column("accepted_per_block", pa.list_(pa.int32()), _outcome("accepted_per_block")),
     # live greedy rows: the accepted counts trace replay gives the same sample (pipeline.results.fidelity)
     Column("replay_accepted_per_block", pa.list_(pa.int32()), _outcome("replay_accepted_per_block")),
@@ -129,7 +138,8 @@ SCHEMA = pa.schema([(column.name, column.type) for column in COLUMNS])
 FILE_SCHEMA = pa.schema([field for field in SCHEMA if field.name not in PARTITIONS])
 
 
-def make_row(run: str, shard: str, config: RunConfig, sample: Sample, record: SampleRecord, timed: bool = False) -> dict:
-    """One result row: the grid fields, the sample's identity and the engine's record."""
-    source = RowSource(run, shard, config, sample, record, timed)
+def make_row(run: str, shard: str, config: RunConfig, sample: Sample, record: SampleRecord, timed: bool = False,
+             environment: Mapping[str, str] | None = None) -> dict:
+    """One result row: the grid fields, the sample's identity, the engine's record and where it ran."""
+    source = RowSource(run, shard, config, sample, record, timed, environment or {})
     return {column.name: column.value(source) for column in COLUMNS}

@@ -18,10 +18,8 @@ from pipeline.results.completeness import completeness_table, completeness_text
 from pipeline.results.fidelity import GROUP_KEYS as FIDELITY_KEYS, fidelity_table, fidelity_text
 from pipeline.results.latex import paper_tables
 from pipeline.results.plots import save, tau_figure, weight_ratio_figure
-from pipeline.results.report import (
-    category_table, draft_size_table, error_counts, findings_text, markdown_table, method_findings, speedup_table,
-    tau_table,
-)
+from pipeline.results.report import category_table, error_counts, findings_text, markdown_table, method_findings, tau_table
+from pipeline.results.speedup import draft_size_table, speedup_table
 from pipeline.results.store import read_manifest
 
 
@@ -34,8 +32,9 @@ def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
         "tau": ("Block efficiency tau per dataset (pooled over blocks; Avg. = benchmark datasets)", tau_table(rows)),
         "categories": ("Category averages (paper Table 2)", category_table(rows)),
         "speedup": (
-            "Speedup: expected from tau and measured latency ratios (Eq. 1 and its CPU-corrected form), "
-            "measured = AR walltime / SD walltime on the samples run live, per engine",
+            "Speedup: expected from tau and measured latency ratios (Eq. 1 and its CPU-corrected form, at each "
+            "row's gamma), measured = AR walltime / SD walltime on the samples run live, per engine, gamma and "
+            "machine (`timed_on`: device, how decode steps ran, torch, transformers; `-`: not timed)",
             speedup_table(rows, calibrations),
         ),
     }

@@ -1,0 +1,124 @@
+"""The speedup tables: expected speedup (paper Eq. 1 and its corrected form) beside the measured
+walltime speedup, and each target's drafts side by side.
+
+Walltimes are only ever compared within one pair, dtype, engine, gamma and machine: a row of
+the speedup table is one configuration timed on one machine (`timed_on`), and its measured
+speedup divides AR and SD walltimes of that same machine.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from pipeline.results.calibration_store import draft_rows_ratio, stored_calibration, verify_ratio
+from pipeline.results.report import method_order, pooled_tau
+
+# Walltimes of different engines, gammas, devices, step modes or library versions are never
+# pooled or compared: `timed_on` names what a row's walltime was measured on, and comes before
+# the method so that best values are marked within one pair, engine, gamma and machine.
+SPEEDUP_INDEX = ["target", "draft", "dtype", "engine", "gamma", "timed_on", "method_label", "policy"]
+TIMING_COLUMNS = ["device_name", "steps", "torch_version", "transformers_version"]
+UNTIMED = "-"  # a configuration without live rows: tau and Eq. 1 only
+
+
+def timing_label(rows: pd.DataFrame) -> pd.Series:
+    """Per row, what its walltime was measured on: device, how decode steps ran, torch and
+    transformers (`unrecorded` for rows written before these columns existed)."""
+    columns = [rows[c] if c in rows else pd.Series(None, index=rows.index, dtype=object) for c in TIMING_COLUMNS]
+
+    def label(device, steps, torch_version, transformers_version) -> str:
+        if all(pd.isna(v) for v in (device, steps, torch_version, transformers_version)):
+            return "unrecorded"
+        name = lambda v: "?" if pd.isna(v) else v
+        return f"{name(device)}, {name(steps)} steps, torch {name(torch_version)}, transformers {name(transformers_version)}"
+
+    return pd.Series([label(*values) for values in zip(*columns)], index=rows.index, dtype=object)
+
+
+def speedup_table(df: pd.DataFrame, calibrations: pd.DataFrame) -> pd.DataFrame:
+    """Expected speedup from pooled first-turn tau and measured latency ratios, beside the
+    measured walltime speedup of live runs (AR time / SD time over the samples both ran on
+    the same engine and machine), one row per configuration, gamma and machine it was timed on.
+
+    `eq1` is the paper's tau / (gamma Tq/Tp + 1) at the row's own gamma; `corrected` uses the
+    draft latency of an m-row batch and the measured cost of that gamma's (gamma+1)-token
+    verify, which is not 1 on a CPU (NaN when the calibration did not measure that gamma).
+    """
+    ok = df[df["error"].isna() & (df["turn"] == "first")].copy()
+    ok["engine"] = ok["engine"].astype(object).where(ok["engine"].notna(), "-")  # rows from before engines were recorded
+    ok["gamma"] = [UNTIMED if pd.isna(g) else int(g) for g in ok["gamma"]]
+    ok["timed_on"] = timing_label(ok)
+    config_keys = [k for k in SPEEDUP_INDEX if k != "timed_on"]
+    timed_sd = ok[ok["mode"] == "live"]
+    rows = []
+    for key, group in ok.groupby(config_keys, sort=False):
+        config = dict(zip(config_keys, key))
+        row = config | {"tau": pooled_tau(group)}
+        calib = stored_calibration(calibrations, config["target"], config["draft"], config["dtype"])
+        gamma, label = config["gamma"], config["method_label"]
+        if label != "AR" and gamma != UNTIMED and calib is not None:
+            row["eq1"] = row["tau"] / (gamma * calib["ratio_draft_target"] + 1)
+            row["corrected"] = row["tau"] / (gamma * draft_rows_ratio(calib, len(label.rstrip("*"))) + verify_ratio(calib, gamma + 1))
+        same_pair = lambda rows: rows[(rows["target"] == config["target"]) & (rows["draft"] == config["draft"])
+                                      & (rows["dtype"] == config["dtype"]) & (rows["engine"] == config["engine"])]
+        baseline = same_pair(ok[ok["mode"] == "ar"])
+        timed = same_pair(timed_sd) if label == "AR" else group[group["mode"] == "live"]
+        for machine in sorted(set(timed["timed_on"])) or [UNTIMED]:
+            mine = group[group["timed_on"] == machine]
+            rows.append(row | {"timed_on": machine,
+                               "measured": _measured_speedup(mine, baseline[baseline["timed_on"] == machine], label)})
+    table = pd.DataFrame(rows).reindex(columns=SPEEDUP_INDEX + ["tau", "eq1", "corrected", "measured"])
+    table = table.set_index(SPEEDUP_INDEX)
+
+    def order(i: int) -> tuple:
+        target, draft, dtype, engine, gamma, machine, label, policy = table.index[i]
+        return (target, draft, dtype, engine, label != "AR", -1 if gamma == UNTIMED else gamma, machine == UNTIMED,
+                machine, method_order(label), policy)
+
+    return table.iloc[sorted(range(len(table)), key=order)]
+
+
+def draft_size_table(speedup: pd.DataFrame, calibrations: pd.DataFrame) -> pd.DataFrame:
+    """The drafts of each target side by side (draft size as a grid axis, like the paper's 68M
+    vs 160M), from the speedup table: Tq/Tp, then per method label (M and each TABED label
+    run) first-turn tau, Eq. 1 and measured speedup; cheapest draft first. One block per
+    target, dtype, engine, gamma and machine timed on; a draft that was not timed (`-`) shows
+    its tau and Eq. 1 in every block of its target. Empty when no target has two drafts."""
+    if speedup.empty:
+        return pd.DataFrame()
+    table = speedup.reset_index()
+    table = table[table["method_label"] != "AR"]
+    groups = ["target", "dtype", "engine", "gamma"]
+    table = table[table.groupby(groups)["draft"].transform("nunique") > 1]
+    if table.empty:
+        return pd.DataFrame()
+    labels = [label for label in sorted(table["method_label"].unique(), key=method_order)
+              if label == "M" or label.endswith("*")]
+    rows = []
+    for key, block in table.groupby(groups, sort=False):
+        machines = sorted(set(block["timed_on"]) - {UNTIMED}) or [UNTIMED]
+        for machine in machines:
+            seen = block[block["timed_on"].isin({machine, UNTIMED})].sort_values("timed_on", key=lambda s: s == UNTIMED)
+            for draft, group in seen.groupby("draft", sort=False):
+                calib = stored_calibration(calibrations, key[0], draft, key[1])
+                row = dict(zip(groups, key)) | {"timed_on": machine, "draft": draft,
+                                                "Tq/Tp": float("nan") if calib is None else calib["ratio_draft_target"]}
+                by_label = group.drop_duplicates("method_label").set_index("method_label")
+                for label in labels:
+                    for column in ("tau", "eq1", "measured"):
+                        row[f"{column} {label}"] = by_label[column].get(label, float("nan"))
+                rows.append(row)
+    result = pd.DataFrame(rows).set_index(groups + ["timed_on", "draft"])
+    return result.iloc[sorted(range(len(result)), key=lambda i: (result.index[i][:5], result["Tq/Tp"].iloc[i]))]
+
+
+def _measured_speedup(group: pd.DataFrame, baseline: pd.DataFrame, label: str) -> float:
+    """AR walltime / SD walltime of one configuration's live rows, over the samples both ran;
+    `baseline` holds the AR rows of the same pair, engine and machine."""
+    ar = baseline.groupby("sample_id")["time_total_s"].mean()
+    if label == "AR":
+        return 1.0 if not ar.empty else float("nan")
+    sd = group[group["mode"] == "live"].groupby("sample_id")["time_total_s"].mean()
+    both = ar.index.intersection(sd.index)
+    if both.empty or sd[both].sum() <= 0:
+        return float("nan")
+    return float(ar[both].sum() / sd[both].sum())

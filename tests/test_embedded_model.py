@@ -8,7 +8,7 @@ from PIL import Image
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.live import autoregressive_decode, speculative_decode
-from pipeline.drafting.batch import BatchedRows
+from pipeline.decoding.rows import DynamicCacheRows
 from pipeline.drafting.methods import method_embeddings
 from pipeline.models.base import ModelInputError
 from pipeline.models.embedded_parts.chat import to_chatml
@@ -103,7 +103,7 @@ def test_placeholder_embeds_as_zeros_and_is_refused_as_input(pair):
 def rows_logits(model, methods: str, images, captions) -> torch.Tensor:
     """Logits after prefill + 3 shared tokens for each method row: `[rows, V]`."""
     ids = model.tokenize_prompt(TWO_IMAGES)
-    rows = BatchedRows(model, [method_embeddings(model, m, ids, images, captions)[:-1] for m in methods])
+    rows = DynamicCacheRows(model, [method_embeddings(model, m, ids, images, captions)[:-1] for m in methods])
     rows.prefill()
     rows.feed([ids[-1], 504, 3158])
     return rows.feed([30])[:, -1]

@@ -12,7 +12,7 @@ from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
 from pipeline.drafting.policies import make_policy
 from pipeline.decoding.live import speculative_decode
-from pipeline.drafting.batch import BatchedRows
+from pipeline.decoding.rows import DynamicCacheRows
 from pipeline.drafting.methods import method_embeddings
 from pipeline.models.hf import HFLlava
 from pipeline.models.tiny import build_llava, llava_processor
@@ -50,7 +50,7 @@ SAMPLE = Sample("unit", "test", 0, "first", "a <image> b c", (solid((200, 30, 30
 def exact_two_token_distribution(model, methods: str = "M", weights=None) -> dict[tuple[int, ...], float]:
     """P(first two tokens) of `model` (or of the fixed-weight mixture of its methods), EOS ending early."""
     ids = model.tokenize_prompt(SAMPLE.prompt)
-    rows = BatchedRows(model, [method_embeddings(model, m, ids, SAMPLE.images)[:-1] for m in methods])
+    rows = DynamicCacheRows(model, [method_embeddings(model, m, ids, SAMPLE.images)[:-1] for m in methods])
     rows.prefill()
     w = torch.full((len(methods),), 1 / len(methods)) if weights is None else weights
 

@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 
 from pipeline.data.sample import Sample
-from pipeline.drafting.batch import BatchedRows, StaticRows
+from pipeline.decoding.rows import DynamicCacheRows, StaticCacheRows
 from pipeline.drafting.captioner import Captioner
 from pipeline.drafting.methods import method_embeddings, needs_captions
 from pipeline.models.base import LVLM, ModelInputError, StepLog
@@ -86,7 +86,7 @@ def prefilled_rows(
     role: str,
     compiled: bool | None = None,
     step_log: StepLog | None = None,
-) -> BatchedRows:
+) -> DynamicCacheRows:
     """One row per method holding `prompt[:-1]` in the cache; the last token is fed later.
 
     `capacity`: continuation tokens the rows must hold (static engine); `compiled` overrides
@@ -105,13 +105,13 @@ def prefilled_rows(
 def new_rows(
     model: LVLM, prompts: list[torch.Tensor], *, engine: str, capacity: int, role: str, compiled: bool | None = None,
     step_log: StepLog | None = None,
-) -> BatchedRows:
+) -> DynamicCacheRows:
     """Rows of prompt embeddings `[L_i, hidden]` over the engine's kind of cache (not prefilled)."""
     check_engine(engine)
     if engine == "eager":
-        return BatchedRows(model, prompts, step_log)
+        return DynamicCacheRows(model, prompts, step_log)
     compiled = compiles(model.device) if compiled is None else compiled
-    return StaticRows(model, prompts, capacity=capacity, compiled=compiled, role=role, step_log=step_log)
+    return StaticCacheRows(model, prompts, capacity=capacity, compiled=compiled, role=role, step_log=step_log)
 
 
 class PhaseTimer:

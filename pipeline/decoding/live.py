@@ -24,7 +24,7 @@ from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.engine import PhaseTimer, default_engine, prefilled_rows, tokenize
 from pipeline.decoding.records import SampleRecord
 from pipeline.decoding.verify import sample_token, verify_greedy, verify_sampling
-from pipeline.drafting.batch import BatchedRows
+from pipeline.decoding.rows import DynamicCacheRows
 from pipeline.drafting.captioner import Captioner
 from pipeline.drafting.scoring import mix, mixing_weights
 from pipeline.models.base import LVLM, StepLog
@@ -50,7 +50,7 @@ class Draft:
 
 
 def draft_block(
-    rows: BatchedRows, pending: torch.Tensor, weights: torch.Tensor, config: DecodeConfig,
+    rows: DynamicCacheRows, pending: torch.Tensor, weights: torch.Tensor, config: DecodeConfig,
     uniforms: torch.Tensor | None, keep_methods: bool, timer: PhaseTimer,
 ) -> Draft:
     """`gamma` proposals from the mixture of all rows; `pending` are the shared tokens the rows
@@ -75,7 +75,7 @@ class SpeculativeDecoder:
     """The state of one sample's SD run between blocks: both row sets, the tokens each has not
     seen yet, the weight policy's state and the output so far."""
 
-    def __init__(self, target_rows: BatchedRows, draft_rows: BatchedRows, first_token: int, config: DecodeConfig,
+    def __init__(self, target_rows: DynamicCacheRows, draft_rows: DynamicCacheRows, first_token: int, config: DecodeConfig,
                  generator: torch.Generator, eos: set[int], timer: PhaseTimer) -> None:
         self.target_rows, self.draft_rows = target_rows, draft_rows
         self.config, self.generator, self.eos, self.timer = config, generator, eos, timer

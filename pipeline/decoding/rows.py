@@ -1,19 +1,24 @@
-"""Rows of different prompt lengths decoded as ONE batch with one KV cache (docs/algorithm.md §3).
+"""Prompt rows decoded as ONE batch over one KV cache: the target's single row and the draft's
+rows, one per drafting method (docs/algorithm.md §3).
 
-Every row continues with the same generated tokens; only the prompts differ (one row per
-drafting method). Prompts are left-padded, each row gets its own position ids and its own
-4-D attention mask (padding and causality, built here on the device: transformers uses a
-prepared mask as it is, where building one itself would read the mask back to the host), and
-every generated token sits at the same cache slot in every row, so dropping rejected
-proposals is one operation for the whole batch. The target uses the same classes with a
-single row.
+Rows share the tokens fed after their prompts (the continuation); only the prompts differ.
+Prompts are left-padded, each row gets its own position ids and its own 4-D attention mask
+(padding and causality, built here on the device: transformers uses a prepared mask as it
+is, where building one itself would read the mask back to the host), and every continuation
+token sits at the same cache slot in every row, so dropping rejected proposals is one
+operation for the whole batch. Beyond chains:
+- `feed` takes per-row tokens (`[rows, n]`): a candidate tree drafts each branch in its own rows;
+- `feed_tree` feeds tokens that see only their ancestors among the tree fed since `begin_tree`,
+  at positions root + depth: a token tree verified or drafted in one forward;
+- `keep_path` moves an accepted path's cache entries up to follow the prefix, and `copy_rows`
+  gives every group of rows one group's continuation, both in place on the device.
 
 Two cache strategies, chosen by the engine (`pipeline.decoding.engine`):
-- `BatchedRows` (engine `eager`): transformers' `DynamicCache`, which grows by concatenation
-  and is cropped after each block.
-- `StaticRows` (engine `static`): transformers' `StaticCache`, allocated once for the whole
-  sample with a fixed-shape mask; rejecting proposals only moves the write position back, and
-  decode steps have static shapes, so on a GPU they run as captured CUDA graphs.
+- `DynamicCacheRows` (engine `eager`): transformers' `DynamicCache`, grown by concatenation
+  and cropped after each block.
+- `StaticCacheRows` (engine `static`): transformers' `StaticCache`, allocated once for the
+  whole sample with a fixed-shape mask; rejecting proposals only moves the write position back,
+  and decode steps have static shapes, so on a GPU they run as captured CUDA graphs.
 """
 from __future__ import annotations
 
@@ -24,12 +29,12 @@ from pipeline.models.base import LVLM, StepLog
 CAPACITY_STEP = 256  # static caches come in multiples of this, so compiled steps are reused across samples
 
 
-class BatchedRows:
-    """A batch of prompt rows plus the shared continuation fed so far (DynamicCache).
+class DynamicCacheRows:
+    """A batch of prompt rows plus the continuation fed so far (DynamicCache).
 
-    `fed` counts how many shared continuation tokens are in the cache; the caller decides
-    which of them survive verification with `keep_shared`. `step_log` collects how the decode
-    steps ran (shared by a decode's target and draft rows).
+    `fed` counts the continuation tokens in the cache; the caller decides which survive
+    verification with `keep_shared`. `step_log` collects how the decode steps ran (shared by a
+    decode's target and draft rows).
     """
 
     def __init__(self, model: LVLM, prompts: list[torch.Tensor], step_log: StepLog | None = None) -> None:
@@ -47,6 +52,7 @@ class BatchedRows:
         self._next_position = torch.tensor(lengths, device=model.device)  # per row: position of the next token
         self.cache = model.new_cache()
         self.fed = 0
+        self.tree_start = 0  # the continuation slot where the tree being fed began (`begin_tree`)
 
     def prefill(self) -> None:
         """Run the padded prompts once; padded slots get position 0 and are masked out."""
@@ -56,22 +62,64 @@ class BatchedRows:
         self._prompt_embeds = None  # the cache holds them now
 
     def feed(self, token_ids: list[int] | torch.Tensor, keep: int = 1) -> torch.Tensor:
-        """Append the same tokens to every row; fp32 logits of the last `keep`: `[B, keep, V]`.
-
-        `token_ids` may be a device tensor (the engine's proposals never leave the device)."""
-        ids = torch.as_tensor(token_ids, device=self.model.device).view(1, -1)
+        """Append tokens to every row (`[n]`: the same in each; `[rows, n]`: each row its own);
+        fp32 logits of the last `keep`: `[B, keep, V]`. `token_ids` may be a device tensor (the
+        engine's proposals never leave the device)."""
+        ids = torch.as_tensor(token_ids, device=self.model.device)
+        ids = ids.view(1, -1).expand(self.rows, -1) if ids.dim() < 2 else ids
         n = ids.shape[1]
         mask, positions = self._step_mask(n), self._step_positions(n)
-        logits = self._forward(mask, positions, keep=keep, input_ids=ids.expand(self.rows, n), step=True)
+        logits = self._forward(mask, positions, keep=keep, input_ids=ids, step=True)
         self.fed += n
         return logits
 
+    def begin_tree(self) -> None:
+        """The next `feed_tree` tokens form a tree whose root is the last token fed so far."""
+        self.tree_start = self.fed
+
+    def feed_tree(self, token_ids: torch.Tensor, offsets: torch.Tensor, sees: torch.Tensor, keep: int) -> torch.Tensor:
+        """Append `n` tokens of a tree to every row: token i at the position a chain token fed
+        at the tree's first slot would have, plus `offsets[i]` (its depth below that slot's
+        token), seeing the prefix before the tree and, within the tree fed since `begin_tree`,
+        what `sees[i]` allows (`[n, tree so far + n]` bool); fp32 logits of the last `keep`:
+        `[B, keep, V]`. Shapes are fixed for a tree kind, so compiled steps are reused."""
+        ids = token_ids.view(1, -1).expand(self.rows, -1)
+        n = ids.shape[1]
+        mask = self._step_mask(n).clone()
+        first, end = self.width + self.tree_start, self.width + self.fed + n
+        blocked = torch.finfo(mask.dtype).min
+        mask[:, :, :, first:end] = torch.zeros(sees.shape, dtype=mask.dtype, device=mask.device).masked_fill_(~sees, blocked)
+        positions = self._next_position[:, None] + self.tree_start + offsets[None, :]
+        logits = self._forward(mask, positions, keep=keep, input_ids=ids, step=True)
+        self.fed += n
+        return logits
+
+    def keep_path(self, slots: torch.Tensor, first: int) -> None:
+        """Move the cache entries of continuation slots `slots` (`[k]`, a device tensor) to
+        slots `first, first + 1, ...` in every row and layer: an accepted path of a tree then
+        follows the prefix as a chain would. Entries left behind are dropped by `keep_shared`."""
+        source = self.width + slots
+        target = self.width + first + torch.arange(slots.shape[0], device=slots.device)
+        for layer in self.cache.layers:
+            for states in (layer.keys, layer.values):
+                states.index_copy_(2, target, states.index_select(2, source))
+
+    def copy_rows(self, groups: int, source: torch.Tensor, start: int) -> None:
+        """Give every one of `groups` equal groups of rows the continuation of group `source`
+        (0-d device tensor) from continuation slot `start` on: after a candidate tree, every
+        branch's rows continue the accepted branch."""
+        first, end = self.width + start, self.width + self.fed
+        for layer in self.cache.layers:
+            for states in (layer.keys, layer.values):
+                grouped = states.view(groups, self.rows // groups, *states.shape[1:])[:, :, :, first:end]
+                grouped.copy_(grouped.index_select(0, source.view(1)).expand_as(grouped))
+
     def _step_mask(self, n: int) -> torch.Tensor:
-        """The attention mask of the next `n` shared tokens."""
+        """The attention mask of the next `n` continuation tokens."""
         return self._attention_mask(start=self.width + self.fed, n=n)
 
     def _step_positions(self, n: int) -> torch.Tensor:
-        """`[B, n]` position ids of the next `n` shared tokens in every row."""
+        """`[B, n]` position ids of the next `n` continuation tokens in every row."""
         offsets = torch.arange(self.fed, self.fed + n, device=self.model.device)
         return self._next_position[:, None] + offsets[None, :]
 
@@ -110,7 +158,7 @@ class BatchedRows:
         return self.model.logits(cache=self.cache, attention_mask=mask, position_ids=positions, keep=keep, **inputs)
 
 
-class StaticRows(BatchedRows):
+class StaticCacheRows(DynamicCacheRows):
     """The same rows over a `StaticCache` of `capacity` slots (rounded up to `CAPACITY_STEP`).
 
     Every step attends over all slots: left padding is masked, and causality hides slots past

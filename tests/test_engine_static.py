@@ -114,14 +114,16 @@ def test_one_host_transfer_per_block(monkeypatch, tiny_pair, config, engine):
 
 def test_the_counter_sees_a_host_read(monkeypatch, tiny_pair):
     """Guard against a vacuous count: an `.item()` slipped into the block is caught."""
-    verify = live.verify_greedy
+    import pipeline.decoding.verification as verification
+
+    verify = verification.verify_greedy
 
     def syncing(proposals, logits):
         accepted, token = verify(proposals, logits)
         accepted.item()
         return accepted, token
 
-    monkeypatch.setattr(live, "verify_greedy", syncing)
+    monkeypatch.setattr(verification, "verify_greedy", syncing)
     assert set(reads_per_block(monkeypatch, tiny_pair, DecodeConfig(methods="M", max_new_tokens=MAX_NEW), "static")) == {2}
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipeline.decoding.verify_spec import VerifySpec
 from pipeline.drafting.methods import check_methods
 from pipeline.drafting.policies import StaticPolicy, WeightPolicy
 
@@ -11,7 +12,7 @@ from pipeline.drafting.policies import StaticPolicy, WeightPolicy
 class DecodeConfig:
     """One decoding configuration. `methods` is a string of method letters (e.g. "MTCP",
     `pipeline.drafting.methods.METHODS`); a single letter is plain SD with that drafting
-    method. `temperature` 0 means greedy."""
+    method. `temperature` 0 means greedy; `verify` is a chain or a token tree, `gamma` deep."""
 
     methods: str = "M"
     policy: WeightPolicy = field(default_factory=StaticPolicy)
@@ -19,6 +20,7 @@ class DecodeConfig:
     temperature: float = 0.0
     max_new_tokens: int = 128
     seed: int = 0
+    verify: VerifySpec = field(default_factory=VerifySpec)
 
     def validate(self) -> None:
         check_methods(self.methods)
@@ -29,6 +31,10 @@ class DecodeConfig:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         self.policy.validate()
+        self.verify.validate()
+        if not self.verify.replayable and not self.greedy:
+            raise ValueError(f"a {self.verify.kind} tree verifies greedy decoding only (it keeps children by rank, "
+                             "which sampling's acceptance rule cannot correct for); for sampling use chain or candidates")
 
     @property
     def greedy(self) -> bool:

@@ -28,7 +28,8 @@ from pipeline.data.sample import Sample
 from pipeline.decoding.block import recorded_weights, settle_block
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.engine import default_engine, prefilled_rows, tokenize
-from pipeline.decoding.live import autoregressive_decode, probabilities
+from pipeline.decoding.live import autoregressive_decode
+from pipeline.decoding.verify import probabilities
 from pipeline.decoding.records import SampleRecord
 from pipeline.drafting.captioner import Captioner
 from pipeline.drafting.scoring import mix, mixing_weights

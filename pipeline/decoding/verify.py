@@ -9,6 +9,11 @@ from __future__ import annotations
 import torch
 
 
+def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Next-token distributions from logits at a temperature (0, greedy, reads as 1)."""
+    return torch.softmax(logits / (temperature or 1.0), dim=-1)
+
+
 def verify_greedy(proposals: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Accept proposals while they equal the target's argmax; return (accepted, next token).
 

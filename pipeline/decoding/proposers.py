@@ -1,0 +1,216 @@
+"""The draft's side of a block: a proposer turns the draft rows into proposals — a chain or a
+token tree — and, once the target has checked them, rolls its rows back to the accepted path.
+
+A proposer is to the decoding loop what a candidate generator is to transformers' assisted
+generation: `propose` (the block's proposals, on the device), `history` (each drafting
+method's distributions along the accepted path, for the TABED weights) and `keep` (roll back,
+return the tokens the rows have not seen yet). Every proposer mixes the methods with the
+block's weights w* exactly as the chain does; they differ in what they propose:
+- `ChainProposer`: gamma tokens, each the mixture's choice, fed to every method's row.
+- `CandidateProposer`: the ensembled chain and each method's own chain, each in its own group
+  of method rows (B branches x m rows in one batch), so every method's distribution is known
+  at every node and the TABED history is exactly a chain's.
+- `DynamicTreeProposer`: gamma levels of `top_k` nodes by path probability under the mixture,
+  fed level by level with a tree mask, then the `nodes` most probable nodes (greedy only).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from pipeline.decoding.config import DecodeConfig
+from pipeline.decoding.rows import DynamicCacheRows
+from pipeline.decoding.trees import Tree, candidate_tree
+from pipeline.decoding.verify import probabilities, sample_token
+from pipeline.decoding.verify_spec import candidate_branches
+from pipeline.drafting.scoring import mix
+
+
+@dataclass
+class Proposal:
+    """A block's proposals on the device: `tokens` `[N]` (a chain's in order, or a tree's
+    nodes), `tree` (None for a chain), `draws` `[N, V]` (the distribution each token was
+    drawn from: sampling's q) and what the proposer needs back for `history` and `keep`."""
+
+    tokens: torch.Tensor
+    tree: Tree | None
+    draws: torch.Tensor | None
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+class ChainProposer:
+    """`gamma` proposals from the mixture of all rows (one row per drafting method)."""
+
+    def __init__(self, rows: DynamicCacheRows, config: DecodeConfig) -> None:
+        self.rows, self.config = rows, config
+        self.depth = config.gamma
+        # sampling's uniforms per block: one per proposal, then the target's acceptance tests
+        # and its emitted token (`pipeline.decoding.verification.check`)
+        self.draws_per_block, self.checks_per_block = config.gamma, config.gamma + 1
+
+    def propose(self, pending: torch.Tensor, weights: torch.Tensor, uniforms: torch.Tensor | None,
+                keep_methods: bool) -> Proposal:
+        """`pending`: the shared tokens the rows have not seen (1, or 2 after a fully accepted
+        chain); `weights` in the distributions' dtype (`mixing_weights`)."""
+        config = self.config
+        logits = self.rows.feed(pending)[:, -1]
+        proposals, method_probs, mixed_probs = [], [], []
+        for i in range(config.gamma):
+            q = probabilities(logits, config.temperature)  # [m, V]
+            mixed = mix(q, weights)
+            token = mixed.argmax(-1, keepdim=True) if config.greedy else sample_token(mixed, uniforms[i]).view(1)
+            proposals.append(token)
+            method_probs.append(q)
+            mixed_probs.append(mixed)
+            if i < config.gamma - 1:
+                logits = self.rows.feed(token)[:, -1]
+        methods = torch.stack(method_probs) if keep_methods else None
+        return Proposal(torch.cat(proposals), None, torch.stack(mixed_probs), {"methods": methods})
+
+    def history(self, proposal: Proposal, path: torch.Tensor, accepted: int, positions: int) -> torch.Tensor:
+        """Each method's distributions `[positions, m, V]` at the root and the accepted proposals."""
+        return proposal.state["methods"][:positions]
+
+    def keep(self, proposal: Proposal, path: torch.Tensor, accepted: int, before: int, block: torch.Tensor) -> torch.Tensor:
+        """Keep the accepted proposals the rows fed (never the last one); `block`: the accepted
+        proposals and the target's token, on the device. Returns the next pending tokens."""
+        kept = min(accepted, self.depth - 1)
+        self.rows.keep_shared(before + kept)
+        return block[kept : accepted + 1]
+
+
+class CandidateProposer(ChainProposer):
+    """The ensembled chain (branch 0) and each drafting method's own greedy or sampled chain
+    (branch 1 + i), `gamma` deep: B groups of the m method rows, group b fed branch b's tokens.
+    Greedy chains are merged into a prefix tree; sampled ones stay apart below the root."""
+
+    def __init__(self, rows: DynamicCacheRows, config: DecodeConfig) -> None:
+        super().__init__(rows, config)
+        self.methods = len(config.methods)
+        self.branches = candidate_branches(self.methods)
+        self.draws_per_block, self.checks_per_block = self.branches * config.gamma, self.branches + config.gamma
+
+    def propose(self, pending: torch.Tensor, weights: torch.Tensor, uniforms: torch.Tensor | None,
+                keep_methods: bool) -> Proposal:
+        config, branches, m = self.config, self.branches, self.methods
+        start = self.rows.fed
+        logits = self.rows.feed(pending)[:, -1]
+        own = torch.arange(m, device=logits.device)
+        tokens, method_probs, draws = [], [], []
+        for i in range(config.gamma):
+            q = probabilities(logits, config.temperature).view(branches, m, -1)
+            ensemble = mix(q[0], weights)[None]
+            dists = torch.cat([ensemble, q[1 + own, own]]) if branches > 1 else ensemble  # [B, V]
+            if config.greedy:
+                token = dists.argmax(-1)
+            else:
+                token = torch.stack([sample_token(dists[b], uniforms[i * branches + b]) for b in range(branches)])
+            tokens.append(token)
+            method_probs.append(q)
+            draws.append(dists)
+            if i < config.gamma - 1:
+                logits = self.rows.feed(token.repeat_interleave(m)[:, None])[:, -1]
+        tree = candidate_tree(torch.stack(tokens, 1), merge=config.greedy)
+        methods = torch.stack(method_probs, 1) if keep_methods else None  # [B, gamma, m, V]
+        return Proposal(tree.tokens, tree, torch.stack(draws, 1).flatten(0, 1), {"methods": methods, "start": start})
+
+    def _branch(self, path: torch.Tensor, accepted: int) -> torch.Tensor:
+        """The branch (0-d) whose rows drafted the accepted path: the first holding its deepest
+        node; the ensembled branch when nothing was accepted (every branch shares the root)."""
+        return (path[accepted] - 1).clamp_min(0) // self.depth
+
+    def history(self, proposal: Proposal, path: torch.Tensor, accepted: int, positions: int) -> torch.Tensor:
+        methods = proposal.state["methods"].index_select(0, self._branch(path, accepted).view(1))[0]
+        return methods[:positions]
+
+    def keep(self, proposal: Proposal, path: torch.Tensor, accepted: int, before: int, block: torch.Tensor) -> torch.Tensor:
+        if self.branches > 1:
+            self.rows.copy_rows(self.branches, self._branch(path, accepted), proposal.state["start"])
+        return super().keep(proposal, path, accepted, before, block)
+
+
+def log_probability(probs: torch.Tensor) -> torch.Tensor:
+    """float64 log of probabilities floored at 1e-30: path scores stay finite, so a child's
+    always falls below its parent's (a draft head that rules tokens out gives them 0)."""
+    return torch.log(probs.double().clamp_min(1e-30))
+
+
+class DynamicTreeProposer(ChainProposer):
+    """A tree shaped by the mixture's confidence (Spec-LLaVA's dynamic tree, EAGLE-2's
+    ranking): from the root, each of `gamma` levels keeps the `top_k` children of the level
+    above with the highest path probability (the product of mixture probabilities along the
+    path), so an unsure node keeps several children and a sure one a single child; the levels
+    but the last are fed to the draft rows as a tree, one forward per level. The tree is the
+    `nodes` most probable of them, ancestors before descendants. Greedy only."""
+
+    def __init__(self, rows: DynamicCacheRows, config: DecodeConfig) -> None:
+        super().__init__(rows, config)
+        spec = config.verify.for_gamma(config.gamma)
+        self.width, self.nodes = spec.top_k, spec.nodes
+        self.draws_per_block = self.checks_per_block = 0  # greedy only
+        width, levels = self.width, self.depth
+        device = rows.model.device
+        # generated node g = (level - 1) * width + k: its depth, and its place in the draft's tree
+        self._depths = torch.arange(1, levels + 1, device=device).repeat_interleave(width)
+        self._self_seen = torch.eye(width, dtype=torch.bool, device=device)
+
+    def propose(self, pending: torch.Tensor, weights: torch.Tensor, uniforms: torch.Tensor | None,
+                keep_methods: bool) -> Proposal:
+        width, rows = self.width, self.rows
+        q = probabilities(rows.feed(pending)[:, -1], 1.0)  # [m, V] at the root
+        rows.begin_tree()
+        scores, token = log_probability(mix(q, weights)).topk(width)
+        levels_q, tokens, parents, all_scores = [q[:, None]], [token], [torch.full_like(token, -1)], [scores]
+        sees = None  # [fed tree nodes, fed tree nodes]: who sees whom in the draft's tree
+        for level in range(1, self.depth):
+            parent = parents[-1] - (level - 2) * width if level > 1 else None
+            sees = self._grow(sees, parent)
+            logits = rows.feed_tree(token, torch.full_like(token, level - 1), sees[-width:], keep=width)
+            q = probabilities(logits, 1.0)  # [m, width, V]
+            children = scores[:, None] + log_probability(mix(q.transpose(0, 1), weights))  # [width, V]
+            scores, flat = children.flatten().topk(width)
+            token, parent_k = flat % children.shape[1], flat // children.shape[1]
+            levels_q.append(q)
+            tokens.append(token)
+            parents.append(parent_k + (level - 1) * width)
+            all_scores.append(scores)
+        return self._prune(torch.cat(tokens), torch.cat(parents), torch.cat(all_scores), levels_q)
+
+    def _grow(self, sees: torch.Tensor | None, parent: torch.Tensor | None) -> torch.Tensor:
+        """The draft tree's visibility with one more level of `width` nodes (children of `parent`,
+        indices within the level above): each sees its parent's ancestors and itself."""
+        if sees is None:
+            return self._self_seen
+        inherited = sees[-self.width:][parent]  # the parents' rows over the tree so far
+        rows = torch.cat([inherited, self._self_seen], 1)
+        return torch.cat([torch.cat([sees, sees.new_zeros(sees.shape[0], self.width)], 1), rows])
+
+    def _prune(self, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, levels_q: list) -> Proposal:
+        """The `nodes` most probable generated nodes as a tree. Scores fall along every path, and
+        ties go to the shallower node, so the kept set holds every kept node's ancestors."""
+        key = scores - 1e-9 * self._depths
+        kept = key.topk(self.nodes).indices.sort().values  # level order: parents first
+        fed = torch.zeros(tokens.shape[0] + 1, dtype=torch.long, device=tokens.device)
+        fed[kept + 1] = torch.arange(1, self.nodes + 1, device=tokens.device)  # generated node -> fed position
+        tree = Tree(tokens[kept], fed[parents[kept] + 1], self._depths[kept],
+                    torch.ones_like(kept, dtype=torch.bool), self.depth)
+        return Proposal(tree.tokens, tree, None, {"kept": kept, "levels_q": levels_q})
+
+    def _generated(self, proposal: Proposal, path: torch.Tensor, upto: int) -> torch.Tensor:
+        """Generated indices of the accepted path's nodes at depths 1..upto."""
+        return proposal.state["kept"][path[1 : upto + 1] - 1]
+
+    def history(self, proposal: Proposal, path: torch.Tensor, accepted: int, positions: int) -> torch.Tensor:
+        levels_q = proposal.state["levels_q"]
+        generated = self._generated(proposal, path, positions - 1)
+        rows = [levels_q[0][:, 0]] + [levels_q[d].index_select(1, generated[d - 1:d] - (d - 1) * self.width)[:, 0]
+                                      for d in range(1, positions)]
+        return torch.stack(rows)
+
+    def keep(self, proposal: Proposal, path: torch.Tensor, accepted: int, before: int, block: torch.Tensor) -> torch.Tensor:
+        kept = min(accepted, self.depth - 1)
+        if kept:  # the draft fed generated node g at tree slot g: move the path up behind the root
+            self.rows.keep_path(before + self._generated(proposal, path, kept), before)
+        return super().keep(proposal, path, accepted, before, block)

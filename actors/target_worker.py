@@ -184,7 +184,8 @@ class TargetWorker:
         beside live's (`replay_accepted_per_block`): the report's check that replay-scored rows
         are what live decoding gives. The shard's own greedy AR decode, when it has one, is
         the traces' y. A replay that fails leaves the live row as it is."""
-        checked = [(c, s) for c, s in items if c.greedy and not c.is_ar and records[(c, s)].error is None]
+        checked = [(c, s) for c, s in items
+                   if c.greedy and not c.is_ar and c.verify.replayable and records[(c, s)].error is None]
         decoded = {(s, self._engine(c), c.max_new_tokens): records[(c, s)] for c, s in items
                    if c.is_ar and c.greedy and records[(c, s)].error is None}
         for item, shadow in self._replay(checked, samples, decoded).items():

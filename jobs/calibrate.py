@@ -6,29 +6,54 @@
 With --ray each pair is measured in a Ray task holding one GPU (on the hardware the grid runs
 on); without it, on this machine's device. Each measurement is repeated in --rounds rounds
 (target and draft alternating) and the report gives the median and range of the ratios. The
-verify cost is measured for gamma + 1 tokens of every gamma (a grid's: all of its gammas).
+verify cost is measured for gamma + 1 tokens of every gamma and for every token tree's nodes +
+1 (a grid's: all of them), and the draft step for every draft batch its blocks use.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.results.calibration import Calibration, calibrate  # noqa: E402
 from pipeline.results.calibration_store import (  # noqa: E402
-    measured_verify_tokens, read_calibrations, stored_calibration, write_calibration,
+    measured_draft_rows, measured_verify_tokens, read_calibrations, stored_calibration, write_calibration,
 )
 from pipeline.decoding.config import DecodeConfig  # noqa: E402
 from pipeline.models.loading import default_device, load_pair  # noqa: E402
+from pipeline.planning.grid import GridSpec  # noqa: E402
 from pipeline.planning.grid_file import load_grid  # noqa: E402
 
 
 ROUNDS, REPEATS = 5, 10  # 5 alternating rounds of 10 timed steps per measurement
 
 
-def measure(target: str, draft: str, dtype: str, gammas: tuple[int, ...], repeats: int, rounds: int,
+@dataclass(frozen=True)
+class Shapes:
+    """What a grid's speedup table needs timed: its gammas (a chain verifies gamma + 1
+    tokens), every other target forward of its blocks (a tree's nodes + 1) and its draft
+    batches (rows per draft step)."""
+
+    gammas: tuple[int, ...]
+    verify_tokens: tuple[int, ...] = ()
+    draft_rows: tuple[int, ...] = ()
+
+    def covered_by(self, calibration) -> bool:
+        """Whether a stored calibration timed all of these."""
+        tokens = {g + 1 for g in self.gammas} | set(self.verify_tokens)
+        return tokens <= measured_verify_tokens(calibration) and set(self.draft_rows) <= measured_draft_rows(calibration)
+
+
+def grid_shapes(spec: GridSpec) -> Shapes:
+    configs = [config for config in spec.configs() if not config.is_ar]
+    tokens = {c.verify.tree_nodes(c.gamma, len(c.methods)) + 1 for c in configs}
+    return Shapes(spec.gamma, tuple(sorted(tokens)), tuple(sorted({c.verify.draft_rows(len(c.methods)) for c in configs})))
+
+
+def measure(target: str, draft: str, dtype: str, shapes: Shapes, repeats: int, rounds: int,
             threads: int | None = None) -> Calibration:
     """One pair's calibration; `threads`: CPU threads to time with (those the grid's timed decodes use)."""
     import torch
@@ -42,13 +67,14 @@ def measure(target: str, draft: str, dtype: str, gammas: tuple[int, ...], repeat
     # allow_text: a pair named here passed the grid's checks, or was named by hand (multimodal
     # families outside pipeline.models.families are refused all the same)
     pair = load_pair(resolve_model(target), resolve_model(draft), dtype=dtype, device=default_device(), allow_text=True)
-    result = calibrate(*pair, gammas=gammas, repeats=repeats, rounds=rounds)
+    result = calibrate(*pair, gammas=shapes.gammas, verify_tokens=shapes.verify_tokens, draft_rows=shapes.draft_rows,
+                       repeats=repeats, rounds=rounds)
     result.target, result.draft, result.dtype = target, draft, dtype  # the grid's names, as in the results rows
     return result
 
 
 def calibrate_pairs(
-    pairs: list[tuple[str, str, str]], out: str, *, gammas: tuple[int, ...], repeats: int = REPEATS,
+    pairs: list[tuple[str, str, str]], out: str, *, shapes: Shapes, repeats: int = REPEATS,
     rounds: int = ROUNDS, ray_tasks: bool,
 ) -> list[Calibration]:
     """Measure each (target, draft, dtype) and write it under OUT; with `ray_tasks`, each pair in
@@ -65,9 +91,9 @@ def calibrate_pairs(
         cpus = 1 if gpus else node_cpus()
         task = ray.remote(num_gpus=gpus, num_cpus=cpus)(measure)
         threads = None if gpus else max(1, int(cpus))
-        results = ray.get([task.remote(t, d, dt, gammas, repeats, rounds, threads) for t, d, dt in pairs])
+        results = ray.get([task.remote(t, d, dt, shapes, repeats, rounds, threads) for t, d, dt in pairs])
     else:
-        results = [measure(t, d, dt, gammas, repeats, rounds) for t, d, dt in pairs]
+        results = [measure(t, d, dt, shapes, repeats, rounds) for t, d, dt in pairs]
     for result in results:
         path = write_calibration(out, result)
         spread = result.ratio_draft_target_rounds
@@ -82,17 +108,16 @@ def calibrate_pairs(
 
 
 def pairs_to_measure(
-    pairs: list[tuple[str, str, str]], out: str, *, gammas: tuple[int, ...], rows_written: int, recalibrate: bool
+    pairs: list[tuple[str, str, str]], out: str, *, shapes: Shapes, rows_written: int, recalibrate: bool
 ) -> list[tuple[str, str, str]]:
     """The pairs a grid run measures after it ran: all of them when it wrote rows or was asked
-    to (`--recalibrate`), else only those whose stored calibration lacks the verify cost of
-    some gamma; so a rerun that adds nothing reports exactly what it reported before."""
+    to (`--recalibrate`), else only those whose stored calibration lacks one of the grid's
+    block shapes; so a rerun that adds nothing reports exactly what it reported before."""
     stored = read_calibrations(out)
     todo = []
     for target, draft, dtype in pairs:
         found = stored_calibration(stored, target, draft, dtype)
-        covered = found is not None and {g + 1 for g in gammas} <= measured_verify_tokens(found)
-        if not covered or rows_written or recalibrate:
+        if found is None or not shapes.covered_by(found) or rows_written or recalibrate:
             todo.append((target, draft, dtype))
         else:
             print(f"calibration {target} / {draft} ({dtype}): reusing the one measured {found['measured_at'] or 'earlier'} "
@@ -114,11 +139,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds, target and draft alternating (default: %(default)s)")
     parser.add_argument("--ray", action="store_true", help="measure each pair in a Ray task with one GPU")
     args = parser.parse_args()
-    gammas = tuple(args.gamma or (DecodeConfig.gamma,))
+    shapes = Shapes(tuple(args.gamma or (DecodeConfig.gamma,)))
     if args.grid:
         spec = load_grid(args.grid)
         pairs = [(p.target, p.draft, p.dtype) for p in spec.pairs]
-        gammas = tuple(args.gamma or spec.gamma)
+        shapes = grid_shapes(spec) if args.gamma is None else replace(grid_shapes(spec), gammas=tuple(args.gamma))
     elif args.target and args.draft:
         pairs = [(args.target, args.draft, args.dtype)]
     else:
@@ -127,7 +152,7 @@ def main() -> None:
         import ray
 
         ray.init(address="auto")
-    calibrate_pairs(pairs, args.out, gammas=gammas, repeats=args.repeats, rounds=args.rounds, ray_tasks=args.ray)
+    calibrate_pairs(pairs, args.out, shapes=shapes, repeats=args.repeats, rounds=args.rounds, ray_tasks=args.ray)
 
 
 if __name__ == "__main__":

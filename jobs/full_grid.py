@@ -88,7 +88,7 @@ def run_locked(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -
     import ray
 
     from actors.runner import GridRunner, RunFailed
-    from jobs.calibrate import calibrate_pairs, pairs_to_measure
+    from jobs.calibrate import calibrate_pairs, grid_shapes, pairs_to_measure
     from pipeline.results.store import read_results
     from pipeline.results.summary import write_summary
 
@@ -119,10 +119,11 @@ def run_locked(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -
         f"{report.redispatched} re-dispatched, {report.seconds:.1f} s -> {Path(args.out).resolve()}"
     )
     if spec.calibrate:
-        pairs = pairs_to_measure([(p.target, p.draft, p.dtype) for p in spec.pairs], args.out, gammas=spec.gamma,
+        shapes = grid_shapes(spec)
+        pairs = pairs_to_measure([(p.target, p.draft, p.dtype) for p in spec.pairs], args.out, shapes=shapes,
                                  rows_written=report.rows_written, recalibrate=args.recalibrate)
         if pairs:
-            calibrate_pairs(pairs, args.out, gammas=spec.gamma, ray_tasks=True)
+            calibrate_pairs(pairs, args.out, shapes=shapes, ray_tasks=True)
     print(write_summary(args.out, runner.run_name, read_results(args.out, runner.run_name)))
     print(f"tables and plots: {Path(args.out).resolve() / f'_report-{runner.run_name}'}")
     return 0

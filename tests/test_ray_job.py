@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 # `replay_accepted_per_block` columns, modes and shard ids changed), checked equal on every
 # other column each time; the `answer` column (null here) was added by hand. The timed
 # sample's AR row moved into its live shard (decoded once for every draft): shard ids only.
-# The `steps` and `fallback` columns were added from a run whose other columns all matched.
+# The `steps`, `fallback` and `verify` columns were added from runs whose other columns all matched.
 SMOKE_ROWS = REPO / "tests" / "fixtures" / "smoke_rows.json"
 MACHINE = ("device_name", "torch_version", "transformers_version")  # where it ran, not what it computed
 

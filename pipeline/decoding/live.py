@@ -50,7 +50,7 @@ def draft_rows_per_method(config: DecodeConfig) -> int:
 def capacities(config: DecodeConfig) -> tuple[int, int]:
     """Continuation slots the target's and the draft's rows may need: the budget plus what one
     block feeds beyond it (a tree's nodes; a dynamic tree's levels in the draft)."""
-    nodes = config.verify.tree_nodes(config.gamma, len(config.methods), config.greedy)
+    nodes = config.verify.tree_nodes(config.gamma, len(config.methods))
     levels = config.gamma * (config.verify.for_gamma(config.gamma).top_k or 1)
     return config.max_new_tokens + nodes + 1, config.max_new_tokens + levels + 1
 

@@ -188,6 +188,11 @@ def _check_replayable(traces: Traces, config: DecodeConfig) -> None:
             f"replay is exact only for greedy decoding, got temperature {config.temperature}: with "
             "sampling the output depends on the draft's proposals, so run the live engine"
         )
+    if not config.verify.replayable:
+        raise ValueError(
+            f"a {config.verify.label} tree cannot be replayed from traces: its shape depends on draft "
+            "distributions off the target's output, so run it live"
+        )
     missing = [m for m in config.methods if m not in traces.methods]
     if missing:
         raise ValueError(
@@ -204,11 +209,11 @@ def _check_replayable(traces: Traces, config: DecodeConfig) -> None:
 def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
     """The record a live greedy run of `config` would produce, computed from traces.
 
-    Mirrors `live.SpeculativeDecoder.block` block by block: weights from the policy state's `choose`,
-    proposal i = argmax of the mixed distribution at position t+i (only reached while earlier
-    proposals matched y), then `settle_block` — the live engine's own rule — decides what is
-    kept, recorded and added to the history. Timings stay 0: replay decodes nothing,
-    walltime comes from live runs.
+    Mirrors `live.SpeculativeDecoder.block` block by block: weights from the policy state's
+    `choose`, then the accepted count (`_accepted`: the proposals along y, position by
+    position), then `settle_block` — the live engine's own rule — decides what is kept,
+    recorded and added to the history. Timings stay 0: replay decodes nothing, walltime comes
+    from live runs.
     """
     _check_replayable(traces, config)
     methods, gamma, policy = config.methods, config.gamma, config.policy
@@ -218,14 +223,12 @@ def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
     q = traces.draft_probs[:n, rows].contiguous()  # [n, m, V] in the config's method order
     p = traces.target_probs
     state = policy.start(len(methods))
+    branches = config.verify.kind == "candidates" and len(methods) > 1
     record = SampleRecord(sample_id=traces.sample_id, mode="replay", engine=traces.engine)
     t = 0  # tokens decoded so far = position of the block's first proposal
     while t < n:
         weights = state.choose()
-        mixing = mixing_weights(weights)
-        accepted = 0  # one position at a time, as live mixes them (same shapes, same rounding)
-        while accepted < gamma and t + accepted < n and int(mix(q[t + accepted], mixing).argmax()) == y[t + accepted]:
-            accepted += 1
+        accepted = _accepted(q, y, t, gamma, mixing_weights(weights), branches)
         next_token = y[t + accepted] if t + accepted < n else None
         outcome = settle_block(y[t : t + accepted], next_token, gamma=gamma, produced=t,
                                max_new_tokens=config.max_new_tokens, eos=traces.eos_token_ids)
@@ -239,3 +242,21 @@ def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
     record.output_ids = list(y)
     record.output_text = traces.tokenizer.decode(record.output_ids, skip_special_tokens=True)
     return record
+
+
+def _accepted(q: torch.Tensor, y: list[int], t: int, gamma: int, mixing: torch.Tensor, branches: bool) -> int:
+    """How many proposals of the block starting at position t the target accepts. A chain's
+    proposal at t+i is the mixture's argmax there, reached only while the earlier ones matched
+    y, so from the true prefix. A candidate tree also holds each method's own chain: the path
+    goes on while some branch still on it (its chain equal to y so far) proposes y's next
+    token; its proposal is likewise a distribution at t+i, along y. One position at a time, as
+    live mixes them (same shapes, same rounding)."""
+    alive = list(range(1 + q.shape[1])) if branches else [0]  # 0: the ensembled chain; 1 + i: method i's own
+    accepted = 0
+    while accepted < gamma and t + accepted < len(y):
+        here = q[t + accepted]
+        alive = [b for b in alive if int((mix(here, mixing) if b == 0 else here[b - 1]).argmax()) == y[t + accepted]]
+        if not alive:
+            break
+        accepted += 1
+    return accepted

@@ -61,13 +61,32 @@ class VerifySpec:
             return self
         return replace(self, nodes=min(self.nodes, gamma * self.top_k))
 
-    def tree_nodes(self, gamma: int, methods: int, greedy: bool) -> int:
+    def tree_nodes(self, gamma: int, methods: int) -> int:
         """Nodes a block feeds the target besides its pending token (a chain: gamma)."""
         if self.kind == "dynamic":
             return self.for_gamma(gamma).nodes
         if self.kind == "candidates":
             return candidate_branches(methods) * gamma
         return gamma
+
+    def draft_rows(self, methods: int) -> int:
+        """Tokens in one draft step: a row per method, per branch of a candidate tree, or per
+        method and node of a dynamic tree's level (calibration times that many one-token rows)."""
+        if self.kind == "dynamic":
+            return methods * self.top_k
+        if self.kind == "candidates":
+            return candidate_branches(methods) * methods
+        return methods
+
+    @staticmethod
+    def from_label(label: str | None) -> VerifySpec:
+        """The spec a table label names (`chain`, `candidates`, `dynamic(n=16,k=4)`; None: chain)."""
+        if not label or label == "chain":
+            return VerifySpec()
+        if label == "candidates":
+            return VerifySpec("candidates")
+        nodes, top_k = (int(part.split("=")[1]) for part in label.removeprefix("dynamic(").rstrip(")").split(","))
+        return VerifySpec("dynamic", nodes, top_k)
 
 
 def candidate_branches(methods: int) -> int:
@@ -78,6 +97,9 @@ def candidate_branches(methods: int) -> int:
 def make_verify(entry: Any) -> VerifySpec:
     """A grid entry (`chain`, `candidates`, `{kind: dynamic, nodes: 16, top_k: 4}`) as a
     validated spec; ValueError names what is wrong."""
+    if isinstance(entry, VerifySpec):
+        entry.validate()
+        return entry
     if isinstance(entry, str):
         entry = {"kind": entry}
     if not isinstance(entry, dict) or "kind" not in entry:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property, lru_cache
 from typing import Collection, Iterable
@@ -19,6 +18,7 @@ from typing import Collection, Iterable
 from pipeline.data.sample import FIRST_TURN
 from pipeline.data.user_datasets import UserDataset
 from pipeline.decoding.config import DecodeConfig
+from pipeline.decoding.verify_spec import VerifySpec
 from pipeline.drafting.methods import needs_captions
 from pipeline.drafting.policies import StaticPolicy, WeightPolicy
 
@@ -103,6 +103,7 @@ class RunConfig:
     max_new_tokens: int = DecodeConfig.max_new_tokens
     captioner: str | None = None  # only when C is among the methods
     engine: str = AUTO_ENGINE  # auto | static | eager: outputs agree, walltimes do not
+    verify: VerifySpec = field(default_factory=VerifySpec)  # a chain or a token tree, gamma deep
 
     @property
     def is_ar(self) -> bool:
@@ -126,7 +127,7 @@ class RunConfig:
         if self.is_ar:
             raise ValueError("the AR baseline has no speculative decoding config")
         return DecodeConfig(methods=self.methods, policy=self.policy, gamma=self.gamma, temperature=self.temperature,
-                            max_new_tokens=self.max_new_tokens, seed=self.seed)
+                            max_new_tokens=self.max_new_tokens, seed=self.seed, verify=self.verify)
 
     def key(self) -> str:
         """Hash of every field that changes results (not the run name or decoding mode); the
@@ -138,6 +139,8 @@ class RunConfig:
 def _config_key(config: RunConfig) -> str:
     # cached: planning asks once per (configuration, sample), and the JSON hash costs ~40 us
     fields = asdict(config) | {"policy": config.policy.key_fields()}
+    if config.verify.is_chain:  # keys from before trees existed stay the keys of chains
+        del fields["verify"]
     payload = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -218,6 +221,7 @@ class GridSpec:
     temperature: tuple[float, ...] = (DecodeConfig.temperature,)
     seed: tuple[int, ...] = (DecodeConfig.seed,)
     engine: tuple[str, ...] = (AUTO_ENGINE,)
+    verify: tuple[VerifySpec, ...] = (VerifySpec(),)
     max_new_tokens: int = DecodeConfig.max_new_tokens
     limit: int | None = None
     captioner: str | None = None
@@ -246,9 +250,9 @@ class GridSpec:
     def configs(self) -> list[RunConfig]:
         """Every distinct grid point, in file order, after normalisation."""
         seen: dict[RunConfig, None] = {}
-        for pair, methods, policy, window, distance, gamma, temperature, seed, engine in itertools.product(
+        for pair, methods, policy, window, distance, gamma, temperature, seed, engine, verify in itertools.product(
             self.pairs, self.methods, self.policies, self.window, self.distance, self.gamma,
-            self.temperature, self.seed, self.engine,
+            self.temperature, self.seed, self.engine, self.verify,
         ):
             if not policy.applies_to(methods):
                 continue
@@ -262,6 +266,7 @@ class GridSpec:
                 max_new_tokens=self.max_new_tokens,
                 captioner=self.captioner,
                 engine=engine,
+                verify=verify,
             )
             seen.setdefault(normalise(config), None)
         return list(seen)
@@ -277,24 +282,14 @@ class GridSpec:
             for dataset in self.datasets
         ]
 
-    def counts(self) -> dict[str, Counter]:
-        """Work-unit counts per dataset, turn, model pair, method set, policy and engine (for `--dry-run`)."""
-        units = self.units()
-        return {
-            "dataset": Counter(u.dataset for u in units),
-            "turn": Counter(u.turn for u in units),
-            "pair": Counter(u.config.pair.label for u in units),
-            "method set": Counter(u.config.methods for u in units),
-            "policy": Counter(u.config.policy.label for u in units),
-            "engine": Counter(u.config.engine for u in units),
-        }
-
 
 def normalise(config: RunConfig) -> RunConfig:
     """Reset fields that cannot change this configuration's result to their defaults, so
     equivalent grid points collapse into one work unit."""
     if config.is_ar:
-        return replace(config, policy=StaticPolicy(), gamma=None, captioner=None)
+        return replace(config, policy=StaticPolicy(), gamma=None, captioner=None, verify=VerifySpec())
     policy = StaticPolicy() if len(config.methods) == 1 else config.policy.canonical()  # one method: no weights
     captioner = config.captioner if needs_captions(config.methods) else None
-    return replace(config, policy=policy, captioner=captioner)
+    # one method's candidate tree is its own chain; a dynamic tree holds at most gamma x top_k nodes
+    verify = VerifySpec() if config.verify.kind == "candidates" and len(config.methods) == 1 else config.verify
+    return replace(config, policy=policy, captioner=captioner, verify=verify.for_gamma(config.gamma))

@@ -7,29 +7,28 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import yaml
 
 from pipeline.decoding.config import DecodeConfig
-from pipeline.drafting.methods import METHODS, needs_captions
+from pipeline.decoding.verify_spec import make_verify
 from pipeline.drafting.policies import DISTANCES, POLICIES, make_policy, policy_class
 from pipeline.models.dtypes import DTYPES
 from pipeline.planning.grid import (
     AR, ENGINE_CHOICES, FIRST_TURN, Catalog, GridError, GridSpec, PolicyEntry, Pair,
 )
-from pipeline.planning.model_ids import check_family_here, check_model_id, check_same_tokenizer, model_kind
+from pipeline.planning.grid_checks import AXES, check_combinations
+from pipeline.planning.model_ids import check_family_here, check_model_id, check_same_tokenizer
 from pipeline.planning.plugins import load_drafting_methods, parse_datasets, policy_kind
 
 MODES = ("live", "replay", "auto")
 
-AXES = ("window", "distance", "gamma", "temperature", "seed", "engine")
 FIELDS = {
     "name", "datasets", "turns", "pairs", "methods", "policies", *AXES,
     "max_new_tokens", "limit", "captioner", "shard_size", "mode", "live_samples", "live_seed", "sources", "calibrate",
     "drafting_methods",
 }
-QUESTION_TASKS = ("nq", "gsm8k")  # second-turn tasks that read a question dataset
 
 
 def load_grid(path: str | Path, catalog: Catalog | None = None) -> GridSpec:
@@ -75,12 +74,13 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None) -> GridSpec:
         untimed=tuple(pair for pair, _, timed in pairs if not timed),
         methods=methods,
         policies=tuple(_policy(entry, i, methods) for i, entry in enumerate(_list(raw.get("policies", ["static"]), "policies"))),
-        window=tuple(_window(w, i) for i, w in enumerate(_list(raw.get("window", list(GridSpec.window)), "window"))),
-        distance=tuple(_choice(d, DISTANCES, f"distance[{i}]") for i, d in enumerate(_list(raw.get("distance", list(GridSpec.distance)), "distance"))),
-        gamma=tuple(_int(g, f"gamma[{i}]", minimum=1) for i, g in enumerate(_list(raw.get("gamma", list(GridSpec.gamma)), "gamma"))),
-        temperature=tuple(_float(t, f"temperature[{i}]") for i, t in enumerate(_list(raw.get("temperature", list(GridSpec.temperature)), "temperature"))),
-        seed=tuple(_int(s, f"seed[{i}]", minimum=0) for i, s in enumerate(_list(raw.get("seed", list(GridSpec.seed)), "seed"))),
-        engine=tuple(_engine(e, f"engine[{i}]") for i, e in enumerate(_list(raw.get("engine", list(GridSpec.engine)), "engine"))),
+        window=_axis(raw, "window", _window),
+        distance=_axis(raw, "distance", lambda d, where: _choice(d, DISTANCES, where)),
+        gamma=_axis(raw, "gamma", lambda g, where: _int(g, where, minimum=1)),
+        temperature=_axis(raw, "temperature", _float),
+        seed=_axis(raw, "seed", lambda s, where: _int(s, where, minimum=0)),
+        engine=_axis(raw, "engine", _engine),
+        verify=_axis(raw, "verify", _verify),
         max_new_tokens=_int(raw.get("max_new_tokens", GridSpec.max_new_tokens), "max_new_tokens", minimum=1),
         limit=None if raw.get("limit") is None else _int(raw["limit"], "limit", minimum=1),
         captioner=_captioner(raw.get("captioner")),
@@ -91,7 +91,7 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None) -> GridSpec:
         sources=_sources(raw.get("sources") or {}),
         calibrate=_bool(raw.get("calibrate", GridSpec.calibrate), "calibrate"),
     )
-    _check_combinations(spec)
+    check_combinations(spec)
     return spec
 
 
@@ -205,10 +205,24 @@ def _policy(entry: Any, i: int, method_sets: tuple[str, ...]) -> PolicyEntry:
         raise GridError(f"{where}: {err}") from err
 
 
-def _window(value: Any, i: int) -> int | None:
+def _axis(raw: dict[str, Any], name: str, parse: Callable[[Any, str], Any]) -> tuple:
+    """An axis written as a scalar or a list (default: the grid's), each entry parsed with its
+    place, e.g. `gamma[1]`, for the error."""
+    values = _list(raw.get(name, list(getattr(GridSpec, name))), name)
+    return tuple(parse(value, f"{name}[{i}]") for i, value in enumerate(values))
+
+
+def _window(value: Any, where: str) -> int | None:
     if value is None or (isinstance(value, str) and value.upper() == "ALL"):
         return None
-    return _int(value, f"window[{i}]", minimum=1)
+    return _int(value, where, minimum=1)
+
+
+def _verify(value: Any, where: str):
+    try:
+        return make_verify(value)
+    except ValueError as err:
+        raise GridError(f"{where}: {err}") from err
 
 
 def _engine(value: Any, where: str) -> str:
@@ -242,56 +256,3 @@ def _captioner(value: Any) -> str | None:
     if not isinstance(value, str) or not value:
         raise GridError(f"captioner: expected a name (embedded, a hub id or a directory), got {value!r}")
     return value
-
-
-LISTED_FIELDS = ("datasets", "turns", "pairs", "methods", "policies", *AXES)
-
-
-def _check_no_repeats(spec: GridSpec) -> None:
-    """A value listed twice would silently run once: say so instead."""
-    for name in LISTED_FIELDS:
-        values = getattr(spec, name)
-        for j, value in enumerate(values):
-            if value in values[:j]:
-                shown = value.label if isinstance(value, Pair) else value
-                raise GridError(f"{name}[{j}]: {shown!r} is already listed as {name}[{values.index(value)}]")
-
-
-def _check_combinations(spec: GridSpec) -> None:
-    """Combinations no single field can rule out."""
-    _check_no_repeats(spec)
-    if spec.live_samples and spec.mode != "auto":
-        raise GridError(f"live_samples: {spec.live_samples} only applies to mode 'auto' (mode is {spec.mode!r})")
-    for name, _ in spec.sources:
-        if name not in spec.datasets and not (name in QUESTION_TASKS and name in spec.turns):
-            raise GridError(f"sources.{name}: not a dataset or question task ({', '.join(QUESTION_TASKS)}) of this grid")
-    for i, methods in enumerate(spec.methods):
-        if not any(policy.applies_to(methods) for policy in spec.policies):
-            raise GridError(f"methods[{i}] {methods!r}: no policy runs on it (every policy's 'methods' names other ensembles)")
-        captioned = "" if methods == AR else "".join(m for m in methods if needs_captions(m))
-        if captioned and spec.captioner is None:
-            raise GridError(f"methods[{i}] {methods!r} uses caption drafting ({captioned}) but the grid sets no captioner")
-        for letter in "" if methods == AR else methods:
-            for j, pair in enumerate(spec.pairs):
-                if model_kind(pair.draft) in METHODS[letter].refused_draft_kinds:
-                    raise GridError(
-                        f"methods[{i}] {methods!r} with pairs[{j}].draft {pair.draft!r}: {METHODS[letter].name} "
-                        f"drafting ({letter}) cannot run on a {model_kind(pair.draft)} draft"
-                    )
-    if spec.second_turns:
-        if FIRST_TURN not in spec.turns:
-            raise GridError(
-                f"turns {list(spec.second_turns)} build on the target's first-turn answers: add {FIRST_TURN!r} to turns"
-            )
-        if 0.0 not in spec.temperature:
-            raise GridError(
-                f"turns {list(spec.second_turns)} need the target's greedy first-turn answers: add 0 to temperature"
-            )
-    if spec.mode == "replay" and any(t > 0 for t in spec.temperature):
-        raise GridError("mode 'replay' scores greedy configurations only; use 'auto' to run temperature > 0 live")
-    for config in spec.configs():
-        if not config.is_ar:
-            try:
-                config.decode_config().validate()
-            except ValueError as err:
-                raise GridError(f"configuration {config.methods} / {config.policy.label} on {config.pair.label}: {err}") from err

@@ -4,7 +4,7 @@ live, cut into shards of a few samples, and the `--dry-run` summary. No Ray here
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Callable, Iterable, Sequence
 
 from pipeline.data.sample import Sample
@@ -13,10 +13,11 @@ from pipeline.planning.timed_samples import choose_timed
 
 
 def decode_mode(config: RunConfig, grid_mode: str) -> str:
-    """`replay` for greedy configurations unless the grid forces live runs; sampling is always
-    live. Greedy AR rides along with replay: trace collection decodes y with the plain AR loop,
-    and that decode (timings included) is the AR row."""
-    if not config.greedy or grid_mode == "live":
+    """`replay` for greedy configurations unless the grid forces live runs; sampling, and trees
+    whose shape depends on the draft off the target's path (dynamic), are always live. Greedy AR
+    rides along with replay: trace collection decodes y with the plain AR loop, and that decode
+    (timings included) is the AR row."""
+    if not config.greedy or grid_mode == "live" or not config.verify.replayable:
         return "live"
     return "replay"
 
@@ -96,10 +97,24 @@ def _bundles(
     return [bundle for bundle in bundles if bundle[1]]
 
 
+def counts(spec: GridSpec) -> dict[str, Counter]:
+    """Work-unit counts per dataset, turn, model pair, method set, policy, engine and verify kind."""
+    units = spec.units()
+    return {
+        "dataset": Counter(u.dataset for u in units),
+        "turn": Counter(u.turn for u in units),
+        "pair": Counter(u.config.pair.label for u in units),
+        "method set": Counter(u.config.methods for u in units),
+        "policy": Counter(u.config.policy.label for u in units),
+        "engine": Counter(u.config.engine for u in units),
+        "verify": Counter(u.config.verify.label for u in units),
+    }
+
+
 def unit_counts(spec: GridSpec) -> Iterable[str]:
     """Lines for `--dry-run`: work units per dataset, turn, model pair and method set."""
     yield f"grid {spec.name}: {len(spec.configs())} configurations, {len(spec.units())} work units"
-    for axis, counter in spec.counts().items():
+    for axis, counter in counts(spec).items():
         yield f"  by {axis}:"
         for name, n in counter.items():
             yield f"    {name}: {n}"

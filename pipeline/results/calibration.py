@@ -45,13 +45,13 @@ class Calibration:
     target_token_s: float  # Tp: one cached decode step of the target
     target_verify_s: float  # Tp(gamma+1): one target forward over gamma+1 tokens
     draft_token_s: float  # Tq: one cached decode step of the draft, one row
-    draft_rows_token_s: list[float]  # Tq with 1..MAX_ROWS rows in the batch (ensembles)
+    draft_rows_token_s: list[float]  # Tq with each of `draft_row_counts` rows in the batch (ensembles, trees)
     repeats: int  # timed steps per measurement, after warm-up; the median is kept
     engine: str = "eager"  # the decoding engine whose steps were timed (files from before engines: eager)
     rounds: int = 1  # times every measurement was repeated, target and draft alternating
     ratio_draft_target_rounds: list[float] = field(default_factory=list)  # Tq/Tp of each round
     ratio_verify_rounds: list[float] = field(default_factory=list)  # Tp(gamma+1)/Tp of each round
-    draft_rows_ratio: list[float] = field(default_factory=list)  # Tq(m rows)/Tp, median over rounds, m = 1..MAX_ROWS
+    draft_rows_ratio: list[float] = field(default_factory=list)  # Tq(m rows)/Tp, median over rounds, per draft_row_counts
     measured_at: str = ""  # UTC, ISO 8601
     device_name: str = ""  # e.g. NVIDIA H100 80GB HBM3 (pipeline.models.devices)
     # the verify-latency curve: token counts n fed in one target forward, the median seconds and
@@ -59,6 +59,7 @@ class Calibration:
     verify_tokens: list[int] = field(default_factory=list)
     verify_s: list[float] = field(default_factory=list)
     verify_ratios: list[float] = field(default_factory=list)
+    draft_row_counts: list[int] = field(default_factory=list)  # rows timed (files from before it: 1..MAX_ROWS)
 
     @property
     def ratio_draft_target(self) -> float:
@@ -103,24 +104,28 @@ def _prefilled(model: LVLM, sample: Sample, n_rows: int, engine: str, gamma: int
 def calibrate(
     target: LVLM, draft: LVLM, *, gammas: Sequence[int] = (DecodeConfig.gamma,), repeats: int = 10, rounds: int = 5,
     image: Image.Image | None = None, engine: str | None = None, verify_tokens: Sequence[int] = (),
+    draft_rows: Sequence[int] = (),
 ) -> Calibration:
-    """Measure Tp, Tp(n) for n = gamma + 1 of every gamma (and any other `verify_tokens`), and
-    Tq (1..4 rows) on an image prompt in `rounds` rounds, each the median of `repeats` steps
-    after warm-up, with the steps of `engine` (None: the device's default, as decoding picks
-    it). Times are medians over rounds; ratios are the medians of each round's ratios."""
+    """Measure Tp, Tp(n) for n = gamma + 1 of every gamma and every other of `verify_tokens`
+    (a tree's nodes + 1: the verify-latency curve), and Tq with 1..4 rows and every other of
+    `draft_rows` (a tree's draft batch) on an image prompt in `rounds` rounds, each the median
+    of `repeats` steps after warm-up, with the steps of `engine` (None: the device's default,
+    as decoding picks it). Times are medians over rounds; ratios are the medians of each
+    round's ratios."""
     engine = engine or default_engine(target, draft)
     image = image or Image.new("RGB", (336, 336), (120, 80, 200))
     sample = Sample("calibration", "none", 0, "first", PROMPT, (image,))
     gamma = max(gammas)
     sizes = sorted({g + 1 for g in gammas} | set(verify_tokens))
+    counts = sorted(set(range(1, MAX_ROWS + 1)) | set(draft_rows))
     target_rows = _prefilled(target, sample, 1, engine, max(sizes))
-    draft_rows = [_prefilled(draft, sample, n, engine, gamma) for n in range(1, MAX_ROWS + 1)]
+    draft_batches = [_prefilled(draft, sample, n, engine, gamma) for n in counts]
     token, verify, drafts = [], [], []
     for _ in range(rounds):
         token.append(_step_seconds(target, target_rows, 1, repeats))
         verify.append([_step_seconds(target, target_rows, n, repeats) for n in sizes])
-        drafts.append([_step_seconds(draft, rows, 1, repeats) for rows in draft_rows])
-    rows_ratio = [[d[m] / t for d, t in zip(drafts, token)] for m in range(MAX_ROWS)]
+        drafts.append([_step_seconds(draft, rows, 1, repeats) for rows in draft_batches])
+    rows_ratio = [[d[m] / t for d, t in zip(drafts, token)] for m in range(len(counts))]
     curve = [[v[i] / t for v, t in zip(verify, token)] for i in range(len(sizes))]
     at_gamma = sizes.index(gamma + 1)
     return Calibration(
@@ -132,7 +137,7 @@ def calibrate(
         target_token_s=median(token),
         target_verify_s=median(v[at_gamma] for v in verify),
         draft_token_s=median(d[0] for d in drafts),
-        draft_rows_token_s=[median(d[m] for d in drafts) for m in range(MAX_ROWS)],
+        draft_rows_token_s=[median(d[m] for d in drafts) for m in range(len(counts))],
         repeats=repeats,
         engine=engine,
         rounds=rounds,
@@ -144,4 +149,5 @@ def calibrate(
         verify_tokens=sizes,
         verify_s=[median(v[i] for v in verify) for i in range(len(sizes))],
         verify_ratios=[median(r) for r in curve],
+        draft_row_counts=counts,
     )

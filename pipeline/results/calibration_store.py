@@ -76,12 +76,20 @@ def measured_verify_tokens(calibration: pd.Series) -> set[int]:
 
 
 def draft_rows_ratio(calibration: pd.Series, rows: int) -> float:
-    """Tq with `rows` rows in the draft batch over Tp (an m-method ensemble drafts m rows)."""
-    ratios = calibration.get("draft_rows_ratio")
-    if ratios is not None and len(ratios):
-        return float(list(ratios)[min(rows, len(ratios)) - 1])
+    """Tq with `rows` rows in the draft batch over Tp (an m-method ensemble drafts m rows, a
+    candidate tree one group of them per branch); NaN when that batch was not timed."""
+    ratios = _listed(calibration.get("draft_rows_ratio"))
+    counts = _listed(calibration.get("draft_row_counts")) or list(range(1, len(ratios) + 1))
+    if ratios:
+        return float(ratios[counts.index(rows)]) if rows in counts else math.nan
     times = list(calibration["draft_rows_token_s"])  # files from before rounds were kept
-    return times[min(rows, len(times)) - 1] / calibration["target_token_s"]
+    return times[rows - 1] / calibration["target_token_s"] if rows <= len(times) else math.nan
+
+
+def measured_draft_rows(calibration: pd.Series) -> set[int]:
+    """The draft batch sizes a calibration timed."""
+    ratios = _listed(calibration.get("draft_rows_ratio")) or _listed(calibration.get("draft_rows_token_s"))
+    return set(_listed(calibration.get("draft_row_counts")) or range(1, len(ratios) + 1))
 
 
 def _spread(calibration: pd.Series, name: str) -> str:

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from pipeline.results.report import method_order, pooled_tau
+from pipeline.results.report import method_order, pooled_tau, with_tree_labels
 
 WIDTHS = {"one-column": 3.5, "two-column": 7.16}  # inches: a two-column paper's column and page width
 FORMATS = ("png", "pdf", "svg")
@@ -47,7 +47,7 @@ def pair_label(target: str, draft: str, dtype: str) -> str:
 def tau_cells(rows: pd.DataFrame) -> pd.DataFrame:
     """What `plot_tau` draws: pooled tau and sample count per pair, dtype, turn, dataset and
     method label. Every cell holds the rows of one pair only."""
-    ok = rows[rows["error"].isna()]
+    ok = with_tree_labels(rows[rows["error"].isna()])
     keys = ["target", "draft", "dtype", "turn", "category", "dataset", "method_label"]
     grouped = ok.groupby(keys, sort=False)
     cells = grouped.apply(pooled_tau, include_groups=False).rename("tau").to_frame()

@@ -21,11 +21,23 @@ AVERAGE = "Avg."
 
 
 def method_order(label: str) -> tuple:
-    """AR first, then by ensemble size, letters in M, T, C, P order, static before TABED (*)."""
-    methods = label.rstrip("*")
+    """AR first, then by ensemble size, letters in M, T, C, P order, static before TABED (*),
+    chains before token trees (`MT* (candidates)`)."""
+    base, _, tree = label.partition(" (")
+    methods = base.rstrip("*")
     if methods == "AR":
-        return (0, (), False)
-    return (len(methods), letter_order(methods), label.endswith("*"))
+        return (0, (), False, "")
+    return (len(methods), letter_order(methods), base.endswith("*"), tree)
+
+
+def with_tree_labels(rows: pd.DataFrame) -> pd.DataFrame:
+    """`rows` with the method label of tree-verified rows naming the tree, e.g.
+    `MT* (candidates)`, so no table or figure pools a tree with the chain of the same methods;
+    chains, AR and rows from before trees keep the paper's labels."""
+    if "verify" not in rows:
+        return rows
+    tree = rows["verify"].notna() & (rows["verify"] != "chain")
+    return rows.assign(method_label=rows["method_label"].where(~tree, rows["method_label"] + " (" + rows["verify"] + ")"))
 
 
 def pooled_tau(group: pd.DataFrame) -> float:
@@ -37,7 +49,7 @@ def pooled_tau(group: pd.DataFrame) -> float:
 def tau_table(df: pd.DataFrame) -> pd.DataFrame:
     """Rows: target, draft, turn, method (plus any grid field that varies); columns: benchmark
     datasets, then the others (OOD, NLP), each alphabetically, then `Avg.` over the benchmark ones."""
-    ok = df[df["error"].isna()].copy()
+    ok = with_tree_labels(df[df["error"].isna()].copy())
     cell = ok.groupby(TABLE_INDEX + ["dataset"], sort=False)
     index = TABLE_INDEX + [c for c in VARYING if cell[c].nunique(dropna=False).max() > 1]
     for column in index:  # NaN (e.g. window ALL) would drop out of groupby keys
@@ -70,7 +82,7 @@ SUMMARY_INDEX = ["target", "draft", "method_label", "policy"]
 def category_table(df: pd.DataFrame) -> pd.DataFrame:
     """Paper Table 2: mean of per-dataset pooled tau within each category and turn group
     (benchmark first turn, benchmark second turn, OOD first turn)."""
-    ok = df[df["error"].isna()]
+    ok = with_tree_labels(df[df["error"].isna()])
     cells = ok.groupby(SUMMARY_INDEX + ["category", "turn", "dataset"]).apply(pooled_tau, include_groups=False)
     cells = cells.rename("tau").reset_index()
     cells["group"] = cells["category"].str.capitalize() + " " + cells["turn"].where(cells["turn"] == "first", "second")
@@ -135,7 +147,7 @@ def method_findings(df: pd.DataFrame) -> pd.DataFrame:
     """Per pair, turn and dataset: pooled tau of M and T and which is higher, the best SD
     configuration, and where the paper's MT* and MTCP* rank among all SD configurations run
     (1 = best; configurations are method set x policy; equal tau at two decimals share a rank)."""
-    ok = df[df["error"].isna() & (df["method_label"] != "AR")]
+    ok = with_tree_labels(df[df["error"].isna() & (df["method_label"] != "AR")])
     keys = ["target", "draft", "turn", "dataset"]
     if ok.empty:  # e.g. a run stopped before any speculative row was written
         return pd.DataFrame(columns=keys)

@@ -98,6 +98,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("window", pa.int32(), lambda src: src.config.policy.window if src.dynamic else None),  # null = ALL history
     Column("distance", pa.string(), lambda src: src.config.policy.distance if src.dynamic else None),
     Column("gamma", pa.int32(), _config("gamma")),  # null for AR
+    # chain | candidates | dynamic(n=..,k=..): how the target verified (null for AR and rows from before trees)
+    Column("verify", pa.string(), lambda src: None if src.config.is_ar else src.config.verify.label),
     Column("temperature", pa.float64(), _config("temperature")),
     Column("seed", pa.int64(), _config("seed")),
     Column("max_new_tokens", pa.int32(), _config("max_new_tokens")),

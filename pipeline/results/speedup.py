@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import pandas as pd
 
+from pipeline.decoding.verify_spec import VerifySpec
+
 from pipeline.results.calibration_store import draft_rows_ratio, stored_calibration, verify_ratio
-from pipeline.results.report import method_order, pooled_tau
+from pipeline.results.report import method_order, pooled_tau, with_tree_labels
 
 # Walltimes of different engines, gammas, devices, step modes or library versions are never
 # pooled or compared: `timed_on` names what a row's walltime was measured on, and comes before
@@ -39,11 +41,14 @@ def speedup_table(df: pd.DataFrame, calibrations: pd.DataFrame) -> pd.DataFrame:
     measured walltime speedup of live runs (AR time / SD time over the samples both ran on
     the same engine and machine), one row per configuration, gamma and machine it was timed on.
 
-    `eq1` is the paper's tau / (gamma Tq/Tp + 1) at the row's own gamma; `corrected` uses the
-    draft latency of an m-row batch and the measured cost of that gamma's (gamma+1)-token
-    verify, which is not 1 on a CPU (NaN when the calibration did not measure that gamma).
+    `eq1` is the paper's tau / (gamma Tq/Tp + 1) at the row's own gamma, which assumes one
+    draft row and a verify that costs one target step. `corrected` is Eq. 1 generalised to the
+    block's real shape: gamma steps of the measured draft batch (m rows for an m-method chain,
+    a row per method and branch for a candidate tree, per method and node of a dynamic tree's
+    level) plus the measured cost of one target forward over the block's tokens (gamma + 1 for
+    a chain, nodes + 1 for a tree), both from the calibration; NaN where it did not time them.
     """
-    ok = df[df["error"].isna() & (df["turn"] == "first")].copy()
+    ok = with_tree_labels(df[df["error"].isna() & (df["turn"] == "first")].copy())
     ok["engine"] = ok["engine"].astype(object).where(ok["engine"].notna(), "-")  # rows from before engines were recorded
     ok["gamma"] = [UNTIMED if pd.isna(g) else int(g) for g in ok["gamma"]]
     ok["timed_on"] = timing_label(ok)
@@ -56,8 +61,10 @@ def speedup_table(df: pd.DataFrame, calibrations: pd.DataFrame) -> pd.DataFrame:
         calib = stored_calibration(calibrations, config["target"], config["draft"], config["dtype"])
         gamma, label = config["gamma"], config["method_label"]
         if label != "AR" and gamma != UNTIMED and calib is not None:
+            verify, methods = block_shape(group)
             row["eq1"] = row["tau"] / (gamma * calib["ratio_draft_target"] + 1)
-            row["corrected"] = row["tau"] / (gamma * draft_rows_ratio(calib, len(label.rstrip("*"))) + verify_ratio(calib, gamma + 1))
+            row["corrected"] = row["tau"] / (gamma * draft_rows_ratio(calib, verify.draft_rows(methods))
+                                             + verify_ratio(calib, verify.tree_nodes(gamma, methods) + 1))
         same_pair = lambda rows: rows[(rows["target"] == config["target"]) & (rows["draft"] == config["draft"])
                                       & (rows["dtype"] == config["dtype"]) & (rows["engine"] == config["engine"])]
         baseline = same_pair(ok[ok["mode"] == "ar"])
@@ -92,7 +99,7 @@ def draft_size_table(speedup: pd.DataFrame, calibrations: pd.DataFrame) -> pd.Da
     if table.empty:
         return pd.DataFrame()
     labels = [label for label in sorted(table["method_label"].unique(), key=method_order)
-              if label == "M" or label.endswith("*")]
+              if label.partition(" (")[0] == "M" or label.partition(" (")[0].endswith("*")]
     rows = []
     for key, block in table.groupby(groups, sort=False):
         machines = sorted(set(block["timed_on"]) - {UNTIMED}) or [UNTIMED]
@@ -109,6 +116,13 @@ def draft_size_table(speedup: pd.DataFrame, calibrations: pd.DataFrame) -> pd.Da
                 rows.append(row)
     result = pd.DataFrame(rows).set_index(groups + ["timed_on", "draft"])
     return result.iloc[sorted(range(len(result)), key=lambda i: (result.index[i][:5], result["Tq/Tp"].iloc[i]))]
+
+
+def block_shape(rows: pd.DataFrame) -> tuple[VerifySpec, int]:
+    """The verify spec and the number of drafting methods of one configuration's rows."""
+    label = rows["verify"].iloc[0] if "verify" in rows else None
+    methods = rows["method_label"].iloc[0].partition(" (")[0].rstrip("*")
+    return VerifySpec.from_label(None if pd.isna(label) else label), len(methods)
 
 
 def _measured_speedup(group: pd.DataFrame, baseline: pd.DataFrame, label: str) -> float:

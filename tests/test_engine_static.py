@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import warnings
 from contextlib import contextmanager
+from dataclasses import replace
 
 import pytest
 import torch
 
 import pipeline.decoding.live as live
 from pipeline.decoding.config import DecodeConfig
+from pipeline.decoding.verify_spec import make_verify
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.decoding.live import autoregressive_decode, speculative_decode
 from tests.conftest import FixedCaptioner
@@ -17,11 +19,16 @@ from tests.test_engine_lossless import CONFIGS, PROMPTS, sample_of
 
 MAX_NEW = 32
 SAMPLING = DecodeConfig(methods="MT", policy=InverseErrorPolicy(), temperature=0.8, max_new_tokens=MAX_NEW, seed=3)
-BLOCK_CONFIGS = {  # one of each block kind: single method, grid weights, inverse weights, sampling
+BLOCK_CONFIGS = {  # one of each block kind: single method, grid weights, inverse weights, sampling, trees
     "M": DecodeConfig(methods="M", max_new_tokens=MAX_NEW),
     "MT*": DecodeConfig(methods="MT", policy=GridSearchPolicy(), max_new_tokens=MAX_NEW),
     "MTCP*": DecodeConfig(methods="MTCP", policy=InverseErrorPolicy(window=4), max_new_tokens=MAX_NEW),
     "sampling": SAMPLING,
+    "MT* candidates": DecodeConfig(methods="MT", policy=GridSearchPolicy(), max_new_tokens=MAX_NEW,
+                                   verify=make_verify("candidates")),
+    "MTCP* dynamic": DecodeConfig(methods="MTCP", policy=InverseErrorPolicy(), max_new_tokens=MAX_NEW,
+                                  verify=make_verify({"kind": "dynamic", "nodes": 12, "top_k": 3})),
+    "sampling candidates": replace(SAMPLING, verify=make_verify("candidates")),
 }
 
 

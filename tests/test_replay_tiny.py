@@ -19,6 +19,7 @@ from PIL import Image
 
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
+from pipeline.decoding.verify_spec import make_verify
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.decoding.live import speculative_decode
 from pipeline.decoding.records import SampleRecord
@@ -38,6 +39,10 @@ CONFIGS += [
     for measure, distance in (("hard", "kl"), ("soft", "kl"), ("hard+soft", "kl"), ("soft", "tvd"))
 ]
 CONFIGS += [DecodeConfig(methods="MTCP", policy=InverseErrorPolicy(distance=d)) for d in ("kl", "tvd")]
+CANDIDATES = make_verify("candidates")  # the replayable tree: each method's chain and the ensembled one
+CONFIGS += [DecodeConfig(methods="MT", verify=CANDIDATES), DecodeConfig(methods="MTCP", verify=CANDIDATES),
+            DecodeConfig(methods="MT", policy=GridSearchPolicy(), verify=CANDIDATES),
+            DecodeConfig(methods="MTCP", policy=InverseErrorPolicy(), verify=CANDIDATES)]
 COMBOS = [replace(c, gamma=g, max_new_tokens=MAX_NEW) for c in CONFIGS for g in (1, 3, 5)]
 
 _QUESTIONS = [
@@ -146,7 +151,7 @@ def compare(trace: Traces, config: DecodeConfig, live: SampleRecord, replayed: S
 @pytest.mark.slow
 def test_replay_matches_live_on_tiny_fp32_models(tiny_pair):
     """Each prompt is traced once; 12 (config, gamma) combos per prompt rotate so that every
-    one of the 42 combos runs live on 6-7 of the 24 prompts."""
+    one of the 54 combos (candidate trees among them) runs live on 5-6 of the 24 prompts."""
     target, draft = tiny_pair
     samples = make_samples(24)
     compared, blocks, weight_noise, ties, failures = 0, 0, 0.0, [], []
@@ -162,7 +167,8 @@ def test_replay_matches_live_on_tiny_fp32_models(tiny_pair):
             blocks += result.blocks
             weight_noise = max(weight_noise, result.weight_noise)
             if result.divergence:
-                where = f"{sample.sample_id} {config.methods} {config.policy.label} {config.policy.distance} gamma={config.gamma}: {result.divergence}"
+                where = (f"{sample.sample_id} {config.methods} {config.policy.label} {config.policy.distance} "
+                         f"{config.verify.label} gamma={config.gamma}: {result.divergence}")
                 (ties if result.near_tie else failures).append(where)
     report = f"{compared} live runs, {blocks} blocks identical; inverse weights off by at most {weight_noise:.1e}; {len(ties)} near-tie(s)"
     warnings.warn("replay vs live (tiny fp32): " + "; ".join([report] + ties))
@@ -180,6 +186,7 @@ def test_replay_equals_live_exactly_when_models_compute_in_fp64(tiny_dirs):
     configs = [
         DecodeConfig(methods="MTCP", policy=InverseErrorPolicy(distance="kl")),
         DecodeConfig(methods="MT", policy=GridSearchPolicy(measure="hard+soft")),
+        DecodeConfig(methods="MTCP", policy=InverseErrorPolicy(distance="kl"), verify=CANDIDATES),
     ]
     for sample in make_samples(3):
         trace = collect_traces(target, draft, sample, "MTCP", FixedCaptioner(), max_new_tokens=MAX_NEW)

@@ -10,6 +10,7 @@ from transformers import PreTrainedTokenizerFast
 
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
+from pipeline.decoding.verify_spec import make_verify
 from pipeline.drafting.policies import make_policy
 from pipeline.decoding.live import speculative_decode
 from pipeline.decoding.rows import DynamicCacheRows
@@ -76,14 +77,19 @@ def total_variation(a: dict, b: dict) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("methods,policy", [("M", "static"), ("MP", "static"), ("MP", "inverse")])
-def test_sd_sampling_matches_target_distribution(word_pair, methods, policy):
+@pytest.mark.parametrize("methods,policy,verify", [
+    ("M", "static", "chain"), ("MP", "static", "chain"), ("MP", "inverse", "chain"),
+    # a candidate tree: three sampled chains (the mixture's and each method's) below one root
+    ("MP", "static", "candidates"), ("MP", "inverse", "candidates"),
+])
+def test_sd_sampling_matches_target_distribution(word_pair, methods, policy, verify):
     target, draft = word_pair
     exact_target = exact_two_token_distribution(target)
     exact_draft = exact_two_token_distribution(draft, methods)
     assert total_variation(exact_target, exact_draft) > 0.3  # the draft alone is far off
     counts: dict[tuple[int, ...], int] = {}
-    config = DecodeConfig(methods=methods, policy=make_policy(policy), gamma=2, temperature=1.0, max_new_tokens=2)
+    config = DecodeConfig(methods=methods, policy=make_policy(policy), gamma=2, temperature=1.0, max_new_tokens=2,
+                          verify=make_verify(verify))
     for seed in range(RUNS):
         out = tuple(speculative_decode(target, draft, SAMPLE, DecodeConfig(**{**config.__dict__, "seed": seed})).output_ids)
         counts[out] = counts.get(out, 0) + 1

@@ -1,0 +1,123 @@
+"""Token trees: greedy tree verification gives the target's own greedy output for every family,
+verify kind, method set and gamma; the tree structures themselves on hand-built cases; trees in
+the grid (axis, keys, live or replay); one host transfer per block."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from pipeline.data.sample import Sample
+from pipeline.decoding.config import DecodeConfig
+from pipeline.decoding.live import speculative_decode
+from pipeline.decoding.trees import Tree, candidate_tree, verify_tree_greedy
+from pipeline.decoding.verify_spec import VerifySpec, make_verify
+from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
+from pipeline.models.families import FAMILIES
+from pipeline.models.loading import load_model
+from pipeline.models.tiny import build_family_pair
+from tests.conftest import FixedCaptioner, solid
+from tests.test_model_families import hf_greedy
+
+MAX_NEW = 24
+VERIFY = {"chain": make_verify("chain"), "candidates": make_verify("candidates"),
+          "dynamic": make_verify({"kind": "dynamic", "nodes": 12, "top_k": 3})}
+
+
+def configs(pooling: bool) -> dict[str, DecodeConfig]:
+    """M, MT, MT* and MTCP* (MTC* where the family cannot pool image features for P)."""
+    big = "MTCP" if pooling else "MTC"
+    return {"M": DecodeConfig(methods="M"), "MT": DecodeConfig(methods="MT"),
+            "MT*": DecodeConfig(methods="MT", policy=GridSearchPolicy()),
+            f"{big}*": DecodeConfig(methods=big, policy=InverseErrorPolicy())}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family_case(request, tmp_path_factory):
+    """A tiny target and draft of the family, a two-image prompt and the target's own generate."""
+    target_dir, draft_dir = build_family_pair(request.param, tmp_path_factory.mktemp(request.param))
+    target, draft = load_model(str(target_dir)), load_model(str(draft_dir))
+    sample = Sample("unit", "test", 0, "first", "USER: Source: <image> Target: <image> Explain the difference. ASSISTANT:",
+                    (solid((20, 20, 200)), solid((200, 40, 20), size=(40, 70))))
+    return request.param, target, draft, sample, hf_greedy(target, sample, MAX_NEW)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verify", list(VERIFY))
+def test_greedy_trees_equal_the_targets_own_greedy_output(family_case, verify):
+    """Every family x verify kind x {M, MT, MT*, MTCP*} x gamma 1/3/5, on both engines."""
+    family, target, draft, sample, reference = family_case
+    for name, config in configs(FAMILIES[family].pooling).items():
+        for gamma in (1, 3, 5):
+            for engine in ("static", "eager"):
+                run = replace(config, gamma=gamma, max_new_tokens=MAX_NEW, verify=VERIFY[verify])
+                record = speculative_decode(target, draft, sample, run, FixedCaptioner(), engine=engine)
+                assert record.output_ids == reference, (family, verify, name, gamma, engine)
+                assert all(0 <= a <= gamma for a in record.accepted_per_block)
+                assert all(abs(sum(w) - 1) < 1e-5 for w in record.weights_per_block)
+
+
+def test_trees_accept_more_than_the_chain_on_a_draft_that_disagrees(tiny_pair):
+    """The tiny draft disagrees with its target often: the extra branches must find accepted
+    tokens the chain missed (a tree that never helped would be a chain with a cost)."""
+    target, draft = tiny_pair
+    sample = Sample("unit", "test", 0, "first", "USER: <image>\nWhat is in this image? ASSISTANT:", (solid((200, 20, 20)),))
+    base = DecodeConfig(methods="MT", policy=GridSearchPolicy(), gamma=5, max_new_tokens=32)
+    tau = {kind: speculative_decode(target, draft, sample, replace(base, verify=spec), FixedCaptioner()).tau
+           for kind, spec in VERIFY.items()}
+    assert tau["candidates"] > tau["chain"] and tau["dynamic"] > tau["chain"], tau
+
+
+def test_a_candidate_tree_merges_equal_prefixes():
+    chains = torch.tensor([[5, 6, 7], [5, 6, 9], [8, 6, 7]])
+    tree = candidate_tree(chains, merge=True)
+    assert tree.valid.tolist() == [True, True, True, False, False, True, True, True, True]
+    # branch 1 shares 5, 6 with branch 0: its third node hangs under branch 0's second (fed 2)
+    assert tree.parents.tolist() == [0, 1, 2, 0, 1, 2, 0, 7, 8]
+    assert tree.depths.tolist() == [1, 2, 3] * 3
+    apart = candidate_tree(chains, merge=False)
+    assert apart.valid.all() and apart.parents.tolist() == [0, 1, 2, 0, 4, 5, 0, 7, 8]
+
+
+def test_greedy_tree_verification_follows_the_targets_choice():
+    """root -> 5 -> {6 -> 7, 9}, and a second branch 8; the target wants 5, 9, then 4."""
+    tree = Tree(tokens=torch.tensor([5, 6, 7, 9, 8]), parents=torch.tensor([0, 1, 2, 1, 0]),
+                depths=torch.tensor([1, 2, 3, 2, 1]), valid=torch.ones(5, dtype=torch.bool), depth=3)
+    wanted = torch.tensor([5, 9, 0, 0, 4, 0])  # the target's argmax at each fed position (root first)
+    logits = torch.nn.functional.one_hot(wanted, 10).float()
+    outcome = verify_tree_greedy(tree, logits)
+    assert (int(outcome.accepted), int(outcome.next_token)) == (2, 4)
+    assert outcome.path.tolist() == [0, 1, 4, 0]  # root, 5, 9
+    seen = tree.ancestry()
+    assert seen[3].tolist() == [True, True, True, True, False, False]  # 7 sees root, 5, 6, itself
+    assert seen[5].tolist() == [True, False, False, False, False, True]
+    nothing = verify_tree_greedy(tree, torch.nn.functional.one_hot(torch.tensor([3, 0, 0, 0, 0, 0]), 10).float())
+    assert (int(nothing.accepted), int(nothing.next_token), nothing.path.tolist()) == (0, 3, [0, 0, 0, 0])
+
+
+def test_the_verify_axis_in_grids_keys_and_modes():
+    from pipeline.planning.grid import GridError, Pair, RunConfig, normalise
+    from pipeline.planning.grid_file import parse_grid
+    from pipeline.planning.shards import decode_mode
+
+    pair = Pair("tiny:target", "tiny:draft")
+    chain = RunConfig(pair, "MT", gamma=3)
+    assert chain.key() == replace(chain, verify=VerifySpec()).key()  # chains keep their keys from before trees
+    candidates = replace(chain, verify=make_verify("candidates"))
+    assert candidates.key() != chain.key()
+    assert normalise(replace(candidates, methods="M")).verify.is_chain  # one method's candidate tree is its chain
+    dynamic = normalise(replace(chain, verify=make_verify({"kind": "dynamic", "nodes": 40, "top_k": 4})))
+    assert dynamic.verify.nodes == 12  # at most gamma x top_k
+    assert (decode_mode(candidates, "auto"), decode_mode(dynamic, "auto")) == ("replay", "live")
+    raw = {"name": "g", "datasets": ["embedded_vqa"], "methods": ["AR", "M", "MT"], "pairs": [{"target": "tiny:target", "draft": "tiny:draft"}]}
+    spec = parse_grid(raw | {"verify": ["chain", "candidates", {"kind": "dynamic", "top_k": 2}]})
+    assert {c.verify.label for c in spec.configs() if c.methods == "MT"} == {"chain", "candidates", "dynamic(n=10,k=2)"}
+    with pytest.raises(GridError, match=r"verify\[0\]: unknown verify kind 'forest'"):
+        parse_grid(raw | {"verify": "forest"})
+    with pytest.raises(GridError, match=r"verify\[0\]: .*'depth'.*depth is gamma"):
+        parse_grid(raw | {"verify": [{"kind": "dynamic", "depth": 4}]})
+    with pytest.raises(GridError, match="greedy decoding only"):
+        parse_grid(raw | {"verify": [{"kind": "dynamic"}], "temperature": [0.0, 1.0], "mode": "auto"})
+    with pytest.raises(GridError, match="cannot score dynamic trees"):
+        parse_grid(raw | {"verify": [{"kind": "dynamic"}], "mode": "replay"})

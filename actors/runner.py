@@ -132,7 +132,7 @@ class GridRunner:
         planned = plan_shards(
             self.run_name, units, self.samples.for_unit, shard_size=self.spec.shard_size,
             grid_mode=self.spec.mode, live_samples=self.spec.live_samples,
-            live_seed=self.spec.live_seed, untimed=frozenset(self.spec.untimed), done=resume.keep,
+            live_seed=self.spec.live_seed, untimed=frozenset(self.spec.untimed + self.spec.untimed_verify), done=resume.keep,
         )
         self.report.rows_skipped += len(resume.keep)
         self.report.rows_recomputed += len(resume.recompute)

@@ -362,3 +362,21 @@ def test_a_policy_can_name_the_ensembles_it_runs_on():
 def test_policy_method_restrictions_are_validated(policies, message):
     with pytest.raises(GridError, match=re.escape(message)):
         grid(methods=["AR", "M", "MT", "MTCP"], captioner="embedded", policies=policies)
+
+
+def test_a_verify_kind_marked_untimed_is_replayed_on_the_timed_samples_too():
+    """`{kind: candidates, timed: false}`: trees scored by replay everywhere, chains timed live."""
+    spec = grid(methods=["AR", "MT"], gamma=[5], window=[None], distance=["kl"], turns=["first"], policies=["static"],
+                verify=["chain", {"kind": "candidates", "timed": False}])
+    assert [v.kind for v in spec.verify] == ["chain", "candidates"] and [v.kind for v in spec.untimed_verify] == ["candidates"]
+    samples = [sample(i) for i in range(3)]
+    shards = plan_shards("r", spec.units(), lambda u: samples, shard_size=3, grid_mode="auto", live_samples=1,
+                         untimed=frozenset(spec.untimed_verify))
+    live = {(c.methods, c.verify.kind) for s in shards if s.mode == "live" for c, _ in s.items}
+    assert live == {("AR", "chain"), ("MT", "chain")}
+    replayed = [(c.verify.kind, sid) for s in shards if s.mode == "replay" for c, sid in s.items if c.methods == "MT"]
+    assert sorted(kind for kind, _ in replayed).count("candidates") == 3  # every sample, the timed one included
+    keys = [k for s in shards for k in s.keys]
+    assert len(keys) == len(set(keys)) == len(spec.configs()) * 3
+    with pytest.raises(GridError, match=r"verify\[0\]\.timed: expected true or false"):
+        grid(verify=[{"kind": "candidates", "timed": "no"}])

@@ -240,6 +240,7 @@ class GridSpec:
     #: pairs marked `text_only: true`: their models may be plain causal LMs (pipeline.models.families)
     text_only: tuple[Pair, ...] = ()
     untimed: tuple[Pair, ...] = ()  # pairs marked `timed: false`: replayed on the `live_samples` too
+    untimed_verify: tuple[VerifySpec, ...] = ()  # verify kinds marked `timed: false`, likewise
     #: import paths of the grid's own drafting methods (pipeline.planning.plugins); workers import them too
     drafting_methods: tuple[str, ...] = ()
 

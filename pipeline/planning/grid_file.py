@@ -81,6 +81,7 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None) -> GridSpec:
         seed=_axis(raw, "seed", lambda s, where: _int(s, where, minimum=0)),
         engine=_axis(raw, "engine", _engine),
         verify=_axis(raw, "verify", _verify),
+        untimed_verify=tuple(filter(None, _axis(raw, "verify", lambda v, where: None if _timed(v, where) else _verify(v, where)))),
         max_new_tokens=_int(raw.get("max_new_tokens", GridSpec.max_new_tokens), "max_new_tokens", minimum=1),
         limit=None if raw.get("limit") is None else _int(raw["limit"], "limit", minimum=1),
         captioner=_captioner(raw.get("captioner")),
@@ -219,10 +220,16 @@ def _window(value: Any, where: str) -> int | None:
 
 
 def _verify(value: Any, where: str):
+    """A verify entry; `timed: false` (not part of the configuration) is read by `_timed`."""
     try:
-        return make_verify(value)
+        return make_verify({k: v for k, v in value.items() if k != "timed"} if isinstance(value, dict) else value)
     except ValueError as err:
         raise GridError(f"{where}: {err}") from err
+
+
+def _timed(value: Any, where: str) -> bool:
+    """Whether a verify entry runs live on the grid's `live_samples` (`timed: false`: replayed there too)."""
+    return _bool(value.get("timed", True), f"{where}.timed") if isinstance(value, dict) else True
 
 
 def _engine(value: Any, where: str) -> str:

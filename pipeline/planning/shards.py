@@ -8,6 +8,7 @@ from collections import Counter, defaultdict
 from typing import Callable, Iterable, Sequence
 
 from pipeline.data.sample import Sample
+from pipeline.decoding.verify_spec import VerifySpec
 from pipeline.planning.grid import FIRST_TURN, GridSpec, ModelGroup, Pair, RunConfig, Shard, WorkUnit, model_groups, row_key
 from pipeline.planning.timed_samples import choose_timed
 
@@ -31,7 +32,7 @@ def plan_shards(
     grid_mode: str = "live",
     live_samples: int = 0,
     live_seed: int = 0,
-    untimed: frozenset[Pair] = frozenset(),
+    untimed: frozenset[Pair | VerifySpec] = frozenset(),
     done: set[str] = frozenset(),
 ) -> list[Shard]:
     """Shards of at most `shard_size` samples, one model group (a target and its drafts),
@@ -41,8 +42,8 @@ def plan_shards(
     `actors.target_worker`) or one sampling configuration. In `auto` mode every greedy
     configuration of `live_samples` first-turn samples per group
     (`pipeline.planning.timed_samples`) runs live instead, AR included, so walltime is
-    measured on them, except for the `untimed` pairs, which are replayed there too; each row is
-    computed once either way, and every live shard names its timed samples."""
+    measured on them, except for the `untimed` pairs and verify kinds, which are replayed there
+    too; each row is computed once either way, and every live shard names its timed samples."""
     group_of = model_groups(unit.config.pair for unit in units)
     groups: dict[tuple[ModelGroup, str, str], list[RunConfig]] = defaultdict(list)
     for unit in units:
@@ -59,13 +60,19 @@ def plan_shards(
                     for sample_id in ids[start:start + shard_size]
                     for config in bundle
                     if row_key(config.key(), sample_id, hashes[sample_id]) not in done
-                    and not (mode == "replay" and sample_id in timed_here and config.pair not in untimed)
+                    and not (mode == "replay" and sample_id in timed_here and is_timed(config, untimed))
                 )
                 if items:
                     prompts = tuple((sid, hashes[sid]) for sid in dict.fromkeys(sid for _, sid in items))
                     shard_timed = tuple(sid for sid, _ in prompts if sid in timed_here and mode == "live")
                     shards.append(Shard(run, group, dataset, turn, mode, items, prompts, shard_timed))
     return shards
+
+
+def is_timed(config: RunConfig, untimed: frozenset[Pair | VerifySpec]) -> bool:
+    """Whether a replayable configuration runs live on the timed samples: neither its pair nor
+    its verify kind is marked `timed: false`."""
+    return config.pair not in untimed and config.verify not in untimed
 
 
 def _timed_samples(
@@ -82,7 +89,8 @@ def _timed_samples(
 
 
 def _bundles(
-    configs: list[RunConfig], sample_ids: list[str], timed: set[str], grid_mode: str, untimed: frozenset[Pair],
+    configs: list[RunConfig], sample_ids: list[str], timed: set[str], grid_mode: str,
+    untimed: frozenset[Pair | VerifySpec],
 ) -> list[tuple[str, list[RunConfig], list[str]]]:
     """(mode, configurations, sample ids) of one group, dataset and turn: one replay bundle of
     every replayable configuration; one live bundle of the greedy configurations that run live
@@ -92,7 +100,7 @@ def _bundles(
     live_greedy = [c for c in configs if c.greedy and decode_mode(c, grid_mode) == "live"]
     bundles = [("replay", replayed, sample_ids), ("live", live_greedy, sample_ids)]
     if timed:
-        bundles.append(("live", [c for c in replayed if c.pair not in untimed], [s for s in sample_ids if s in timed]))
+        bundles.append(("live", [c for c in replayed if is_timed(c, untimed)], [s for s in sample_ids if s in timed]))
     bundles += [("live", [c], sample_ids) for c in configs if not c.greedy]
     return [bundle for bundle in bundles if bundle[1]]
 

@@ -92,6 +92,21 @@ def measured_draft_rows(calibration: pd.Series) -> set[int]:
     return set(_listed(calibration.get("draft_row_counts")) or range(1, len(ratios) + 1))
 
 
+def verify_curves(calibrations: pd.DataFrame) -> pd.DataFrame:
+    """The verify-latency curve of every target, dtype and device: one row per token count n
+    with Tp(n)/Tp(1), from the latest calibration of each (the target's, whatever the draft)."""
+    if calibrations.empty:
+        return pd.DataFrame(columns=["target", "dtype", "device", "tokens", "ratio"])
+    latest = calibrations.sort_values("measured_at").copy()
+    latest["where"] = [c.get("device_name") or c["device"] for _, c in latest.iterrows()]
+    rows = []
+    for _, c in latest.drop_duplicates(["target", "dtype", "where"], keep="last").iterrows():
+        rows += [{"target": c["target"], "dtype": c["dtype"], "device": c["where"], "tokens": 1, "ratio": 1.0}]
+        rows += [{"target": c["target"], "dtype": c["dtype"], "device": c["where"], "tokens": n, "ratio": verify_ratio(c, n)}
+                 for n in sorted(measured_verify_tokens(c))]
+    return pd.DataFrame(rows)
+
+
 def _spread(calibration: pd.Series, name: str) -> str:
     rounds = calibration.get(f"{name}_rounds")
     value = f"{calibration[name]:.3f}"

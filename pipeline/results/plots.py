@@ -102,7 +102,8 @@ def tau_figure(rows: pd.DataFrame, width: str = "two-column") -> tuple[Figure, s
 def weight_ratio_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """One first-turn row of a TABED ensemble holding M and T (MT* first) per pair and
     category: the sample with the most blocks."""
-    dynamic = rows[rows["error"].isna() & (rows["turn"] == "first") & rows["method_label"].str.endswith("*")
+    chain = rows["verify"].fillna("chain") == "chain" if "verify" in rows else True  # the paper's figure is of chains
+    dynamic = rows[rows["error"].isna() & (rows["turn"] == "first") & rows["method_label"].str.endswith("*") & chain
                    & rows["methods"].str.contains("M") & rows["methods"].str.contains("T") & (rows["blocks"] > 1)]
     if dynamic.empty:
         return dynamic
@@ -180,6 +181,27 @@ def _draw_ratio(ax, row: pd.Series) -> None:
     ax.set_xlabel("decoding step", fontsize=6)
     ax.set_ylabel("w(M)/(w(M)+w(T))", fontsize=6)
     ax.tick_params(labelsize=6)
+
+
+def verify_cost_figure(curves: pd.DataFrame, width: str = "one-column") -> tuple[Figure, str] | None:
+    """The verify-latency curve: one target forward over n tokens against one cached step,
+    per target, dtype and device (`calibration_store.verify_curves`); None with < 2 points."""
+    if curves.empty or curves.groupby(["target", "dtype", "device"]).size().max() < 2:
+        return None
+    fig = Figure(figsize=(WIDTHS[width], 2.4))
+    ax = fig.subplots()
+    for (target, dtype, device), curve in curves.groupby(["target", "dtype", "device"], sort=True):
+        curve = curve.sort_values("tokens")
+        ax.plot(curve["tokens"], curve["ratio"], marker="o", ms=3, lw=1.2, label=f"{target} ({dtype}), {device}")
+    ax.axhline(1.0, color="0.5", lw=0.8, ls="--", label="one step (what Eq. 1 assumes)")
+    ax.set_xlabel("tokens in one target forward (chain: gamma + 1; tree: nodes + 1)", fontsize=6)
+    ax.set_ylabel("Tp(n) / Tp(1)", fontsize=6)
+    ax.tick_params(labelsize=6)
+    ax.legend(fontsize=5, frameon=False)
+    fig.tight_layout()
+    caption = ("Verify cost against tokens verified in one target forward, measured by calibration (median over "
+               "rounds): what a chain of gamma proposals or a tree of n nodes costs the target, relative to one step.")
+    return fig, caption
 
 
 def save(fig: Figure, stem: str | Path) -> list[Path]:

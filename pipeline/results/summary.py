@@ -13,11 +13,11 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.results.audit import GROUP_KEYS, lossless_table, lossless_text
-from pipeline.results.calibration_store import calibration_table, read_calibrations
+from pipeline.results.calibration_store import calibration_table, read_calibrations, verify_curves
 from pipeline.results.completeness import completeness_table, completeness_text
 from pipeline.results.fidelity import GROUP_KEYS as FIDELITY_KEYS, fidelity_table, fidelity_text
 from pipeline.results.latex import paper_tables
-from pipeline.results.plots import save, tau_figure, weight_ratio_figure
+from pipeline.results.plots import save, tau_figure, verify_cost_figure, weight_ratio_figure
 from pipeline.results.report import category_table, error_counts, findings_text, markdown_table, method_findings, tau_table
 from pipeline.results.speedup import draft_size_table, speedup_table
 from pipeline.results.store import read_manifest
@@ -135,8 +135,15 @@ def calibration_section(calibrations: pd.DataFrame, folder: Path) -> str:
     if table.empty:
         return ""
     table.to_csv(folder / "calibration.csv")
-    return ("## Calibration used (latency ratios, median [min-max] over rounds; the latest per pair and dtype)\n\n"
+    text = ("## Calibration used (latency ratios, median [min-max] over rounds; the latest per pair and dtype)\n\n"
             + markdown_table(table, mark_best=False))
+    curves = verify_curves(calibrations)
+    made = verify_cost_figure(curves)
+    if made is not None:
+        curves.to_csv(folder / "verify_cost.csv", index=False)
+        save(made[0], folder / "verify_cost")
+        text += f"\n\n![verify cost](verify_cost.png)\n\n> {made[1]}"
+    return text
 
 
 def figures_section(rows: pd.DataFrame, folder: Path) -> str:

@@ -82,6 +82,7 @@ def timed(fn, device: torch.device):
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()  # the log is the name=value lines
     if args.pair == "embedded":
         torch.set_num_threads(args.threads)
         target, draft, captioner, samples = embedded_case(args)

@@ -121,3 +121,20 @@ def test_the_verify_axis_in_grids_keys_and_modes():
         parse_grid(raw | {"verify": [{"kind": "dynamic"}], "temperature": [0.0, 1.0], "mode": "auto"})
     with pytest.raises(GridError, match="cannot score dynamic trees"):
         parse_grid(raw | {"verify": [{"kind": "dynamic"}], "mode": "replay"})
+
+
+@pytest.mark.slow
+def test_greedy_trees_are_lossless_in_fp16(tiny_dirs):
+    """fp16 forwards (on the CPU here): trees still give the target's own greedy output."""
+    from pipeline.decoding.live import autoregressive_decode
+    from pipeline.models.loading import load_pair
+    from tests.test_engine_lossless import PROMPTS, sample_of
+
+    target, draft = load_pair(tiny_dirs["target"], tiny_dirs["draft"], dtype="fp16")
+    for name, text, images in PROMPTS:
+        sample = sample_of(name, text, images)
+        reference = autoregressive_decode(target, sample, max_new_tokens=MAX_NEW).output_ids
+        for verify in ("candidates", "dynamic"):
+            for config in (DecodeConfig(methods="MT", policy=GridSearchPolicy()), DecodeConfig(methods="MTCP", policy=InverseErrorPolicy())):
+                run = replace(config, gamma=3, max_new_tokens=MAX_NEW, verify=VERIFY[verify])
+                assert speculative_decode(target, draft, sample, run, FixedCaptioner()).output_ids == reference, (name, verify)

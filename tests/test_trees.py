@@ -115,8 +115,17 @@ def test_the_verify_axis_in_grids_keys_and_modes():
     assert {c.verify.label for c in spec.configs() if c.methods == "MT"} == {"chain", "candidates", "dynamic(n=10,k=2)"}
     with pytest.raises(GridError, match=r"verify\[0\]: unknown verify kind 'forest'"):
         parse_grid(raw | {"verify": "forest"})
-    with pytest.raises(GridError, match=r"verify\[0\]: .*'depth'.*depth is gamma"):
-        parse_grid(raw | {"verify": [{"kind": "dynamic", "depth": 4}]})
+    # a dynamic tree's depth is its draft steps per block: the row's gamma, whatever the gamma axis says
+    deep = parse_grid(raw | {"gamma": [3, 5], "verify": [{"kind": "dynamic", "top_k": 2, "depth": 4}]}).configs()
+    assert [(c.gamma, c.verify) for c in deep if c.methods == "MT"] == [(4, VerifySpec("dynamic", 8, 2))]
+    at_gamma_4 = parse_grid(raw | {"gamma": [4], "verify": [{"kind": "dynamic", "top_k": 2}]}).configs()
+    assert {c.key() for c in deep} == {c.key() for c in at_gamma_4}
+    with pytest.raises(GridError, match=r"verify\[0\]: dynamic tree depth must be an integer >= 1, got 0"):
+        parse_grid(raw | {"verify": [{"kind": "dynamic", "depth": 0}]})
+    with pytest.raises(GridError, match=r"verify\[0\]: verify kind 'candidates' takes no nodes, top_k or depth"):
+        parse_grid(raw | {"verify": [{"kind": "candidates", "depth": 3}]})
+    with pytest.raises(ValueError, match="depth 4 with gamma 3"):
+        DecodeConfig(gamma=3, verify=make_verify({"kind": "dynamic", "depth": 4})).validate()
     with pytest.raises(GridError, match="greedy decoding only"):
         parse_grid(raw | {"verify": [{"kind": "dynamic"}], "temperature": [0.0, 1.0], "mode": "auto"})
     with pytest.raises(GridError, match="cannot score dynamic trees"):

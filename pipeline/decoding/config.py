@@ -32,6 +32,9 @@ class DecodeConfig:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         self.policy.validate()
         self.verify.validate()
+        if self.verify.depth not in (None, self.gamma):
+            raise ValueError(f"a dynamic tree's depth is the draft steps per block, its gamma: depth "
+                             f"{self.verify.depth} with gamma {self.gamma} (a grid sets gamma from depth)")
         if not self.verify.replayable and not self.greedy:
             raise ValueError(f"a {self.verify.kind} tree verifies greedy decoding only (it keeps children by rank, "
                              "which sampling's acceptance rule cannot correct for); for sampling use chain or candidates")

@@ -6,7 +6,8 @@ axis). Names and knobs only, so grid files validate without torch; the trees the
 - `candidates`: each drafting method's own chain and the ensembled chain, `gamma` deep, as
   branches of one tree (merged into a prefix tree when greedy); a single method is a chain.
 - `dynamic`: a tree shaped by the mixed draft distribution's confidence, like Spec-LLaVA's:
-  `gamma` levels, each keeping the `top_k` children with the highest path probability (several
+  `depth` levels (by default the grid's `gamma`: a tree's depth is the draft steps per block,
+  so a grid records it as the row's gamma), each keeping the `top_k` children with the highest path probability (several
   siblings where the draft is unsure, one where it is sure), then the `nodes` most probable
   nodes of all levels. Greedy only: its shape depends on draft distributions off the target's
   path, so it also runs live, never by trace replay.
@@ -22,11 +23,13 @@ DYNAMIC_NODES, DYNAMIC_TOP_K = 16, 4
 
 @dataclass(frozen=True)
 class VerifySpec:
-    """`kind` of `VERIFY_KINDS`; `nodes` and `top_k` for `dynamic` trees (None elsewhere)."""
+    """`kind` of `VERIFY_KINDS`; `nodes`, `top_k` and optionally `depth` (else gamma) for
+    `dynamic` trees (None elsewhere)."""
 
     kind: str = "chain"
     nodes: int | None = None
     top_k: int | None = None
+    depth: int | None = None
 
     @property
     def is_chain(self) -> bool:
@@ -46,12 +49,14 @@ class VerifySpec:
     def validate(self) -> None:
         if self.kind not in VERIFY_KINDS:
             raise ValueError(f"unknown verify kind {self.kind!r}; choose one of {VERIFY_KINDS}")
-        knobs = {"nodes": self.nodes, "top_k": self.top_k}
+        knobs = {"nodes": self.nodes, "top_k": self.top_k, "depth": self.depth}
         if self.kind != "dynamic":
             if any(v is not None for v in knobs.values()):
-                raise ValueError(f"verify kind {self.kind!r} takes no nodes or top_k (those are for 'dynamic')")
+                raise ValueError(f"verify kind {self.kind!r} takes no nodes, top_k or depth (those are for 'dynamic')")
             return
         for name, value in knobs.items():
+            if name == "depth" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"dynamic tree {name} must be an integer >= 1, got {value!r}")
 
@@ -60,6 +65,15 @@ class VerifySpec:
         if self.kind != "dynamic":
             return self
         return replace(self, nodes=min(self.nodes, gamma * self.top_k))
+
+    def settled(self, methods: int, gamma: int) -> tuple[VerifySpec, int]:
+        """The spec and gamma a configuration of `methods` drafting methods runs: one method's
+        candidate tree is its chain; a dynamic tree's `depth` is its gamma (the draft steps per
+        block, recorded as such), and it holds at most gamma x top_k nodes."""
+        if self.kind == "candidates" and methods == 1:
+            return VerifySpec(), gamma
+        gamma = self.depth or gamma
+        return replace(self, depth=None).for_gamma(gamma), gamma
 
     def tree_nodes(self, gamma: int, methods: int) -> int:
         """Nodes a block feeds the target besides its pending token (a chain: gamma)."""
@@ -95,8 +109,8 @@ def candidate_branches(methods: int) -> int:
 
 
 def make_verify(entry: Any) -> VerifySpec:
-    """A grid entry (`chain`, `candidates`, `{kind: dynamic, nodes: 16, top_k: 4}`) as a
-    validated spec; ValueError names what is wrong."""
+    """A grid entry (`chain`, `candidates`, `{kind: dynamic, nodes: 16, top_k: 4, depth: 6}`)
+    as a validated spec; ValueError names what is wrong."""
     if isinstance(entry, VerifySpec):
         entry.validate()
         return entry
@@ -104,9 +118,9 @@ def make_verify(entry: Any) -> VerifySpec:
         entry = {"kind": entry}
     if not isinstance(entry, dict) or "kind" not in entry:
         raise ValueError(f"expected a kind ({', '.join(VERIFY_KINDS)}) or a mapping with 'kind', got {entry!r}")
-    unknown = sorted(set(entry) - {"kind", "nodes", "top_k"})
+    unknown = sorted(set(entry) - {"kind", "nodes", "top_k", "depth"})
     if unknown:
-        raise ValueError(f"{unknown} not a field of a verify entry; its fields: kind, nodes, top_k (depth is gamma)")
+        raise ValueError(f"{unknown} not a field of a verify entry; its fields: kind, nodes, top_k, depth")
     fields = dict(entry)
     if fields["kind"] == "dynamic":
         fields.setdefault("nodes", DYNAMIC_NODES)

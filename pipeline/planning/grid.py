@@ -141,6 +141,8 @@ def _config_key(config: RunConfig) -> str:
     fields = asdict(config) | {"policy": config.policy.key_fields()}
     if config.verify.is_chain:  # keys from before trees existed stay the keys of chains
         del fields["verify"]
+    else:  # a tree's depth is folded into gamma (normalise); keys from before depth stay
+        fields["verify"].pop("depth")
     payload = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -291,6 +293,5 @@ def normalise(config: RunConfig) -> RunConfig:
         return replace(config, policy=StaticPolicy(), gamma=None, captioner=None, verify=VerifySpec())
     policy = StaticPolicy() if len(config.methods) == 1 else config.policy.canonical()  # one method: no weights
     captioner = config.captioner if needs_captions(config.methods) else None
-    # one method's candidate tree is its own chain; a dynamic tree holds at most gamma x top_k nodes
-    verify = VerifySpec() if config.verify.kind == "candidates" and len(config.methods) == 1 else config.verify
-    return replace(config, policy=policy, captioner=captioner, verify=verify.for_gamma(config.gamma))
+    verify, gamma = config.verify.settled(len(config.methods), config.gamma)
+    return replace(config, policy=policy, captioner=captioner, gamma=gamma, verify=verify)

@@ -7,9 +7,9 @@ axis). Names and knobs only, so grid files validate without torch; the trees the
   branches of one tree (merged into a prefix tree when greedy); a single method is a chain.
 - `dynamic`: a tree shaped by the mixed draft distribution's confidence, like Spec-LLaVA's:
   `depth` levels (by default the grid's `gamma`: a tree's depth is the draft steps per block,
-  so a grid records it as the row's gamma), each keeping the `top_k` children with the highest path probability (several
-  siblings where the draft is unsure, one where it is sure), then the `nodes` most probable
-  nodes of all levels. Greedy only: its shape depends on draft distributions off the target's
+  so a grid records it as the row's gamma), each keeping the `top_k` children with the
+  highest path probability (several siblings where the draft is unsure, one where it is
+  sure), then the `nodes` most probable nodes of all levels. Greedy only: its shape depends on draft distributions off the target's
   path, so it also runs live, never by trace replay.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable
 import yaml
 
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.verify_spec import make_verify
+from pipeline.decoding.verify_spec import VerifySpec, make_verify
 from pipeline.drafting.policies import DISTANCES, POLICIES, make_policy, policy_class
 from pipeline.models.dtypes import DTYPES
 from pipeline.planning.grid import (
@@ -63,6 +63,7 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None) -> GridSpec:
     methods = _methods(raw["methods"])
     datasets, user_datasets = parse_datasets(raw["datasets"], catalog)
     pairs = [_pair(entry, i) for i, entry in enumerate(_list(raw["pairs"], "pairs"))]
+    verify = _axis(raw, "verify", _verify)
     spec = GridSpec(
         name=_name(raw.get("name", "grid")),
         datasets=datasets,
@@ -80,8 +81,8 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None) -> GridSpec:
         temperature=_axis(raw, "temperature", _float),
         seed=_axis(raw, "seed", lambda s, where: _int(s, where, minimum=0)),
         engine=_axis(raw, "engine", _engine),
-        verify=_axis(raw, "verify", _verify),
-        untimed_verify=tuple(filter(None, _axis(raw, "verify", lambda v, where: None if _timed(v, where) else _verify(v, where)))),
+        verify=tuple(spec for spec, _ in verify),
+        untimed_verify=tuple(spec for spec, timed in verify if not timed),
         max_new_tokens=_int(raw.get("max_new_tokens", GridSpec.max_new_tokens), "max_new_tokens", minimum=1),
         limit=None if raw.get("limit") is None else _int(raw["limit"], "limit", minimum=1),
         captioner=_captioner(raw.get("captioner")),
@@ -219,17 +220,14 @@ def _window(value: Any, where: str) -> int | None:
     return _int(value, where, minimum=1)
 
 
-def _verify(value: Any, where: str):
-    """A verify entry; `timed: false` (not part of the configuration) is read by `_timed`."""
+def _verify(value: Any, where: str) -> tuple[VerifySpec, bool]:
+    """A verify entry and whether it runs live on the grid's `live_samples` (`timed: false`, not
+    part of the configuration, replays it there too)."""
+    timed = _bool(value.get("timed", True), f"{where}.timed") if isinstance(value, dict) else True
     try:
-        return make_verify({k: v for k, v in value.items() if k != "timed"} if isinstance(value, dict) else value)
+        return make_verify({k: v for k, v in value.items() if k != "timed"} if isinstance(value, dict) else value), timed
     except ValueError as err:
         raise GridError(f"{where}: {err}") from err
-
-
-def _timed(value: Any, where: str) -> bool:
-    """Whether a verify entry runs live on the grid's `live_samples` (`timed: false`: replayed there too)."""
-    return _bool(value.get("timed", True), f"{where}.timed") if isinstance(value, dict) else True
 
 
 def _engine(value: Any, where: str) -> str:

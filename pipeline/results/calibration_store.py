@@ -98,13 +98,19 @@ def verify_curves(calibrations: pd.DataFrame) -> pd.DataFrame:
     if calibrations.empty:
         return pd.DataFrame(columns=["target", "dtype", "device", "tokens", "ratio"])
     latest = calibrations.sort_values("measured_at").copy()
-    latest["where"] = [c.get("device_name") or c["device"] for _, c in latest.iterrows()]
+    latest["where"] = [_device(c) for _, c in latest.iterrows()]
     rows = []
     for _, c in latest.drop_duplicates(["target", "dtype", "where"], keep="last").iterrows():
         rows += [{"target": c["target"], "dtype": c["dtype"], "device": c["where"], "tokens": 1, "ratio": 1.0}]
         rows += [{"target": c["target"], "dtype": c["dtype"], "device": c["where"], "tokens": n, "ratio": verify_ratio(c, n)}
                  for n in sorted(measured_verify_tokens(c))]
     return pd.DataFrame(rows)
+
+
+def _device(calibration: pd.Series) -> str:
+    """Where it was measured: the device's name (e.g. the GPU model), else `cpu`/`cuda:0` for
+    files from before names were kept."""
+    return calibration.get("device_name") or calibration["device"]
 
 
 def _spread(calibration: pd.Series, name: str) -> str:
@@ -123,7 +129,7 @@ def calibration_table(calibrations: pd.DataFrame) -> pd.DataFrame:
     keys = calibrations[["target", "draft", "dtype"]].drop_duplicates().itertuples(index=False)
     used = [stored_calibration(calibrations, *key) for key in keys]
     lines = [
-        {"target": c["target"], "draft": c["draft"], "dtype": c["dtype"], "device": c.get("device_name") or c["device"],
+        {"target": c["target"], "draft": c["draft"], "dtype": c["dtype"], "device": _device(c),
          "engine": c.get("engine", "-"), "gamma": int(c["gamma"]), "Tq/Tp": _spread(c, "ratio_draft_target"),
          "Tp(gamma+1)/Tp": _spread(c, "ratio_verify"),
          "Tp(n)/Tp by n": ", ".join(f"{n}: {verify_ratio(c, n):.3f}" for n in sorted(measured_verify_tokens(c))),

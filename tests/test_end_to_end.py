@@ -79,7 +79,7 @@ def test_notebook_runs_headless_on_smoke_results(smoke_results):
         del os.environ["TABED_RESULTS"]
     outputs = [o for cell in notebook.cells for o in cell.get("outputs", [])]
     text = "".join(o.get("text", "") for o in outputs)
-    assert "matches pipeline.results.report.tau_table" in text and "run smoke, pair tiny:target <- tiny:draft (fp32)" in text
+    assert "matches pipeline.results.report.tau_table" in text and "run smoke, target tiny:target (fp32), drafts ['tiny:draft']" in text
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 2  # both figures shown inline
 
 

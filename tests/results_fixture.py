@@ -1,0 +1,92 @@
+"""A results folder shaped like the default job's, written without decoding: one target with two
+drafts, chains and candidate trees of the same ensembles, a first and a second turn, an OOD
+scenario, timed live rows and a calibration per pair. Accepted counts are seeded, so every
+table the report draws from it is fixed; what the code under test does with them is real."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from pipeline.data.sample import Sample
+from pipeline.decoding.records import SampleRecord
+from pipeline.decoding.verify_spec import VerifySpec
+from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
+from pipeline.planning.grid import Pair, RunConfig
+from pipeline.results.calibration import Calibration
+from pipeline.results.calibration_store import write_calibration
+from pipeline.results.schema import make_row
+from pipeline.results.store import rows_to_table, write_manifest, write_shards
+
+RUN = "embedded"
+TARGET = "embedded:target"
+SMALL, LARGE = Pair(TARGET, "embedded:small_draft"), Pair(TARGET, "embedded:draft")
+DATASETS = {"embedded_vqa": "benchmark", "embedded_describe": "benchmark", "embedded_story": "ood"}
+TURNS = ("first", "qaorg")
+SAMPLES = 3
+TIMED = "embedded_vqa/test/0"  # the one timed sample of the small draft
+ENVIRONMENT = {"device_name": "cpu: test CPU (2 threads)", "torch_version": "2.13.0", "transformers_version": "5.24.0"}
+
+
+def configs(pair: Pair) -> list[RunConfig]:
+    """AR, M, T, MT, MT*, MTCP* as chains, and MT* and MTCP* as candidate trees too."""
+    tabed = [RunConfig(pair, "MT", GridSearchPolicy()), RunConfig(pair, "MTCP", InverseErrorPolicy())]
+    chains = [RunConfig(pair, "AR", gamma=None), RunConfig(pair, "M"), RunConfig(pair, "T"), RunConfig(pair, "MT"), *tabed]
+    trees = [RunConfig(c.pair, c.methods, c.policy, verify=VerifySpec("candidates")) for c in tabed]
+    return chains + trees
+
+
+def record(config: RunConfig, sample: Sample, rng: random.Random, *, live: bool, seconds: float) -> SampleRecord:
+    """A plausible outcome: blocks of up to gamma accepted proposals, 24 tokens in all."""
+    accepted, emitted = [], 0
+    while emitted < 24:
+        n = 0 if config.is_ar else min(rng.randint(0, 5), 23 - emitted)
+        accepted.append(n)
+        emitted += n + 1
+    methods = 0 if config.is_ar else len(config.methods)
+    weights = [[round(1 / methods, 6)] * methods for _ in accepted] if methods else []
+    mode = "ar" if config.is_ar else "live" if live else "replay"
+    return SampleRecord(sample.sample_id, mode=mode, engine="static", accepted_per_block=accepted,
+                        weights_per_block=weights, output_ids=list(range(3, 3 + emitted)),
+                        output_text="a red circle", time_total_s=seconds if live or config.is_ar else 0.0)
+
+
+def write_results(out: Path, *, calibrate: bool = True) -> Path:
+    """Write the fixture's rows, manifest and calibrations under `out`; returns `out`."""
+    rng = random.Random(0)
+    rows = []
+    for pair in (SMALL, LARGE):
+        for dataset, category in DATASETS.items():
+            for turn in TURNS:
+                for row in range(SAMPLES):
+                    sample = Sample(dataset, "test", row, turn, f"USER: <image>\nq{row} ASSISTANT:", category=category)
+                    timed = pair == SMALL and sample.sample_id == TIMED and turn == "first"
+                    for config in configs(pair):
+                        live = timed and not config.is_ar and config.verify.is_chain
+                        seconds = 2.0 if config.is_ar else 1.0 + 0.1 * len(config.methods)
+                        made = record(config, sample, rng, live=live, seconds=seconds)
+                        rows.append(make_row(RUN, f"{dataset}-{turn}", config, sample, made, timed, ENVIRONMENT))
+    for shard in dict.fromkeys(row["shard"] for row in rows):
+        write_shards(out, rows_to_table([row for row in rows if row["shard"] == shard]))
+    expected = {}
+    for row in rows:
+        key = (row["target"], row["draft"], row["dtype"], row["turn"])
+        expected[key] = expected.get(key, 0) + 1
+    write_manifest(out, RUN, {"grid": RUN, "expected": [dict(zip(("target", "draft", "dtype", "turn"), k), rows=n)
+                                                          for k, n in expected.items()]})
+    if calibrate:
+        for pair, ratio in ((SMALL, 0.04), (LARGE, 0.98)):
+            write_calibration(out, calibration(pair, ratio))
+    return out
+
+
+def calibration(pair: Pair, ratio: float, spread: float = 0.1, measured_at: str = "2026-11-25T00:00:00+00:00") -> Calibration:
+    """A calibration of `pair` whose Tq/Tp rounds lie within +-`spread` of `ratio`, relative."""
+    rounds = [ratio * (1 + spread * k) for k in (-1, -0.5, 0, 0.5, 1)]
+    return Calibration(
+        target=pair.target, draft=pair.draft, device="cpu", dtype="fp32", gamma=5, target_token_s=0.05,
+        target_verify_s=0.08, draft_token_s=0.05 * ratio, draft_rows_token_s=[0.05 * ratio] * 4, repeats=10,
+        engine="static", rounds=5, ratio_draft_target_rounds=rounds, ratio_verify_rounds=[1.6] * 5,
+        draft_rows_ratio=[ratio, ratio * 1.2, ratio * 1.4, ratio * 1.6], measured_at=measured_at,
+        device_name="cpu: test CPU (2 threads)", verify_tokens=[6], verify_s=[0.08], verify_ratios=[1.6],
+        draft_row_counts=[1, 2, 3, 4],
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pytest
 import pandas as pd
 
 from pipeline.data.sample import Sample
@@ -42,12 +43,13 @@ def test_tau_figure_never_pools_pairs():
     figure, caption = tau_figure(rows)
     assert len(figure.axes) == 2  # one panel per pair (x one turn)
     titles = [ax.get_title() for ax in figure.axes]
-    assert any("big <- small (fp32)" in t for t in titles) and any("big <- tiny (fp32)" in t for t in titles)
+    assert any("<- small (fp32)" in t for t in titles) and any("<- tiny (fp32)" in t for t in titles)
+    assert "target big" in figure._suptitle.get_text()  # one target: named once, above the panels
     assert "2 pair(s)" in caption and "gamma 5" in caption
     bars = {(ax.get_title().split("\n")[0], tuple(round(c, 3) for c in patch.get_facecolor()[:3]), round(patch.get_height(), 6))
             for ax in figure.axes for patch in ax.patches}
     m_colour = tuple(round(c, 3) for c in bar_colour("M"))
-    assert ("big <- small (fp32)", m_colour, 5.0) in bars and ("big <- tiny (fp32)", m_colour, 1.0) in bars
+    assert ("<- small (fp32)", m_colour, 5.0) in bars and ("<- tiny (fp32)", m_colour, 1.0) in bars
 
 
 def bar_colour(label: str):
@@ -109,3 +111,46 @@ def test_paper_tables_in_latex_carry_marks_and_ood_daggers():
     assert "\\emph{big $\\leftarrow$ small, first turn}" in table1
     well_formed(tex["table2.tex"], len(categories.columns))
     assert re.search(r"Ood first\$\^\{\\dagger\}\$", tex["table2.tex"])
+
+
+PAGE_HEIGHT_IN = 9.0  # a page's text height (US letter or A4 with 1-inch margins)
+
+
+@pytest.mark.parametrize("width", ["two-column", "one-column"])
+def test_figures_fit_their_width_with_the_legend_inside_and_one_column_fits_a_page(tmp_path, width):
+    """Saved with a tight bounding box, a figure whose legend or labels stick out of its canvas
+    grows past the nominal size: the file must stay within it. Rows of the default job's
+    shape: two drafts, three turns, twelve method labels with the candidate trees."""
+    from PIL import Image
+
+    from pipeline.results.calibration_store import verify_curves
+    from pipeline.results.plots import WIDTHS, verify_cost_figure
+    from pipeline.results.store import read_results
+    from tests.results_fixture import RUN, write_results
+
+    out = write_results(tmp_path / "results")
+    rows = read_results(out, RUN)
+    third_turn = rows[rows["turn"] == "qaorg"].assign(turn="gsm8k")
+    rows = pd.concat([rows, third_turn], ignore_index=True)
+    curves = verify_curves(pipeline_calibrations(out))
+    figures = {"tau": tau_figure(rows, width=width), "weights": weight_ratio_figure(rows, width=width),
+               "verify_cost": verify_cost_figure(curves, width=width)}
+    for name, made in figures.items():
+        figure = made[0]
+        w, h = figure.get_size_inches()
+        assert w == WIDTHS[width], name
+        if width == "one-column":
+            assert h <= PAGE_HEIGHT_IN, f"{name}: {h:.1f} in tall"
+        titles = [ax.title.get_window_extent() for ax in figure.axes if ax.get_visible() and ax.get_title()]
+        for i, a in enumerate(titles):
+            assert not any(a.overlaps(b) for b in titles[i + 1:]), f"{name}: panel titles run into each other"
+        path = tmp_path / f"{name}-{width}.png"
+        figure.savefig(path, dpi=100, bbox_inches="tight", pad_inches=0)
+        tight_w, tight_h = Image.open(path).size
+        assert tight_w <= round(w * 100) + 1 and tight_h <= round(h * 100) + 1, (name, (tight_w, tight_h), (w * 100, h * 100))
+
+
+def pipeline_calibrations(out):
+    from pipeline.results.calibration_store import read_calibrations
+
+    return read_calibrations(out)

@@ -19,11 +19,14 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from pipeline.results.report import method_order, pooled_tau, with_tree_labels
 
 WIDTHS = {"one-column": 3.5, "two-column": 7.16}  # inches: a two-column paper's column and page width
+PAGE_HEIGHT = 9.0  # inches: a page's text height (US letter or A4 with 1-inch margins)
+FIGURE_MARGINS = 1.2  # inches of a panel figure outside its panels: title and legend
 FORMATS = ("png", "pdf", "svg")
 # one colour per method label, the same in every figure; others get a stable one of tab20
 METHOD_COLOURS = {
@@ -42,6 +45,18 @@ def method_colour(label: str) -> str:
 
 def pair_label(target: str, draft: str, dtype: str) -> str:
     return f"{target} <- {draft} ({dtype})"
+
+
+def panel_label(pair: tuple[str, str, str], pairs: list[tuple[str, str, str]]) -> str:
+    """A panel's pair, short: `<- draft (dtype)` when every panel has one target (the
+    suptitle names it), so titles of neighbouring panels never run into each other."""
+    target, draft, dtype = pair
+    return f"<- {draft} ({dtype})" if len({p[0] for p in pairs}) == 1 else pair_label(*pair)
+
+
+def suptitle_target(pairs: list[tuple[str, str, str]]) -> str:
+    targets = sorted({p[0] for p in pairs})
+    return f"\ntarget {targets[0]}" if len(targets) == 1 else ""
 
 
 def tau_cells(rows: pd.DataFrame) -> pd.DataFrame:
@@ -85,13 +100,13 @@ def tau_figure(rows: pd.DataFrame, width: str = "two-column") -> tuple[Figure, s
         ax.set_xticks(range(len(datasets)), [d.replace("embedded_", "") + (" (OOD)" if d in ood else "") for d in datasets],
                       fontsize=6)
         samples = int(panel["samples"].max()) if len(panel) else 0
-        ax.set_title(f"{pair_label(*pair)}\n{turn} turn, {samples} samples/dataset", fontsize=6)
+        ax.set_title(f"{panel_label(pair, pairs)}\n{turn} turn, {samples} samples/dataset", fontsize=6)
         ax.tick_params(axis="y", labelsize=6)
     top = cells.loc[cells["method_label"] != "AR", "tau"].max()
     axes.flat[0].set_ylim(1.0, max(top, 1.0) * 1.05 + 0.05)  # shared by every panel
     for ax in axes[:, 0]:
         ax.set_ylabel("tau (1 = AR)", fontsize=7)
-    fig.suptitle(f"Block efficiency tau per drafting method (gamma {_gammas(rows)})", fontsize=8)
+    fig.suptitle(f"Block efficiency tau per drafting method (gamma {_gammas(rows)}){suptitle_target(pairs)}", fontsize=8)
     legend(fig, axes.flat[0], width)
     caption = (f"Pooled block efficiency tau per method and dataset; one panel per pair and turn "
                f"({len(pairs)} pair(s): {'; '.join(pair_label(*p) for p in pairs)}); gamma {_gammas(rows)}; "
@@ -114,20 +129,27 @@ def weight_ratio_rows(rows: pd.DataFrame) -> pd.DataFrame:
 
 def panels(rows: int, columns: int, width: str, panel_height: float) -> tuple[Figure, np.ndarray]:
     """A figure of rows x columns panels (row-major in `axes.flat`) at a paper's `width`; at
-    one column's width the panels stack in one column."""
+    one column's width the panels stack in one column, shrunk to keep the figure a page tall."""
     if width == "one-column":
         rows, columns = rows * columns, 1
-    fig = Figure(figsize=(WIDTHS[width], 0.7 + panel_height * rows))
+        panel_height = min(panel_height, (PAGE_HEIGHT - FIGURE_MARGINS) / rows)
+    fig = Figure(figsize=(WIDTHS[width], FIGURE_MARGINS + panel_height * rows))
+    FigureCanvasAgg(fig)  # a renderer to measure text with (the legend's width) before saving
     return fig, fig.subplots(rows, columns, squeeze=False, sharey=True)
 
 
 def legend(fig: Figure, ax, width: str) -> None:
-    """One legend for all panels, under them, in as many rows as the width needs; then lay out
+    """One legend for all panels, under them, in as many columns as fit the figure's width
+    (measured, not guessed: tree labels such as `MTCP* (candidates)` are long); then lay out
     (after the title is set, so the layout leaves room for it)."""
     handles, names = ax.get_legend_handles_labels()
-    columns = min(len(names), 9 if width == "two-column" else 4)
-    fig.legend(handles, names, loc="lower center", ncol=columns, fontsize=6, frameon=False)
-    legend_inches = 0.12 + 0.17 * -(-len(names) // columns)
+    renderer = fig.canvas.get_renderer()
+    for columns in range(min(len(names), 9), 0, -1):
+        made = fig.legend(handles, names, loc="lower center", ncol=columns, fontsize=6, frameon=False)
+        if made.get_window_extent(renderer).width <= fig.bbox.width * 0.98 or columns == 1:
+            break
+        made.remove()
+    legend_inches = made.get_window_extent(renderer).height / fig.dpi + 0.05
     fig.tight_layout(rect=(0, legend_inches / fig.get_figheight(), 1, 1))
 
 
@@ -150,9 +172,10 @@ def weight_ratio_figure(rows: pd.DataFrame, width: str = "two-column") -> tuple[
         position = pairs.index((row["target"], row["draft"], row["dtype"])) * len(categories) + categories.index(row["category"])
         ax = axes.flat[position]
         ax.set_visible(True)
-        _draw_ratio(ax, row)
+        _draw_ratio(ax, row, panel_label((row["target"], row["draft"], row["dtype"]), pairs))
     first = chosen.iloc[0]
-    fig.suptitle(f"{first['method_label']} ({first['policy']}): share of M in the ensemble weights", fontsize=8)
+    fig.suptitle(f"{first['method_label']} ({first['policy']}): share of M in the ensemble weights{suptitle_target(pairs)}",
+                 fontsize=8)
     legend(fig, next(ax for ax in axes.flat if ax.get_visible()), width)
     caption = (f"w(M)/(w(M)+w(T)) of {first['method_label']} ({first['policy']}) per block, one first-turn sample per "
                f"scenario category (the one with the most blocks) and pair ({'; '.join(pair_label(*p) for p in pairs)}); "
@@ -160,7 +183,7 @@ def weight_ratio_figure(rows: pd.DataFrame, width: str = "two-column") -> tuple[
     return fig, caption
 
 
-def _draw_ratio(ax, row: pd.Series) -> None:
+def _draw_ratio(ax, row: pd.Series, pair: str) -> None:
     accepted = list(row["accepted_per_block"])
     weights = np.asarray([list(w) for w in row["weights_per_block"]])
     m, t = row["methods"].index("M"), row["methods"].index("T")
@@ -176,7 +199,7 @@ def _draw_ratio(ax, row: pd.Series) -> None:
     ax.step(np.append(starts, ends[-1]), np.append(ratio, ratio[-1]), where="post",
             color=method_colour(row["method_label"]), lw=1.2, label=row["method_label"])
     ax.set_ylim(-0.05, 1.05)
-    ax.set_title(f"{row['category']}: {row['sample_id']}\n{pair_label(row['target'], row['draft'], row['dtype'])}, "
+    ax.set_title(f"{row['category']}: {row['sample_id']}\n{pair}, "
                  f"tau {row['tau']:.2f}", fontsize=6)
     ax.set_xlabel("decoding step", fontsize=6)
     ax.set_ylabel("w(M)/(w(M)+w(T))", fontsize=6)

@@ -27,7 +27,7 @@ from pipeline.drafting.methods import METHODS
 from pipeline.planning.grid import ModelGroup, RunConfig, Shard
 from pipeline.planning.plugins import load_drafting_methods
 from pipeline.models.base import LVLM
-from pipeline.models.devices import device_name, library_versions
+from pipeline.models.devices import cpu_cores, device_name, library_versions, machine_load
 from pipeline.models.hf import one_line
 from pipeline.models.loading import default_device, load_target_and_drafts
 from pipeline.results.schema import make_row
@@ -97,9 +97,10 @@ class TargetWorker:
         """Where it decodes: the device, and on a CPU the threads (e.g. `cpu (threads: 2)`)."""
         return str(self.device) if self.device.type != "cpu" else f"cpu (threads: {torch.get_num_threads()})"
 
-    def environment(self) -> dict[str, str]:
-        """What every row of this worker was timed on: the device by name, torch and transformers."""
-        return {"device_name": device_name(self.device), **library_versions()}
+    def environment(self) -> dict[str, str | int]:
+        """What every row of this worker was timed on: the device by name, torch, transformers
+        and the machine's cores (what its load average is read against)."""
+        return {"device_name": device_name(self.device), **library_versions(), "cpu_cores": cpu_cores()}
 
     def run_shard(self, shard: Shard, samples: dict[str, Sample]) -> pa.Table:
         """Rows for every item of the shard, in item order; one bad sample is one error row."""
@@ -129,14 +130,17 @@ class TargetWorker:
 
     def decode(self, config: RunConfig, sample: Sample, repeats: int = 1) -> SampleRecord:
         """A live decode (SD or the AR baseline) on the configuration's engine; the fastest of
-        `repeats` decodes, which must give the same output."""
+        `repeats` decodes, which must give the same output, with the machine's load before and
+        after them (the report flags walltimes taken on an overloaded machine)."""
+        load_before = machine_load()
         records = [self._decode_once(config, sample) for _ in range(repeats)]
         if any(r.error for r in records):
             return next(r for r in records if r.error)
         if any(r.output_ids != records[0].output_ids for r in records):
             err = RuntimeError(f"{repeats} decodes of one timed sample gave different outputs")
             return failed(sample.sample_id, records[0].mode, err)
-        return min(records, key=lambda r: r.time_total_s)
+        fastest = min(records, key=lambda r: r.time_total_s)
+        return replace(fastest, load_before=load_before, load_after=machine_load())
 
     def _decode_once(self, config: RunConfig, sample: Sample) -> SampleRecord:
         mode = "ar" if config.is_ar else "live"

@@ -23,8 +23,9 @@ SMALL, LARGE = Pair(TARGET, "embedded:small_draft"), Pair(TARGET, "embedded:draf
 DATASETS = {"embedded_vqa": "benchmark", "embedded_describe": "benchmark", "embedded_story": "ood"}
 TURNS = ("first", "qaorg")
 SAMPLES = 3
-TIMED = "embedded_vqa/test/0"  # the one timed sample of the small draft
-ENVIRONMENT = {"device_name": "cpu: test CPU (2 threads)", "torch_version": "2.13.0", "transformers_version": "5.24.0"}
+TIMED = "embedded_vqa/test/0/first"  # the one timed sample of the small draft
+ENVIRONMENT = {"device_name": "cpu: test CPU (2 threads)", "torch_version": "2.13.0", "transformers_version": "5.24.0",
+               "cpu_cores": 2}
 
 
 def configs(pair: Pair) -> list[RunConfig]:
@@ -52,8 +53,9 @@ def record(config: RunConfig, sample: Sample, rng: random.Random, *, live: bool,
                         output_text="a red circle", time_total_s=seconds if live or config.is_ar else 0.0)
 
 
-def write_results(out: Path, *, calibrate: bool = True) -> Path:
-    """Write the fixture's rows, manifest and calibrations under `out`; returns `out`."""
+def write_results(out: Path, *, calibrate: bool = True, timed_load: float = 0.5) -> Path:
+    """Write the fixture's rows, manifest and calibrations under `out`; returns `out`. Live and
+    AR decodes record `timed_load` as the machine's load before and after them."""
     rng = random.Random(0)
     rows = []
     for pair in (SMALL, LARGE):
@@ -66,6 +68,8 @@ def write_results(out: Path, *, calibrate: bool = True) -> Path:
                         live = timed and not config.is_ar and config.verify.is_chain
                         seconds = 2.0 if config.is_ar else 1.0 + 0.1 * len(config.methods)
                         made = record(config, sample, rng, live=live, seconds=seconds)
+                        if made.mode != "replay":
+                            made.load_before = made.load_after = timed_load
                         rows.append(make_row(RUN, f"{dataset}-{turn}", config, sample, made, timed, ENVIRONMENT))
     for shard in dict.fromkeys(row["shard"] for row in rows):
         write_shards(out, rows_to_table([row for row in rows if row["shard"] == shard]))
@@ -81,14 +85,23 @@ def write_results(out: Path, *, calibrate: bool = True) -> Path:
     return out
 
 
-def calibration(pair: Pair, ratio: float, spread: float = 0.1, measured_at: str = "2026-11-25T00:00:00+00:00") -> Calibration:
-    """A calibration of `pair` whose Tq/Tp rounds lie within +-`spread` of `ratio`, relative."""
-    rounds = [ratio * (1 + spread * k) for k in (-1, -0.5, 0, 0.5, 1)]
+QUIET, LOADED = (0.9, 0.95, 1.0, 1.05, 1.1), (0.175, 0.5, 1.0, 4.0, 12.7)  # each round / the median
+
+
+def calibration(pair: Pair, ratio: float, rounds: tuple[float, ...] = QUIET, measured_at: str = "2026-11-25T00:00:00+00:00",
+                load: float = 0.5) -> Calibration:
+    """A calibration of `pair` whose rounds of every ratio are the median times `rounds`,
+    timing chains and the candidate trees of MT and MTCP; `load` before and after. LOADED is
+    the loaded machine of the first-hour report: Tq/Tp 0.007-0.509 around 0.04."""
+    round_of = lambda value: [value * factor for factor in rounds]
+    counts, tokens = [1, 2, 3, 4, 6, 20], [6, 16, 26]
+    rows_ratio, verify = [ratio * (1 + 0.2 * (m - 1)) for m in counts], [1.6, 1.9, 2.5]
     return Calibration(
         target=pair.target, draft=pair.draft, device="cpu", dtype="fp32", gamma=5, target_token_s=0.05,
-        target_verify_s=0.08, draft_token_s=0.05 * ratio, draft_rows_token_s=[0.05 * ratio] * 4, repeats=10,
-        engine="static", rounds=5, ratio_draft_target_rounds=rounds, ratio_verify_rounds=[1.6] * 5,
-        draft_rows_ratio=[ratio, ratio * 1.2, ratio * 1.4, ratio * 1.6], measured_at=measured_at,
-        device_name="cpu: test CPU (2 threads)", verify_tokens=[6], verify_s=[0.08], verify_ratios=[1.6],
-        draft_row_counts=[1, 2, 3, 4],
+        target_verify_s=0.08, draft_token_s=0.05 * ratio, draft_rows_token_s=[0.05 * r for r in rows_ratio], repeats=10,
+        engine="static", rounds=5, ratio_draft_target_rounds=round_of(ratio), ratio_verify_rounds=round_of(1.6),
+        draft_rows_ratio=rows_ratio, measured_at=measured_at, device_name="cpu: test CPU (2 threads)",
+        verify_tokens=tokens, verify_s=[0.05 * v for v in verify], verify_ratios=verify, draft_row_counts=counts,
+        verify_ratio_rounds=[round_of(v) for v in verify], draft_rows_ratio_rounds=[round_of(r) for r in rows_ratio],
+        load_before=load, load_after=load, cpu_cores=2,
     )

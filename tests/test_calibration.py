@@ -5,7 +5,8 @@ import pytest
 
 from pipeline.results.calibration import MAX_ROWS, calibrate, expected_speedup
 from pipeline.results.calibration_store import (
-    calibration_table, measured_verify_tokens, read_calibrations, stored_calibration, verify_ratio, write_calibration,
+    calibration_table, measured_verify_tokens, read_calibrations, stored_calibration, verify_ratio, verify_rounds,
+    write_calibration,
 )
 from pipeline.decoding.engine import default_engine
 
@@ -26,12 +27,17 @@ def test_calibration_measures_rounds_and_round_trips(tiny_pair, tmp_path):
     rounds = sorted(result.ratio_draft_target_rounds)
     assert result.ratio_draft_target == pytest.approx(rounds[1])  # the median round, not one measurement
     assert len(result.draft_rows_ratio) == MAX_ROWS and result.measured_at
+    # every round of every ratio is kept (noise is judged from them), and the load around them
+    assert [len(r) for r in result.verify_ratio_rounds] == [3] and [len(r) for r in result.draft_rows_ratio_rounds] == [3] * 4
+    assert result.draft_rows_ratio_rounds[0] == result.ratio_draft_target_rounds
+    assert result.load_before is not None and result.load_after is not None and result.cpu_cores >= 1
     write_calibration(tmp_path, result)
     write_calibration(tmp_path, result)  # a re-run replaces, never duplicates
     table = read_calibrations(tmp_path)
     assert len(table) == 1
     assert table.loc[0, "ratio_verify"] == pytest.approx(result.ratio_verify)
     assert read_calibrations(tmp_path / "empty").empty
+    assert verify_rounds(table.iloc[0], 4) == pytest.approx(result.verify_ratio_rounds[0])
     shown = calibration_table(table).iloc[0]
     assert shown["Tq/Tp"] == f"{result.ratio_draft_target:.3f} [{rounds[0]:.3f}-{rounds[-1]:.3f}]"
     assert shown["rounds x repeats"] == "3 x 3" and shown["measured at"] == result.measured_at

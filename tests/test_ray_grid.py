@@ -4,6 +4,8 @@ only the missing shards, replay rows equal live ones. The worker itself, without
 configuration decodes on the engine its grid named."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import dataclasses
 import io
 import os
@@ -297,6 +299,25 @@ def test_a_timed_samples_decodes_are_repeated_and_the_fastest_kept(tiny_dirs, mo
     flaky = iter([SampleRecord(sample_id="x", mode="live", output_ids=[1]), SampleRecord(sample_id="x", mode="live", output_ids=[2])])
     monkeypatch.setattr(worker, "_decode_once", lambda config, sample: next(flaky))
     assert "different outputs" in worker.decode(configs[1], timed, repeats=2).error
+
+
+def test_live_rows_record_the_machines_load_around_their_decodes(tiny_dirs, monkeypatch):
+    """Before the first and after the last of a timed sample's decodes; replay rows record none."""
+    import actors.target_worker as worker_module
+
+    group = ModelGroup(tiny_dirs["target"], "fp32", (tiny_dirs["draft"],))
+    worker = worker_module.TargetWorker(group)
+    timed, = ToySource().first_turn("toy", 1)
+    configs = [RunConfig(group.pairs[0], m, gamma=None if m == "AR" else 3, max_new_tokens=8) for m in ("AR", "M")]
+    shard = Shard("r", group, "toy", "first", "live", tuple((c, timed.sample_id) for c in configs),
+                  ((timed.sample_id, timed.prompt_hash),), (timed.sample_id,))
+    loads = iter([0.5, 1.5, 2.5, 3.5])
+    monkeypatch.setattr(worker_module, "machine_load", lambda: next(loads))
+    rows = worker.run_shard(shard, {timed.sample_id: timed}).to_pylist()
+    assert [(r["mode"], r["load_before"], r["load_after"]) for r in rows] == [("ar", 0.5, 1.5), ("live", 2.5, 3.5)]
+    assert all(r["cpu_cores"] >= 1 for r in rows)
+    replayed = worker.run_shard(replace(shard, mode="replay"), {timed.sample_id: timed}).to_pylist()
+    assert [r["load_before"] for r in replayed if r["mode"] == "replay"] == [None]
 
 
 def embedded_spec(tiny_dirs, limit):

@@ -195,7 +195,7 @@ def test_draft_sizes_are_compared_side_by_side_per_target():
     machine = "cpu: X (2 threads), uncompiled steps, torch 2.13, transformers 5.23"
     block = ("t", "fp32", "static", 5, machine)
     assert list(table.index) == [block + ("small",), block + ("large",), block + ("huge",)]  # cheapest first
-    assert list(table.columns) == ["Tq/Tp"] + [f"{c} {m}" for m in ("M", "MT*") for c in ("tau", "eq1", "measured")]
+    assert list(table.columns) == ["Tq/Tp"] + [f"{c} {m}" for m in ("M", "MT*") for c in ("tau", "eq1", "measured")] + ["noise"]
     small = table.loc[block + ("small",)]
     assert (small["Tq/Tp"], small["tau M"], small["measured M"], small["measured MT*"]) == pytest.approx((0.1, 3.0, 2.0, 1.0))
     assert small["eq1 M"] == pytest.approx(3.0 / (5 * 0.1 + 1))

@@ -38,6 +38,10 @@ class SampleRecord:
     # a live greedy row's accepted counts as trace replay scores the same sample (None elsewhere):
     # the replay-fidelity check of pipeline.results.fidelity
     replay_accepted_per_block: list[int] | None = None
+    # the machine's 1-minute load average before and after a live decode (None for replay):
+    # above its cores, something competed with the walltime (pipeline.results.noise)
+    load_before: float | None = None
+    load_after: float | None = None
     error: str | None = None
     error_category: str | None = None  # one of ERROR_CATEGORIES when `error` is set
 

@@ -1,10 +1,12 @@
-"""What a walltime was measured on: the device by name and the library versions.
+"""What a walltime was measured on: the device by name, the library versions and how busy the
+machine was.
 
 Result rows and benchmark logs carry these, so timings from an H100 and an L40S, or from
 torch 2.11 and 2.13, are never pooled or compared as if they were one machine.
 """
 from __future__ import annotations
 
+import os
 import platform
 from functools import lru_cache
 
@@ -37,3 +39,17 @@ def processor_name() -> str:
 def library_versions() -> dict[str, str]:
     """The versions that change a timing: torch (with its CUDA build) and transformers."""
     return {"torch_version": torch.__version__, "transformers_version": transformers.__version__}
+
+
+def machine_load() -> float | None:
+    """The 1-minute load average: threads running or waiting for a core, smoothed over a
+    minute, machine-wide. Above `cpu_cores()`, something competed with what was timed."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):  # not every platform has one
+        return None
+
+
+def cpu_cores() -> int:
+    """The machine's cores, as the load average counts them (all of them, not this process's share)."""
+    return os.cpu_count() or 1

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from statistics import median
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from PIL import Image
@@ -29,7 +29,7 @@ from pipeline.decoding.engine import default_engine, new_rows
 from pipeline.decoding.rows import DynamicCacheRows
 from pipeline.drafting.methods import method_embeddings
 from pipeline.models.base import LVLM
-from pipeline.models.devices import device_name
+from pipeline.models.devices import cpu_cores, device_name, machine_load
 
 PROMPT = "USER: <image>\nDescribe the image in detail. ASSISTANT:"
 MAX_ROWS = 4  # the largest ensemble (MTCP) drafts four rows per step
@@ -60,6 +60,14 @@ class Calibration:
     verify_s: list[float] = field(default_factory=list)
     verify_ratios: list[float] = field(default_factory=list)
     draft_row_counts: list[int] = field(default_factory=list)  # rows timed (files from before it: 1..MAX_ROWS)
+    # every round's ratio, not only the median: per verify_tokens entry Tp(n)/Tp, per
+    # draft_row_counts entry Tq(m rows)/Tp (pipeline.results.noise judges their spread)
+    verify_ratio_rounds: list[list[float]] = field(default_factory=list)
+    draft_rows_ratio_rounds: list[list[float]] = field(default_factory=list)
+    # the machine's 1-minute load average before and after measuring, and its cores
+    load_before: float | None = None
+    load_after: float | None = None
+    cpu_cores: int | None = None
 
     @property
     def ratio_draft_target(self) -> float:
@@ -104,14 +112,15 @@ def _prefilled(model: LVLM, sample: Sample, n_rows: int, engine: str, gamma: int
 def calibrate(
     target: LVLM, draft: LVLM, *, gammas: Sequence[int] = (DecodeConfig.gamma,), repeats: int = 10, rounds: int = 5,
     image: Image.Image | None = None, engine: str | None = None, verify_tokens: Sequence[int] = (),
-    draft_rows: Sequence[int] = (),
+    draft_rows: Sequence[int] = (), progress: Callable[[int, int, float], None] | None = None,
 ) -> Calibration:
     """Measure Tp, Tp(n) for n = gamma + 1 of every gamma and every other of `verify_tokens`
     (a tree's nodes + 1: the verify-latency curve), and Tq with 1..4 rows and every other of
     `draft_rows` (a tree's draft batch) on an image prompt in `rounds` rounds, each the median
     of `repeats` steps after warm-up, with the steps of `engine` (None: the device's default,
     as decoding picks it). Times are medians over rounds; ratios are the medians of each
-    round's ratios."""
+    round's ratios. `progress(round, rounds, Tq/Tp of that round)` is called after each round."""
+    load_before = machine_load()
     engine = engine or default_engine(target, draft)
     image = image or Image.new("RGB", (336, 336), (120, 80, 200))
     sample = Sample("calibration", "none", 0, "first", PROMPT, (image,))
@@ -121,10 +130,12 @@ def calibrate(
     target_rows = _prefilled(target, sample, 1, engine, max(sizes))
     draft_batches = [_prefilled(draft, sample, n, engine, gamma) for n in counts]
     token, verify, drafts = [], [], []
-    for _ in range(rounds):
+    for done in range(1, rounds + 1):
         token.append(_step_seconds(target, target_rows, 1, repeats))
         verify.append([_step_seconds(target, target_rows, n, repeats) for n in sizes])
         drafts.append([_step_seconds(draft, rows, 1, repeats) for rows in draft_batches])
+        if progress:
+            progress(done, rounds, drafts[-1][0] / token[-1])
     rows_ratio = [[d[m] / t for d, t in zip(drafts, token)] for m in range(len(counts))]
     curve = [[v[i] / t for v, t in zip(verify, token)] for i in range(len(sizes))]
     at_gamma = sizes.index(gamma + 1)
@@ -150,4 +161,9 @@ def calibrate(
         verify_s=[median(v[i] for v in verify) for i in range(len(sizes))],
         verify_ratios=[median(r) for r in curve],
         draft_row_counts=counts,
+        verify_ratio_rounds=curve,
+        draft_rows_ratio_rounds=rows_ratio,
+        load_before=load_before,
+        load_after=machine_load(),
+        cpu_cores=cpu_cores(),
     )

@@ -86,6 +86,26 @@ def draft_rows_ratio(calibration: pd.Series, rows: int) -> float:
     return times[rows - 1] / calibration["target_token_s"] if rows <= len(times) else math.nan
 
 
+def draft_target_rounds(calibration: pd.Series) -> list[float]:
+    """Tq/Tp of every round."""
+    return [float(r) for r in _listed(calibration.get("ratio_draft_target_rounds"))]
+
+
+def verify_rounds(calibration: pd.Series, tokens: int) -> list[float]:
+    """Tp(tokens)/Tp of every round ([] when not kept: files from before every round was)."""
+    measured, rounds = _listed(calibration.get("verify_tokens")), _listed(calibration.get("verify_ratio_rounds"))
+    if tokens in measured and rounds:
+        return [float(r) for r in rounds[measured.index(tokens)]]
+    at_gamma = tokens == int(calibration["gamma"]) + 1
+    return [float(r) for r in _listed(calibration.get("ratio_verify_rounds"))] if at_gamma else []
+
+
+def draft_rows_rounds(calibration: pd.Series, rows: int) -> list[float]:
+    """Tq(rows)/Tp of every round ([] when not kept)."""
+    counts, rounds = _listed(calibration.get("draft_row_counts")), _listed(calibration.get("draft_rows_ratio_rounds"))
+    return [float(r) for r in rounds[counts.index(rows)]] if rows in counts and rounds else []
+
+
 def measured_draft_rows(calibration: pd.Series) -> set[int]:
     """The draft batch sizes a calibration timed."""
     ratios = _listed(calibration.get("draft_rows_ratio")) or _listed(calibration.get("draft_rows_token_s"))
@@ -94,16 +114,19 @@ def measured_draft_rows(calibration: pd.Series) -> set[int]:
 
 def verify_curves(calibrations: pd.DataFrame) -> pd.DataFrame:
     """The verify-latency curve of every target, dtype and device: one row per token count n
-    with Tp(n)/Tp(1), from the latest calibration of each (the target's, whatever the draft)."""
+    with Tp(n)/Tp(1) (the median) and its lowest and highest round, from the latest
+    calibration of each (the target's, whatever the draft)."""
     if calibrations.empty:
-        return pd.DataFrame(columns=["target", "dtype", "device", "tokens", "ratio"])
+        return pd.DataFrame(columns=["target", "dtype", "device", "tokens", "ratio", "low", "high"])
     latest = calibrations.sort_values("measured_at").copy()
     latest["where"] = [_device(c) for _, c in latest.iterrows()]
     rows = []
     for _, c in latest.drop_duplicates(["target", "dtype", "where"], keep="last").iterrows():
-        rows += [{"target": c["target"], "dtype": c["dtype"], "device": c["where"], "tokens": 1, "ratio": 1.0}]
-        rows += [{"target": c["target"], "dtype": c["dtype"], "device": c["where"], "tokens": n, "ratio": verify_ratio(c, n)}
-                 for n in sorted(measured_verify_tokens(c))]
+        where = {"target": c["target"], "dtype": c["dtype"], "device": c["where"]}
+        rows.append(where | {"tokens": 1, "ratio": 1.0, "low": 1.0, "high": 1.0})
+        for n in sorted(measured_verify_tokens(c)):
+            rounds = verify_rounds(c, n) or [math.nan]
+            rows.append(where | {"tokens": n, "ratio": verify_ratio(c, n), "low": min(rounds), "high": max(rounds)})
     return pd.DataFrame(rows)
 
 
@@ -111,6 +134,10 @@ def _device(calibration: pd.Series) -> str:
     """Where it was measured: the device's name (e.g. the GPU model), else `cpu`/`cuda:0` for
     files from before names were kept."""
     return calibration.get("device_name") or calibration["device"]
+
+
+def _spread_of(value: float, rounds: list[float]) -> str:
+    return f"{value:.3f}" + (f" [{min(rounds):.3f}-{max(rounds):.3f}]" if len(rounds) > 1 else "")
 
 
 def _spread(calibration: pd.Series, name: str) -> str:
@@ -121,20 +148,37 @@ def _spread(calibration: pd.Series, name: str) -> str:
     return f"{value} [{min(rounds):.3f}-{max(rounds):.3f}]"
 
 
+def used_calibrations(calibrations: pd.DataFrame) -> list[pd.Series]:
+    """The calibration reports use for each pair and dtype (`stored_calibration`)."""
+    if calibrations.empty:
+        return []
+    keys = calibrations[["target", "draft", "dtype"]].drop_duplicates().itertuples(index=False)
+    return [stored_calibration(calibrations, *key) for key in keys]
+
+
+def _load(calibration: pd.Series) -> str:
+    """The machine's 1-minute load average before -> after measuring, on its cores."""
+    before, after, cores = (calibration.get(c) for c in ("load_before", "load_after", "cpu_cores"))
+    if any(v is None or pd.isna(v) for v in (before, after, cores)):
+        return "-"
+    return f"{before:.1f} -> {after:.1f} on {int(cores)} cores"
+
+
 def calibration_table(calibrations: pd.DataFrame) -> pd.DataFrame:
     """One line per pair and dtype, the calibration reports use (`stored_calibration`): ratios
-    as median [min-max] over rounds, and when, where and how it was measured."""
-    if calibrations.empty:
+    as median [min-max] over rounds, and when, where, how and under what load it was measured."""
+    used = used_calibrations(calibrations)
+    if not used:
         return pd.DataFrame()
-    keys = calibrations[["target", "draft", "dtype"]].drop_duplicates().itertuples(index=False)
-    used = [stored_calibration(calibrations, *key) for key in keys]
     lines = [
         {"target": c["target"], "draft": c["draft"], "dtype": c["dtype"], "device": _device(c),
          "engine": c.get("engine", "-"), "gamma": int(c["gamma"]), "Tq/Tp": _spread(c, "ratio_draft_target"),
          "Tp(gamma+1)/Tp": _spread(c, "ratio_verify"),
-         "Tp(n)/Tp by n": ", ".join(f"{n}: {verify_ratio(c, n):.3f}" for n in sorted(measured_verify_tokens(c))),
+         "Tp(n)/Tp by n": ", ".join(f"{n}: {_spread_of(verify_ratio(c, n), verify_rounds(c, n))}"
+                                    for n in sorted(measured_verify_tokens(c))),
          "Tp ms": round(1e3 * c["target_token_s"], 2), "Tq ms": round(1e3 * c["draft_token_s"], 2),
-         "rounds x repeats": f"{int(c['rounds'])} x {int(c['repeats'])}", "measured at": c["measured_at"] or "-"}
+         "rounds x repeats": f"{int(c['rounds'])} x {int(c['repeats'])}", "load": _load(c),
+         "measured at": c["measured_at"] or "-"}
         for c in used
     ]
     return pd.DataFrame(lines).set_index(["target", "draft", "dtype"])

@@ -215,7 +215,11 @@ def verify_cost_figure(curves: pd.DataFrame, width: str = "one-column") -> tuple
     ax = fig.subplots()
     for (target, dtype, device), curve in curves.groupby(["target", "dtype", "device"], sort=True):
         curve = curve.sort_values("tokens")
-        ax.plot(curve["tokens"], curve["ratio"], marker="o", ms=3, lw=1.2, label=f"{target} ({dtype}), {device}")
+        low = curve["low"] if "low" in curve else curve["ratio"]
+        high = curve["high"] if "high" in curve else curve["ratio"]
+        spread = [(curve["ratio"] - low).fillna(0).clip(lower=0), (high - curve["ratio"]).fillna(0).clip(lower=0)]
+        ax.errorbar(curve["tokens"], curve["ratio"], yerr=spread, marker="o", ms=3, lw=1.2, capsize=2,
+                    label=f"{target} ({dtype}), {device}")
     ax.axhline(1.0, color="0.5", lw=0.8, ls="--", label="one step (what Eq. 1 assumes)")
     ax.set_xlabel("tokens in one target forward (chain: gamma + 1; tree: nodes + 1)", fontsize=6)
     ax.set_ylabel("Tp(n) / Tp(1)", fontsize=6)
@@ -223,7 +227,8 @@ def verify_cost_figure(curves: pd.DataFrame, width: str = "one-column") -> tuple
     ax.legend(fontsize=5, frameon=False)
     fig.tight_layout()
     caption = ("Verify cost against tokens verified in one target forward, measured by calibration (median over "
-               "rounds): what a chain of gamma proposals or a tree of n nodes costs the target, relative to one step.")
+               "rounds; bars: the lowest and highest round): what a chain of gamma proposals or a tree of n nodes costs "
+               "the target, relative to one step. Where the bars are long, the machine was busy and the curve is noise.")
     return fig, caption
 
 

@@ -30,8 +30,8 @@ class RowSource:
     sample: Sample
     record: SampleRecord
     timed: bool = False  # the sample is one of its pair's walltime samples
-    # what the worker timed on: device_name, torch_version, transformers_version (pipeline.models.devices)
-    environment: Mapping[str, str] = field(default_factory=dict)
+    # what the worker timed on: device_name, torch_version, transformers_version, cpu_cores (pipeline.models.devices)
+    environment: Mapping[str, Any] = field(default_factory=dict)
 
     @cached_property
     def config_key(self) -> str:
@@ -114,6 +114,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("device_name", pa.string(), lambda src: src.environment.get("device_name")),
     Column("torch_version", pa.string(), lambda src: src.environment.get("torch_version")),
     Column("transformers_version", pa.string(), lambda src: src.environment.get("transformers_version")),
+    Column("cpu_cores", pa.int32(), lambda src: src.environment.get("cpu_cores")),  # the machine's, as its load counts them
+    # 1-minute load average before and after a live decode (null for replay rows)
+    Column("load_before", pa.float64(), _outcome("load_before")),
+    Column("load_after", pa.float64(), _outcome("load_after")),
     Column("accepted_per_block", pa.list_(pa.int32()), _outcome("accepted_per_block")),
     # live greedy rows: the accepted counts trace replay gives the same sample (pipeline.results.fidelity)
     Column("replay_accepted_per_block", pa.list_(pa.int32()), _outcome("replay_accepted_per_block")),
@@ -141,7 +145,7 @@ FILE_SCHEMA = pa.schema([field for field in SCHEMA if field.name not in PARTITIO
 
 
 def make_row(run: str, shard: str, config: RunConfig, sample: Sample, record: SampleRecord, timed: bool = False,
-             environment: Mapping[str, str] | None = None) -> dict:
+             environment: Mapping[str, Any] | None = None) -> dict:
     """One result row: the grid fields, the sample's identity, the engine's record and where it ran."""
     source = RowSource(run, shard, config, sample, record, timed, environment or {})
     return {column.name: column.value(source) for column in COLUMNS}

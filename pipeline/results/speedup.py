@@ -12,6 +12,7 @@ import pandas as pd
 from pipeline.decoding.verify_spec import VerifySpec
 
 from pipeline.results.calibration_store import draft_rows_ratio, stored_calibration, verify_ratio
+from pipeline.results.noise import noise_parts, noise_text, ratio_spreads, rows_load
 from pipeline.results.report import method_order, pooled_tau, with_tree_labels
 
 # Walltimes of different engines, gammas, devices, step modes or library versions are never
@@ -41,6 +42,12 @@ def speedup_table(df: pd.DataFrame, calibrations: pd.DataFrame) -> pd.DataFrame:
     measured walltime speedup of live runs (AR time / SD time over the samples both ran on
     the same engine and machine), one row per configuration, gamma and machine it was timed on.
 
+    `tau` pools every first-turn block of every dataset, OOD ones included (the tau table's
+    `Avg.` is instead the mean of the benchmark datasets' cells); `tau timed` pools the live
+    rows the walltime was measured on, a few samples whose tau can differ from the rest.
+    `noise` names the figures that are unreliable and why (`pipeline.results.noise`): a
+    latency ratio whose rounds spread too far, or a timing taken above the machine's cores.
+
     `eq1` is the paper's tau / (gamma Tq/Tp + 1) at the row's own gamma, which assumes one
     draft row and a verify that costs one target step. `corrected` is Eq. 1 generalised to the
     block's real shape: gamma steps of the measured draft batch (m rows for an m-method chain,
@@ -60,20 +67,27 @@ def speedup_table(df: pd.DataFrame, calibrations: pd.DataFrame) -> pd.DataFrame:
         row = config | {"tau": pooled_tau(group)}
         calib = stored_calibration(calibrations, config["target"], config["draft"], config["dtype"])
         gamma, label = config["gamma"], config["method_label"]
+        flags: dict[str, list] = {}
         if label != "AR" and gamma != UNTIMED and calib is not None:
             verify, methods = block_shape(group)
+            draft_rows, verify_tokens = verify.draft_rows(methods), verify.tree_nodes(gamma, methods) + 1
             row["eq1"] = row["tau"] / (gamma * calib["ratio_draft_target"] + 1)
-            row["corrected"] = row["tau"] / (gamma * draft_rows_ratio(calib, verify.draft_rows(methods))
-                                             + verify_ratio(calib, verify.tree_nodes(gamma, methods) + 1))
+            row["corrected"] = row["tau"] / (gamma * draft_rows_ratio(calib, draft_rows) + verify_ratio(calib, verify_tokens))
+            flags = {column: [s for s in spreads if s.noisy]
+                     for column, spreads in ratio_spreads(calib, draft_rows, verify_tokens).items()}
         same_pair = lambda rows: rows[(rows["target"] == config["target"]) & (rows["draft"] == config["draft"])
                                       & (rows["dtype"] == config["dtype"]) & (rows["engine"] == config["engine"])]
         baseline = same_pair(ok[ok["mode"] == "ar"])
         timed = same_pair(timed_sd) if label == "AR" else group[group["mode"] == "live"]
         for machine in sorted(set(timed["timed_on"])) or [UNTIMED]:
-            mine = group[group["timed_on"] == machine]
-            rows.append(row | {"timed_on": machine,
-                               "measured": _measured_speedup(mine, baseline[baseline["timed_on"] == machine], label)})
-    table = pd.DataFrame(rows).reindex(columns=SPEEDUP_INDEX + ["tau", "eq1", "corrected", "measured"])
+            mine, ar = group[group["timed_on"] == machine], baseline[baseline["timed_on"] == machine]
+            live = mine[mine["mode"] == "live"]
+            load = rows_load(pd.concat([live, ar[ar["sample_id"].isin(live["sample_id"])]]))
+            measured_flags = [load] if label != "AR" and load is not None and load.noisy else []
+            rows.append(row | {"timed_on": machine, "tau timed": pooled_tau(live) if len(live) else float("nan"),
+                               "measured": _measured_speedup(mine, ar, label),
+                               "noise": noise_text(flags | {"measured": measured_flags})})
+    table = pd.DataFrame(rows).reindex(columns=SPEEDUP_INDEX + ["tau", "tau timed", "eq1", "corrected", "measured", "noise"])
     table = table.set_index(SPEEDUP_INDEX)
 
     def order(i: int) -> tuple:
@@ -110,10 +124,13 @@ def draft_size_table(speedup: pd.DataFrame, calibrations: pd.DataFrame) -> pd.Da
                 row = dict(zip(groups, key)) | {"timed_on": machine, "draft": draft,
                                                 "Tq/Tp": float("nan") if calib is None else calib["ratio_draft_target"]}
                 by_label = group.drop_duplicates("method_label").set_index("method_label")
+                noise = {"Tq/Tp": [] if calib is None else [s for s in ratio_spreads(calib, 1, 2)["eq1"] if s.noisy]}
                 for label in labels:
+                    why = noise_parts(by_label["noise"].get(label, ""))
                     for column in ("tau", "eq1", "measured"):
                         row[f"{column} {label}"] = by_label[column].get(label, float("nan"))
-                rows.append(row)
+                        noise[f"{column} {label}"] = [why[column]] if column in why else []
+                rows.append(row | {"noise": noise_text(noise)})
     result = pd.DataFrame(rows).set_index(groups + ["timed_on", "draft"])
     return result.iloc[sorted(range(len(result)), key=lambda i: (result.index[i][:5], result["Tq/Tp"].iloc[i]))]
 

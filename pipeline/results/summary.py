@@ -13,10 +13,11 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.results.audit import GROUP_KEYS, lossless_table, lossless_text
-from pipeline.results.calibration_store import calibration_table, read_calibrations, verify_curves
+from pipeline.results.calibration_store import calibration_table, read_calibrations, used_calibrations, verify_curves
 from pipeline.results.completeness import completeness_table, completeness_text
 from pipeline.results.fidelity import GROUP_KEYS as FIDELITY_KEYS, fidelity_table, fidelity_text
 from pipeline.results.latex import paper_tables
+from pipeline.results.noise import noise_section, shown
 from pipeline.results.plots import save, tau_figure, verify_cost_figure, weight_ratio_figure
 from pipeline.results.report import category_table, error_counts, findings_text, markdown_table, method_findings, tau_table
 from pipeline.results.speedup import draft_size_table, speedup_table
@@ -34,7 +35,10 @@ def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
         "speedup": (
             "Speedup: expected from tau and measured latency ratios (Eq. 1 and its CPU-corrected form, at each "
             "row's gamma), measured = AR walltime / SD walltime on the samples run live, per engine, gamma and "
-            "machine (`timed_on`: device, how decode steps ran, torch, transformers; `-`: not timed)",
+            "machine (`timed_on`: device, how decode steps ran, torch, transformers; `-`: not timed). `tau` here "
+            "pools every first-turn block of every dataset, OOD included, so it differs from the tau table's `Avg.` "
+            "(the mean of the benchmark datasets' cells); `tau timed` pools only the samples the walltime was "
+            "measured on; `noise` says why a figure is printed as unreliable",
             speedup_table(rows, calibrations),
         ),
     }
@@ -42,9 +46,9 @@ def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
                 completeness_section(out, run, rows, folder)]
     for name, (title, table) in tables.items():
         table.to_csv(folder / f"{name}.csv")
-        sections.append(f"## {title}\n\n{markdown_table(table)}")
+        sections.append(f"## {title}\n\n{markdown_table(shown(table))}")
     sections += [timed_samples_text(rows), draft_size_section(tables["speedup"][1], calibrations, folder),
-                 calibration_section(calibrations, folder)]
+                 calibration_section(calibrations, folder), measurement_noise_section(rows, calibrations, tables["speedup"][1])]
     findings = method_findings(rows)
     findings.to_csv(folder / "findings.csv")
     sections.append(
@@ -126,7 +130,13 @@ def draft_size_section(speedup: pd.DataFrame, calibrations: pd.DataFrame, folder
         return ""
     table.to_csv(folder / "draft_sizes.csv")
     return ("## Draft sizes: each target's drafts side by side (first turns; Tq/Tp from the calibration used; "
-            "tau, Eq. 1 and measured speedup per method)\n\n" + markdown_table(table, mark_best=False))
+            "tau, Eq. 1 and measured speedup per method)\n\n" + markdown_table(shown(table), mark_best=False))
+
+
+def measurement_noise_section(rows: pd.DataFrame, calibrations: pd.DataFrame, speedup: pd.DataFrame) -> str:
+    """Which measured figures are noise (pipeline.results.noise), or how quiet the measuring was."""
+    timed = rows[rows["timed"].fillna(False).astype(bool) & rows["mode"].isin(["live", "ar"])] if "timed" in rows else rows[:0]
+    return noise_section(used_calibrations(calibrations), timed, speedup)
 
 
 def calibration_section(calibrations: pd.DataFrame, folder: Path) -> str:

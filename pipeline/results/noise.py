@@ -1,0 +1,179 @@
+"""When a measured figure is noise rather than a result: a latency ratio whose rounds disagree,
+or a walltime taken while the machine had more runnable threads than cores. Reports print such
+figures as `unreliable`, with the spread or the load, instead of as findings.
+
+The limits come from measurements on this project's 2-core CI machine (docs/cluster.md,
+"Measurement noise"): on a quiet machine the rounds of one ratio spread by at most about a third
+of their median; with a few other processes competing for the cores, by several times it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from pipeline.results.calibration_store import draft_rows_rounds, draft_target_rounds, verify_rounds
+
+# (max - min) / median of a ratio's rounds beyond which the ratio, and every figure computed
+# from it, is unreliable
+SPREAD_LIMIT = 0.5
+UNRELIABLE = "unreliable"
+LOAD_COLUMNS = ("load_before", "load_after")
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A latency ratio's rounds: lowest, highest and median."""
+
+    name: str
+    rounds: tuple[float, ...]
+
+    @property
+    def relative(self) -> float:
+        """(max - min) / median; NaN with fewer than two rounds (nothing to judge)."""
+        if len(self.rounds) < 2:
+            return math.nan
+        middle = float(pd.Series(self.rounds).median())
+        return (max(self.rounds) - min(self.rounds)) / middle if middle > 0 else math.inf
+
+    @property
+    def noisy(self) -> bool:
+        return self.relative > SPREAD_LIMIT  # False for NaN
+
+    def __str__(self) -> str:
+        return (f"{self.name} {min(self.rounds):.3f}-{max(self.rounds):.3f} over {len(self.rounds)} rounds "
+                f"({self.relative:.0%} of the median)")
+
+
+@dataclass(frozen=True)
+class Load:
+    """The highest 1-minute load average read around some timing, and the machine's cores."""
+
+    peak: float
+    cores: int
+
+    @property
+    def noisy(self) -> bool:
+        return self.peak > self.cores
+
+    def __str__(self) -> str:
+        return f"load {self.peak:.1f} on {self.cores} cores"
+
+
+def ratio_spreads(calibration: pd.Series, draft_rows: int, verify_tokens: int) -> dict[str, list[Spread]]:
+    """The spreads each expected speedup rests on: Eq. 1 on Tq/Tp, its corrected form on the
+    draft batch's Tq(m rows)/Tp and the verify forward's Tp(n)/Tp (rounds not kept: none)."""
+    spread = lambda name, rounds: [Spread(name, tuple(rounds))] if rounds else []
+    return {
+        "eq1": spread("Tq/Tp", draft_target_rounds(calibration)),
+        "corrected": spread(f"Tq({draft_rows} rows)/Tp", draft_rows_rounds(calibration, draft_rows))
+        + spread(f"Tp({verify_tokens})/Tp", verify_rounds(calibration, verify_tokens)),
+    }
+
+
+def calibration_load(calibration: pd.Series) -> Load | None:
+    """The load while a calibration measured (None for files from before it was kept)."""
+    loads = [calibration.get(c) for c in LOAD_COLUMNS]
+    loads = [float(v) for v in loads if v is not None and not pd.isna(v)]
+    cores = calibration.get("cpu_cores")
+    return Load(max(loads), int(cores)) if loads and cores is not None and not pd.isna(cores) else None
+
+
+def rows_load(rows: pd.DataFrame) -> Load | None:
+    """The load around the decodes of some live rows (None where rows do not record it)."""
+    if rows.empty or any(c not in rows for c in (*LOAD_COLUMNS, "cpu_cores")):
+        return None
+    peaks = rows[list(LOAD_COLUMNS)].max(axis=1).dropna()
+    cores = rows.loc[peaks.index, "cpu_cores"].dropna()
+    if peaks.empty or cores.empty:
+        return None
+    return Load(float(peaks.max()), int(cores.min()))
+
+
+def noise_text(flags: dict[str, list]) -> str:
+    """`column, column: why; column: why` for the columns whose figures are unreliable,
+    columns with the same reason named together."""
+    columns: dict[str, list[str]] = {}
+    for column, why in flags.items():
+        if why:
+            columns.setdefault(" and ".join(map(str, why)), []).append(column)
+    return "; ".join(f"{', '.join(names)}: {why}" for why, names in columns.items())
+
+
+def noise_parts(text: str) -> dict[str, str]:
+    """A `noise_text` back as column -> why."""
+    if not isinstance(text, str):
+        return {}
+    parts = [part.split(": ", 1) for part in text.split("; ") if ": " in part]
+    return {column: why for names, why in parts for column in names.split(", ")}
+
+
+def flagged_columns(text: str) -> set[str]:
+    """The columns a `noise_text` names."""
+    return set(noise_parts(text))
+
+
+def shown(table: pd.DataFrame, noise: str = "noise") -> pd.DataFrame:
+    """`table` for reading: each figure its row's `noise` flags printed as `unreliable`."""
+    if noise not in table or not table[noise].fillna("").astype(bool).any():
+        return table
+    display = table.astype({c: object for c in table.columns if c != noise})
+    for i, text in enumerate(table[noise]):
+        for column in flagged_columns(text) & set(table.columns):
+            display.iloc[i, display.columns.get_loc(column)] = UNRELIABLE
+    return display
+
+
+def calibration_spreads(calibration: pd.Series) -> list[Spread]:
+    """Every ratio a calibration measured, as spreads: Tq/Tp, the draft batches, the verify curve."""
+    counts = _kept(calibration.get("draft_row_counts"))
+    tokens = _kept(calibration.get("verify_tokens")) or [int(calibration["gamma"]) + 1]
+    spreads = [Spread("Tq/Tp", tuple(draft_target_rounds(calibration)))]
+    spreads += [Spread(f"Tq({m} rows)/Tp", tuple(draft_rows_rounds(calibration, m))) for m in counts if m > 1]
+    spreads += [Spread(f"Tp({n})/Tp", tuple(verify_rounds(calibration, n))) for n in tokens]
+    return [s for s in spreads if s.rounds]
+
+
+def _kept(value) -> list[int]:
+    return [] if value is None or isinstance(value, float) else [int(v) for v in value]
+
+
+def noise_section(used: list[pd.Series], timed: pd.DataFrame, speedup: pd.DataFrame) -> str:
+    """The summary's account of measurement noise: the limits, then each calibration (`used`:
+    the ones the tables drew) and each pair's timed decodes that broke them, or the widest
+    spread and highest load seen when none did; `timed`: the live and AR rows of timed samples."""
+    lines = [f"A latency ratio is unreliable when its rounds spread over more than {SPREAD_LIMIT:.0%} of their median "
+             "((max - min) / median), and so is every expected speedup computed from it; a walltime is unreliable when the "
+             "machine's 1-minute load average, read before and after each timed decode, exceeded its cores. The tables "
+             f"above print such figures as `{UNRELIABLE}` and say why in their `noise` column."]
+    spreads, loads = [], []  # (spread, whose) and (load, whose) of everything judged
+    for calibration in used:
+        pair = f"{calibration['target']} <- {calibration['draft']} ({calibration['dtype']})"
+        mine, load = calibration_spreads(calibration), calibration_load(calibration)
+        spreads += [(s, f"{s.name} of {pair}") for s in mine if not math.isnan(s.relative)]
+        found = [str(s) for s in mine if s.noisy] + ([f"{load} while it measured"] if load and load.noisy else [])
+        if found:
+            lines.append(f"- **Calibration of {pair}**: " + "; ".join(found) + ".")
+    for (target, draft, dtype), rows in timed.groupby(["target", "draft", "dtype"]) if len(timed) else []:
+        load = rows_load(rows)
+        if load is not None:
+            loads.append(load)
+            if load.noisy:
+                lines.append(f"- **Timed decodes of {target} <- {draft} ({dtype})**: {load} around them; "
+                             "their measured speedups are unreliable.")
+    flagged = int(speedup["noise"].fillna("").astype(bool).sum()) if "noise" in speedup else 0
+    if len(lines) > 1 or flagged:
+        found = "\n".join(lines[1:])
+        advice = (f"**{flagged} row(s) of the speedup table hold unreliable figures.** Measure again on a quiet "
+                  "machine: `python jobs/calibrate.py --grid GRID --out OUT` measures the ratios again and rewrites "
+                  "this report; walltimes need the timed samples decoded again (a new `--run`).")
+        return "## Measurement noise\n\n" + "\n\n".join(filter(None, (lines[0], found, advice)))
+    seen = []
+    if spreads:
+        spread, whose = max(spreads, key=lambda found: found[0].relative)
+        seen.append(f"the widest spread of a ratio's rounds was {spread.relative:.0%} of its median ({whose})")
+    if loads:
+        seen.append(f"the load around timed decodes was at most {max(loads, key=lambda load: load.peak)}")
+    quiet = "No figure is flagged" + (": " + "; ".join(seen) if seen else "") + "."
+    return f"## Measurement noise\n\n{lines[0]}\n\n{quiet}"

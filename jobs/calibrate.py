@@ -4,7 +4,8 @@
     python jobs/calibrate.py --target llava-hf/llava-1.5-7b-hf --draft mjbooo/lvlm68m --gamma 3 5 --out DIR --ray
 
 With --ray each pair is measured in a Ray task holding one GPU (on the hardware the grid runs
-on); without it, on this machine's device. Each measurement is repeated in --rounds rounds
+on); without it, on this machine's device. A line per round says how far it is; at the end the
+report of every run under --out with rows of a calibrated pair is written again. Each measurement is repeated in --rounds rounds
 (target and draft alternating) and the report gives the median and range of the ratios. The
 verify cost is measured for gamma + 1 tokens of every gamma and for every token tree's nodes +
 1 (a grid's: all of them), and the draft step for every draft batch its blocks use.
@@ -55,7 +56,8 @@ def grid_shapes(spec: GridSpec) -> Shapes:
 
 def measure(target: str, draft: str, dtype: str, shapes: Shapes, repeats: int, rounds: int,
             threads: int | None = None) -> Calibration:
-    """One pair's calibration; `threads`: CPU threads to time with (those the grid's timed decodes use)."""
+    """One pair's calibration, a line per round; `threads`: CPU threads to time with (those the
+    grid's timed decodes use)."""
     import torch
 
     from actors.model_files import resolve_model
@@ -67,8 +69,11 @@ def measure(target: str, draft: str, dtype: str, shapes: Shapes, repeats: int, r
     # allow_text: a pair named here passed the grid's checks, or was named by hand (multimodal
     # families outside pipeline.models.families are refused all the same)
     pair = load_pair(resolve_model(target), resolve_model(draft), dtype=dtype, device=default_device(), allow_text=True)
+    def progress(done: int, total: int, ratio: float) -> None:
+        print(f"calibration {target} / {draft} ({dtype}): round {done}/{total} measured, Tq/Tp {ratio:.3f}", flush=True)
+
     result = calibrate(*pair, gammas=shapes.gammas, verify_tokens=shapes.verify_tokens, draft_rows=shapes.draft_rows,
-                       repeats=repeats, rounds=rounds)
+                       repeats=repeats, rounds=rounds, progress=progress)
     result.target, result.draft, result.dtype = target, draft, dtype  # the grid's names, as in the results rows
     return result
 
@@ -80,18 +85,11 @@ def calibrate_pairs(
     """Measure each (target, draft, dtype) and write it under OUT; with `ray_tasks`, each pair in
     a Ray task holding one GPU when the cluster has GPUs, else a node's CPUs, so measurements
     on a CPU never overlap (Ray must be initialised)."""
+    print(f"calibrating {len(pairs)} pair(s), {rounds} rounds of {repeats} timed steps per measurement "
+          f"(verify {', '.join(map(str, sorted({g + 1 for g in shapes.gammas} | set(shapes.verify_tokens))))} tokens)",
+          flush=True)
     if ray_tasks:
-        import ray
-
-        from actors.ray_info import node_cpus
-
-        gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
-        # Without GPUs each task takes a whole node's CPUs as threads, as the grid's timed
-        # decodes do (actors.runner), so two measurements never time each other's load.
-        cpus = 1 if gpus else node_cpus()
-        task = ray.remote(num_gpus=gpus, num_cpus=cpus)(measure)
-        threads = None if gpus else max(1, int(cpus))
-        results = ray.get([task.remote(t, d, dt, shapes, repeats, rounds, threads) for t, d, dt in pairs])
+        results = _measured_on_ray(pairs, shapes, repeats, rounds)
     else:
         results = [measure(t, d, dt, shapes, repeats, rounds) for t, d, dt in pairs]
     for result in results:
@@ -105,6 +103,44 @@ def calibrate_pairs(
             f"Tq={result.draft_token_s * 1e3:.1f} ms) -> {path}"
         )
     return results
+
+
+def _measured_on_ray(pairs: list[tuple[str, str, str]], shapes: Shapes, repeats: int, rounds: int) -> list[Calibration]:
+    """Each pair in a Ray task, a line as each finishes (a task's own round lines reach this
+    console where the driver relays worker output)."""
+    import ray
+
+    from actors.ray_info import node_cpus
+
+    gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
+    # Without GPUs each task takes a whole node's CPUs as threads, as the grid's timed
+    # decodes do (actors.runner), so two measurements never time each other's load.
+    cpus = 1 if gpus else node_cpus()
+    task = ray.remote(num_gpus=gpus, num_cpus=cpus)(measure)
+    threads = None if gpus else max(1, int(cpus))
+    refs = {task.remote(t, d, dt, shapes, repeats, rounds, threads): (t, d, dt) for t, d, dt in pairs}
+    waiting, results = list(refs), {}
+    while waiting:
+        (ready,), waiting = ray.wait(waiting, num_returns=1)
+        results[ready] = ray.get(ready)
+        print(f"calibration {len(results)}/{len(refs)} pairs done ({' / '.join(refs[ready][:2])})", flush=True)
+    return [results[ref] for ref in refs]
+
+
+def rewrite_reports(out: str, pairs: list[tuple[str, str, str]]) -> list[Path]:
+    """Write again the report of every run under OUT holding rows of a pair just calibrated:
+    its speedup tables draw on the calibration."""
+    from pipeline.results.store import read_results, run_names
+    from pipeline.results.summary import write_summary
+
+    written = []
+    for run in run_names(out):
+        rows = read_results(out, run)
+        if any(((rows["target"] == t) & (rows["draft"] == d) & (rows["dtype"] == dt)).any() for t, d, dt in pairs):
+            write_summary(out, run, rows)
+            written.append(Path(out) / f"_report-{run}")
+            print(f"report rewritten with the new calibration: {written[-1] / 'summary.md'}", flush=True)
+    return written
 
 
 def pairs_to_measure(
@@ -125,7 +161,7 @@ def pairs_to_measure(
     return todo
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grid", help="grid YAML: calibrate each of its (target, draft, dtype) pairs")
     parser.add_argument("--target")
@@ -138,7 +174,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=REPEATS, help="timed steps per measurement (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds, target and draft alternating (default: %(default)s)")
     parser.add_argument("--ray", action="store_true", help="measure each pair in a Ray task with one GPU")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     shapes = Shapes(tuple(args.gamma or (DecodeConfig.gamma,)))
     if args.grid:
         spec = load_grid(args.grid)
@@ -153,6 +189,7 @@ def main() -> None:
 
         ray.init(address="auto")
     calibrate_pairs(pairs, args.out, shapes=shapes, repeats=args.repeats, rounds=args.rounds, ray_tasks=args.ray)
+    rewrite_reports(args.out, pairs)
 
 
 if __name__ == "__main__":

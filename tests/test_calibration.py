@@ -84,3 +84,29 @@ def test_calibration_times_the_engine_it_names(tiny_pair, engine):
     result = calibrate(target, draft, gammas=(3,), repeats=2, engine=engine)
     assert result.engine == engine and result.target_token_s > 0
     assert calibrate(target, draft, gammas=(3,), repeats=2).engine == default_engine(target, draft)
+
+
+def test_the_calibrate_job_shows_its_rounds_and_rewrites_the_report_it_changes(tmp_path, capsys):
+    import jobs.calibrate as job
+    from pipeline.data.sample import Sample
+    from pipeline.decoding.records import SampleRecord
+    from pipeline.planning.grid import Pair, RunConfig
+    from pipeline.results.schema import make_row
+    from pipeline.results.store import read_results, rows_to_table, write_shard
+    from pipeline.results.summary import write_summary
+
+    pair = Pair("tiny:target", "tiny:draft")
+    sample = Sample("embedded_vqa", "test", 0, "first", "USER: <image>\nq ASSISTANT:", category="benchmark")
+    rows = [make_row("r", "s", RunConfig(pair, m, gamma=None if m == "AR" else 3), sample,
+                     SampleRecord(sample.sample_id, mode="ar" if m == "AR" else "replay", accepted_per_block=[2, 1],
+                                  output_ids=[5] * 5)) for m in ("AR", "M")]
+    write_shard(tmp_path, rows_to_table(rows))
+    report = tmp_path / "_report-r" / "summary.md"
+    write_summary(tmp_path, "r", read_results(tmp_path, "r"))
+    assert "## Calibration used" not in report.read_text()
+    job.main(["--target", "tiny:target", "--draft", "tiny:draft", "--out", str(tmp_path), "--gamma", "3",
+              "--rounds", "2", "--repeats", "2"])
+    printed = capsys.readouterr().out
+    assert "round 1/2 measured" in printed and "round 2/2 measured" in printed
+    assert f"report rewritten with the new calibration: {report}" in printed
+    assert "## Calibration used" in report.read_text() and "eq1" in (tmp_path / "_report-r" / "speedup.csv").read_text()

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 from typing import Iterable
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import pandas as pd
 import pyarrow as pa
@@ -51,6 +51,11 @@ def rows_to_table(rows: list[dict]) -> pa.Table:
 
 def run_dir(out: str | Path, run: str) -> Path:
     return Path(out) / f"run={quote(run, safe='')}"
+
+
+def run_names(out: str | Path) -> list[str]:
+    """The runs under OUT (their `run=<name>` folders)."""
+    return sorted(unquote(p.name.removeprefix("run=")) for p in Path(out).glob("run=*") if p.is_dir())
 
 
 def shard_path(out: str | Path, run: str, target: str, draft: str, dataset: str, shard: str) -> Path:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections import Counter, defaultdict, deque
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
@@ -25,7 +25,8 @@ from pipeline.planning.samples import RegistrySource, RunSamples, SampleSource
 from pipeline.planning.resume import reconcile, wanted_rows
 from pipeline.planning.shards import plan_shards
 from pipeline.results.run_lock import run_lock
-from pipeline.results.store import drop_rows, first_turn_answers, write_manifest, write_shards, written_rows
+from pipeline.results.manifest import grid_record, record_grid
+from pipeline.results.store import drop_rows, first_turn_answers, write_shards, written_rows
 
 IN_FLIGHT_PER_WORKER = 2  # one running, one queued behind it, so a worker never waits on the driver
 POLL_S = 10.0  # how often a waiting driver checks that the cluster can still run its workers
@@ -103,7 +104,7 @@ class GridRunner:
         if self.spec.second_turns:
             phases.append(("second turn", list(self.spec.second_turns)))
         with run_lock(self.out, self.run_name):
-            write_manifest(self.out, self.run_name, {"grid": self.spec.name, "expected": self._expected_rows()})
+            record_grid(self.out, self.run_name, grid_record(self.spec, self.samples.first_turn_count))
             try:
                 for label, turns in phases:
                     self._run_phase(label, turns)
@@ -111,14 +112,6 @@ class GridRunner:
                 self._stop_workers()
                 self.report.seconds = time.monotonic() - start
         return self.report
-
-    def _expected_rows(self) -> list[dict]:
-        """Rows the whole grid asks for, per pair and turn (the summary's completeness check)."""
-        counts: Counter = Counter()
-        for unit in self.spec.units():
-            pair = unit.config.pair
-            counts[(pair.target, pair.draft, pair.dtype, unit.turn)] += self.samples.first_turn_count(unit.dataset)
-        return [dict(zip(("target", "draft", "dtype", "turn"), key), rows=n) for key, n in counts.items()]
 
     def _run_phase(self, label: str, turns: list[str]) -> None:
         """Sort the rows already written (pipeline.planning.resume), drop those to compute

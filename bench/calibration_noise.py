@@ -8,11 +8,12 @@ as unreliable).
 Each calibration is the default job's (both cores as threads, 5 rounds of 10 steps, the
 chain's and both candidate trees' shapes). "Loaded" runs `--busy` processes spinning on the
 CPU beside it, as other jobs on a shared machine would. Output, `name=value`, per condition
-(`quiet`, `loaded`) and calibration `k`: `<condition>_<k>_<ratio>_spread` ((max - min) /
-median of that ratio's rounds, e.g. `tq_tp`, `tq_rows_4`, `tp_6`), `<condition>_<k>_load`
-(the highest 1-minute load average around it); then `<condition>_widest_spread`,
-`<condition>_narrowest_widest_spread` (over calibrations: the widest ratio of the least noisy
-one), `cores`.
+(`quiet`, `loaded`) and calibration `k`, for each ratio (`tq_rows_1` is Tq/Tp, `tq_rows_4` the
+4-row draft batch, `tp_6` the 6-token verify): `<condition>_<k>_<ratio>_spread` (what the
+report judges: (max - min) / median of the middle rounds), `_full_spread` (every round),
+`_rounds`; `<condition>_<k>_load` (the highest 1-minute load average around it); then
+`<condition>_widest_spread`, `<condition>_narrowest_widest_spread` (over calibrations: the
+widest ratio of the least noisy one), `cores`.
 """
 from __future__ import annotations
 
@@ -36,14 +37,19 @@ def spin() -> None:
         sum(i * i for i in range(10_000))
 
 
-def spreads(result) -> dict[str, float]:
-    """Each ratio's (max - min) / median over the calibration's rounds."""
-    found = {"tq_tp": Spread("Tq/Tp", tuple(result.ratio_draft_target_rounds)).relative}
-    for rows, rounds in zip(result.draft_row_counts, result.draft_rows_ratio_rounds):
-        found[f"tq_rows_{rows}"] = Spread("rows", tuple(rounds)).relative
-    for tokens, rounds in zip(result.verify_tokens, result.verify_ratio_rounds):
-        found[f"tp_{tokens}"] = Spread("verify", tuple(rounds)).relative
+def spreads(result) -> dict[str, Spread]:
+    """Each ratio's rounds."""
+    found = {f"tq_rows_{rows}": Spread("rows", tuple(rounds))
+             for rows, rounds in zip(result.draft_row_counts, result.draft_rows_ratio_rounds)}
+    found |= {f"tp_{tokens}": Spread("verify", tuple(rounds))
+              for tokens, rounds in zip(result.verify_tokens, result.verify_ratio_rounds)}
     return found
+
+
+def full_spread(spread: Spread) -> float:
+    """(max - min) / median over every round, the stray ones included."""
+    middle = sorted(spread.rounds)[len(spread.rounds) // 2]
+    return (max(spread.rounds) - min(spread.rounds)) / middle
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -66,10 +72,12 @@ def main(argv: list[str] | None = None) -> None:
         for k in range(args.runs):
             result = calibrate(target, draft, gammas=(5,), verify_tokens=(16, 26), draft_rows=(6, 20))
             found = spreads(result)
-            for name, value in found.items():
-                print(f"{condition}_{k}_{name}_spread={value:.3f}", flush=True)
+            for name, spread in found.items():
+                print(f"{condition}_{k}_{name}_spread={spread.relative:.3f}", flush=True)
+                print(f"{condition}_{k}_{name}_full_spread={full_spread(spread):.3f}", flush=True)
+                print(f"{condition}_{k}_{name}_rounds={','.join(f'{r:.4f}' for r in spread.rounds)}", flush=True)
             print(f"{condition}_{k}_load={max(result.load_before, result.load_after):.2f}", flush=True)
-            widest.setdefault(condition, []).append(max(found.values()))
+            widest.setdefault(condition, []).append(max(spread.relative for spread in found.values()))
         for process in busy:
             process.terminate()
         print(f"{condition}_widest_spread={max(widest[condition]):.3f}")

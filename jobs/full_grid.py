@@ -68,7 +68,20 @@ def main(argv: list[str] | None = None) -> int:
     except GridError as err:
         print(f"cannot run {args.grid}: {err}", file=sys.stderr)
         return EXIT_INVALID
+    extension = extension_line(spec, args, source)
+    if extension:
+        print(extension, flush=True)
     return run(spec, args, source)
+
+
+def extension_line(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -> str | None:
+    """What this grid adds to a run that already holds another one (pipeline.results.manifest)."""
+    from pipeline.results.manifest import extension_text, grid_record, run_grids
+    from pipeline.results.store import stored_config_keys
+
+    run = args.run or spec.name
+    record = grid_record(spec, lambda dataset: len(source.first_turn(dataset, spec.limit)))
+    return extension_text(run, run_grids(args.out, run), stored_config_keys(args.out, run), record)
 
 
 def run(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -> int:

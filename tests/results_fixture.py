@@ -15,7 +15,8 @@ from pipeline.planning.grid import Pair, RunConfig
 from pipeline.results.calibration import Calibration
 from pipeline.results.calibration_store import write_calibration
 from pipeline.results.schema import make_row
-from pipeline.results.store import rows_to_table, write_manifest, write_shards
+from pipeline.results.manifest import write_manifest
+from pipeline.results.store import rows_to_table, write_shards
 
 RUN = "embedded"
 TARGET = "embedded:target"

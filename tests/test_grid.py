@@ -380,3 +380,43 @@ def test_a_verify_kind_marked_untimed_is_replayed_on_the_timed_samples_too():
     assert len(keys) == len(set(keys)) == len(spec.configs()) * 3
     with pytest.raises(GridError, match=r"verify\[0\]\.timed: expected true or false"):
         grid(verify=[{"kind": "candidates", "timed": "no"}])
+
+
+def test_validation_lists_every_problem_with_the_name_probably_meant():
+    with pytest.raises(GridError) as err:
+        grid(datasets=["toy", "tyo"], turns=["first", "agian"], methods=["AR", "mt", "MX"], engine=["statc"],
+             policies=["static", {"kind": "gird"}], gamma=[0, 5], colur="blue")
+    message = str(err.value)
+    expected = [
+        "unknown grid field(s) ['colur']",
+        "datasets[1]: unknown dataset 'tyo' (did you mean 'toy'?)",
+        "turns[1]: unknown turn 'agian' (did you mean 'again'?)",
+        "methods[1] 'mt'", "(did you mean 'MT'?)", "methods[2] 'MX'", "(did you mean 'M'?)",
+        "engine[0]: unknown engine 'statc'; choose one of auto, static, eager (did you mean 'static'?)",
+        "policies[1]: unknown weight policy 'gird' (did you mean 'grid'?)",
+        "gamma[0]: expected an integer >= 1",
+    ]
+    assert message.startswith("8 problems:"), message
+    for part in expected:
+        assert part in message, (part, message)
+
+
+def test_relative_data_paths_are_read_from_the_grid_files_folder(tmp_path, monkeypatch):
+    """Not from wherever the job happens to be started; a missing file says where it was looked for."""
+    folder = tmp_path / "experiment"
+    (folder / "data").mkdir(parents=True)
+    (folder / "data" / "signs.jsonl").write_text('{"question": "q?", "image": "x.png"}\n')
+    (folder / "copies").mkdir()
+    entry = {"name": "signs", "path": "data/signs.jsonl"}
+    grid_path = folder / "grid.yaml"
+    grid_path.write_text(yaml.safe_dump({**BASE, "datasets": ["toy", entry], "turns": ["first"],
+                                         "sources": {"toy": "copies"}}))
+    monkeypatch.chdir(tmp_path)  # elsewhere
+    spec = load_grid(grid_path, CATALOG)
+    assert spec.user_datasets[0].path == str(folder / "data" / "signs.jsonl")
+    assert dict(spec.sources)["toy"] == str(folder / "copies")
+    grid_path.write_text(yaml.safe_dump({**BASE, "datasets": ["toy", {**entry, "path": "data/sings.jsonl"}]}))
+    with pytest.raises(GridError) as err:
+        load_grid(grid_path, CATALOG)
+    assert (f"datasets[1] (signs): data/sings.jsonl does not exist (looked for {folder / 'data' / 'sings.jsonl'}, "
+            f"relative to the grid file's folder {folder})") in str(err.value)

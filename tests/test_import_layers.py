@@ -21,7 +21,8 @@ LAYERS = (
     "jobs",
 )
 CORE = LAYERS[:3]
-CORE_MAY_USE = {"pipeline.data.sample"}  # the value type the core decodes (a leaf module)
+# leaf modules every layer may use: the value type the core decodes, the "did you mean" helper
+CORE_MAY_USE = {"pipeline.data.sample", "pipeline.names"}
 
 
 def module_files() -> dict[str, Path]:

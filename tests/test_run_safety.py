@@ -144,8 +144,8 @@ def grid_file(tmp_path: Path, **fields) -> Path:
     return path
 
 
-def run_job(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0"}
+def run_job(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**(os.environ if env is None else env), "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0"}
     code = ("import sys, runpy; sys.argv = ['full_grid.py', *sys.argv[1:]]\n"
             "try:\n    runpy.run_path('jobs/full_grid.py', run_name='__main__')\n"
             "except SystemExit as e:\n    print('HEAVY', sorted(m for m in ('ray', 'transformers', 'datasets', 'torch') if m in sys.modules), file=sys.stderr)\n"
@@ -228,7 +228,7 @@ def test_a_second_driver_is_refused_before_ray_starts(tmp_path):
 
 def test_a_run_that_stopped_early_is_called_incomplete(tmp_path):
     from pipeline.results.completeness import completeness_table, completeness_text
-    from pipeline.results.store import read_manifest, write_manifest
+    from pipeline.results.manifest import read_manifest, write_manifest
 
     config = RunConfig(PAIR, "M")
     write_shard(tmp_path, rows_to_table(rows_for(config, [sample(0), sample(1)], "s1", errors={1: "input"})))
@@ -243,3 +243,20 @@ def test_a_run_that_stopped_early_is_called_incomplete(tmp_path):
     done = [{**expected[0], "rows": 2}]
     assert completeness_text(completeness_table(rows, done), done).startswith("Complete: all 2 expected rows")
     assert "unknown" in completeness_text(completeness_table(rows, None), None)
+
+
+def test_a_hub_id_that_cannot_be_resolved_fails_before_ray_in_seconds(tmp_path):
+    """With the hub on but unreachable, a model the actors could never download is refused by
+    preflight, not 38 s later by an actor after Ray has started."""
+    import time
+
+    with socket.socket() as probe:  # a local port nothing listens on: connections are refused at once
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    fields = {"pairs": [{"target": "nobody/unreachable-llava", "draft": "tiny:draft"}]}
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"} | {"HF_ENDPOINT": f"http://127.0.0.1:{closed}"}
+    start = time.monotonic()
+    done = run_job("--grid", str(grid_file(tmp_path, **fields)), "--out", str(tmp_path / "out"), env=env)
+    seconds = time.monotonic() - start
+    assert done.returncode == 2 and "pairs[0].target: cannot reach the hub" in done.stderr, done.stderr
+    assert "'ray'" not in done.stderr.split("HEAVY")[-1] and seconds < 60

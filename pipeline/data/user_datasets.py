@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 from pipeline.data.prompts import PromptError, user_turn
 from pipeline.data.sample import IMAGE_PLACEHOLDER
+from pipeline.names import did_you_mean
 
 FILE_KINDS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 CATEGORIES = ("benchmark", "ood")
@@ -63,6 +64,17 @@ class MappedColumns:
         return value
 
 
+def local_path(path: str, base: str | Path) -> Path:
+    """`path` as this machine finds it: `~` expanded, a relative path read from `base` (the
+    grid file's folder); FileNotFoundError saying where it looked."""
+    given = Path(path).expanduser()
+    found = given if given.is_absolute() else Path(base) / given
+    if not found.exists():
+        relative = "" if given.is_absolute() else f", relative to the grid file's folder {base}"
+        raise FileNotFoundError(f"looked for {found}{relative}")
+    return found
+
+
 def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
@@ -89,11 +101,13 @@ class UserDataset:
         return self.columns.columns + ((self.answer,) if self.answer else ())
 
 
-def parse_user_dataset(entry: Mapping[str, Any], where: str, taken: set[str]) -> UserDataset:
-    """A `datasets:` mapping as a UserDataset; ValueError naming `where` and the problem."""
+def parse_user_dataset(entry: Mapping[str, Any], where: str, taken: set[str], base: str | Path = ".") -> UserDataset:
+    """A `datasets:` mapping as a UserDataset; ValueError naming `where` and the problem. A
+    relative `path` is read from `base` (the grid file's folder) and kept absolute."""
     unknown = sorted(set(entry) - set(FIELDS))
     if unknown:
-        raise ValueError(f"{where}: unknown field(s) {unknown}; a dataset entry has {list(FIELDS)}")
+        raise ValueError(f"{where}: unknown field(s) {unknown}{did_you_mean(unknown[0], FIELDS)}; "
+                         f"a dataset entry has {list(FIELDS)}")
     name, path = entry.get("name"), entry.get("path")
     if not isinstance(name, str) or not name.replace("_", "").replace("-", "").isalnum():
         raise ValueError(f"{where}: `name` must be a word (letters, digits, _ or -), got {name!r}")
@@ -101,9 +115,10 @@ def parse_user_dataset(entry: Mapping[str, Any], where: str, taken: set[str]) ->
         raise ValueError(f"{where}: dataset name {name!r} is already taken (built-in or listed before)")
     if not isinstance(path, str) or not path:
         raise ValueError(f"{where} ({name}): `path` must name a file or directory")
-    found = Path(path).expanduser()
-    if not found.exists():
-        raise ValueError(f"{where} ({name}): {path} does not exist")
+    try:
+        found = local_path(path, base)
+    except FileNotFoundError as err:
+        raise ValueError(f"{where} ({name}): {path} does not exist ({err})") from None
     if found.is_file() and found.suffix.lower() not in FILE_KINDS:
         raise ValueError(f"{where} ({name}): {path} is not JSONL, CSV or Parquet (known: {', '.join(FILE_KINDS)})")
     images = entry.get("images", ["image"])
@@ -116,5 +131,7 @@ def parse_user_dataset(entry: Mapping[str, Any], where: str, taken: set[str]) ->
         raise ValueError(f"{where} ({name}): `images` must be a list of column names, got {images!r}")
     category = entry.get("category", "benchmark")
     if category not in CATEGORIES:
-        raise ValueError(f"{where} ({name}): category must be one of {CATEGORIES}, got {category!r}")
-    return UserDataset(name, path, text_fields["question"], tuple(images), text_fields["answer"], category, text_fields["split"])
+        raise ValueError(f"{where} ({name}): category must be one of {CATEGORIES}, got {category!r}"
+                         f"{did_you_mean(category, CATEGORIES)}")
+    return UserDataset(name, str(found.resolve()), text_fields["question"], tuple(images), text_fields["answer"], category,
+                       text_fields["split"])

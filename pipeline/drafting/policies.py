@@ -21,6 +21,8 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
+from pipeline.names import did_you_mean
+
 if TYPE_CHECKING:
     import torch
 
@@ -95,7 +97,7 @@ class WeightPolicy:
 
 def policy_class(kind: str) -> type[WeightPolicy]:
     if kind not in POLICIES:
-        raise ValueError(f"unknown weight policy {kind!r}; choose one of {tuple(POLICIES)}")
+        raise ValueError(f"unknown weight policy {kind!r}{did_you_mean(kind, POLICIES)}; choose one of {tuple(POLICIES)}")
     return POLICIES[kind]
 
 
@@ -105,7 +107,8 @@ def make_policy(kind: str, **fields) -> WeightPolicy:
     known = set(cls.__dataclass_fields__)
     unknown = sorted(set(fields) - known)
     if unknown:
-        raise ValueError(f"{unknown} not a field of the {kind!r} policy; its fields: {sorted(known)}")
+        raise ValueError(f"{unknown} not a field of the {kind!r} policy{did_you_mean(unknown[0], known)}; "
+                         f"its fields: {sorted(known)}")
     policy = cls(**fields)
     policy.validate()
     return policy

@@ -4,63 +4,65 @@ greedy first turns, ...). Run by `pipeline.planning.grid_file` before anything l
 """
 from __future__ import annotations
 
+from typing import Iterator
+
 from pipeline.drafting.methods import METHODS, needs_captions
 from pipeline.planning.grid import AR, FIRST_TURN, GridError, GridSpec, Pair
 from pipeline.planning.model_ids import model_kind
+from pipeline.planning.problems import GridProblems
 
 QUESTION_TASKS = ("nq", "gsm8k")  # second-turn tasks that read a question dataset
 AXES = ("window", "distance", "gamma", "temperature", "seed", "engine", "verify")
 LISTED_FIELDS = ("datasets", "turns", "pairs", "methods", "policies", *AXES)
 
 
-def _check_no_repeats(spec: GridSpec) -> None:
+def _repeats(spec: GridSpec) -> Iterator[str]:
     """A value listed twice would silently run once: say so instead."""
     for name in LISTED_FIELDS:
         values = getattr(spec, name)
         for j, value in enumerate(values):
             if value in values[:j]:
                 shown = value.label if isinstance(value, Pair) else value
-                raise GridError(f"{name}[{j}]: {shown!r} is already listed as {name}[{values.index(value)}]")
+                yield f"{name}[{j}]: {shown!r} is already listed as {name}[{values.index(value)}]"
 
 
 def check_combinations(spec: GridSpec) -> None:
-    """Combinations no single field can rule out."""
-    _check_no_repeats(spec)
+    """Combinations no single field can rule out; every one found is reported."""
+    problems = list(_repeats(spec)) + list(_combinations(spec))
+    if problems:
+        raise GridError(problems[0]) if len(problems) == 1 else GridProblems(problems)
+
+
+def _combinations(spec: GridSpec) -> Iterator[str]:
     if spec.live_samples and spec.mode != "auto":
-        raise GridError(f"live_samples: {spec.live_samples} only applies to mode 'auto' (mode is {spec.mode!r})")
+        yield f"live_samples: {spec.live_samples} only applies to mode 'auto' (mode is {spec.mode!r})"
     for name, _ in spec.sources:
         if name not in spec.datasets and not (name in QUESTION_TASKS and name in spec.turns):
-            raise GridError(f"sources.{name}: not a dataset or question task ({', '.join(QUESTION_TASKS)}) of this grid")
+            yield f"sources.{name}: not a dataset or question task ({', '.join(QUESTION_TASKS)}) of this grid"
     for i, methods in enumerate(spec.methods):
         if not any(policy.applies_to(methods) for policy in spec.policies):
-            raise GridError(f"methods[{i}] {methods!r}: no policy runs on it (every policy's 'methods' names other ensembles)")
+            yield f"methods[{i}] {methods!r}: no policy runs on it (every policy's 'methods' names other ensembles)"
         captioned = "" if methods == AR else "".join(m for m in methods if needs_captions(m))
         if captioned and spec.captioner is None:
-            raise GridError(f"methods[{i}] {methods!r} uses caption drafting ({captioned}) but the grid sets no captioner")
+            yield f"methods[{i}] {methods!r} uses caption drafting ({captioned}) but the grid sets no captioner"
         for letter in "" if methods == AR else methods:
             for j, pair in enumerate(spec.pairs):
                 if model_kind(pair.draft) in METHODS[letter].refused_draft_kinds:
-                    raise GridError(
-                        f"methods[{i}] {methods!r} with pairs[{j}].draft {pair.draft!r}: {METHODS[letter].name} "
-                        f"drafting ({letter}) cannot run on a {model_kind(pair.draft)} draft"
-                    )
+                    yield (f"methods[{i}] {methods!r} with pairs[{j}].draft {pair.draft!r}: {METHODS[letter].name} "
+                           f"drafting ({letter}) cannot run on a {model_kind(pair.draft)} draft")
     if spec.second_turns:
         if FIRST_TURN not in spec.turns:
-            raise GridError(
-                f"turns {list(spec.second_turns)} build on the target's first-turn answers: add {FIRST_TURN!r} to turns"
-            )
+            yield f"turns {list(spec.second_turns)} build on the target's first-turn answers: add {FIRST_TURN!r} to turns"
         if 0.0 not in spec.temperature:
-            raise GridError(
-                f"turns {list(spec.second_turns)} need the target's greedy first-turn answers: add 0 to temperature"
-            )
+            yield f"turns {list(spec.second_turns)} need the target's greedy first-turn answers: add 0 to temperature"
     if spec.mode == "replay" and any(t > 0 for t in spec.temperature):
-        raise GridError("mode 'replay' scores greedy configurations only; use 'auto' to run temperature > 0 live")
+        yield "mode 'replay' scores greedy configurations only; use 'auto' to run temperature > 0 live"
     if spec.mode == "replay" and not all(v.replayable for v in spec.verify):
-        raise GridError("mode 'replay' cannot score dynamic trees (their shape needs the draft off the target's "
-                        "path); use 'auto' to run them live")
+        yield ("mode 'replay' cannot score dynamic trees (their shape needs the draft off the target's "
+               "path); use 'auto' to run them live")
     for config in spec.configs():
         if not config.is_ar:
             try:
                 config.decode_config().validate()
             except ValueError as err:
-                raise GridError(f"configuration {config.methods} / {config.policy.label} on {config.pair.label}: {err}") from err
+                yield f"configuration {config.methods} / {config.policy.label} on {config.pair.label}: {err}"

@@ -12,15 +12,19 @@ from typing import Any, Callable, Iterable
 import yaml
 
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.verify_spec import VerifySpec, make_verify
+from pipeline.decoding.verify_spec import VERIFY_KINDS, VerifySpec, make_verify
+from pipeline.drafting.methods import METHODS
 from pipeline.drafting.policies import DISTANCES, POLICIES, make_policy, policy_class
 from pipeline.models.dtypes import DTYPES
+from pipeline.names import did_you_mean
 from pipeline.planning.grid import (
     AR, ENGINE_CHOICES, FIRST_TURN, Catalog, GridError, GridSpec, PolicyEntry, Pair,
 )
 from pipeline.planning.grid_checks import AXES, check_combinations
 from pipeline.planning.model_ids import check_family_here, check_model_id, check_same_tokenizer
+from pipeline.data.user_datasets import local_path
 from pipeline.planning.plugins import load_drafting_methods, parse_datasets, policy_kind
+from pipeline.planning.problems import Problems
 
 MODES = ("live", "replay", "auto")
 
@@ -32,7 +36,8 @@ FIELDS = {
 
 
 def load_grid(path: str | Path, catalog: Catalog | None = None) -> GridSpec:
-    """Read and validate a grid file; `catalog` defaults to the data registry."""
+    """Read and validate a grid file; `catalog` defaults to the data registry. Relative data
+    paths in it (datasets, sources) are read from the grid file's folder."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text())
@@ -45,66 +50,82 @@ def load_grid(path: str | Path, catalog: Catalog | None = None) -> GridSpec:
         raise GridError(f"grid file {path} is not valid YAML{where}: {problem}") from err
     raw = raw if isinstance(raw, dict) else {}
     raw.setdefault("name", path.stem)
-    return parse_grid(raw, catalog)
+    return parse_grid(raw, catalog, base=path.resolve().parent)
 
 
-def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None) -> GridSpec:
-    """Validate a grid given as a mapping (the parsed YAML) and build the `GridSpec`."""
+def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None, base: Path | None = None) -> GridSpec:
+    """Validate a grid given as a mapping (the parsed YAML) and build the `GridSpec`; every
+    problem found is reported, each with the name probably meant. `base`: the folder relative
+    data paths are read from (the grid file's; default the working directory)."""
     if not isinstance(raw, dict):
         raise GridError("a grid must be a mapping of field: value")
-    unknown = sorted(set(raw) - FIELDS)
-    if unknown:
-        raise GridError(f"unknown grid field(s) {unknown}; known: {sorted(FIELDS)}")
+    base = base or Path.cwd()
+    problems = Problems()
+    for field in sorted(set(raw) - FIELDS):
+        problems.found.append(f"unknown grid field(s) [{field!r}]{did_you_mean(field, FIELDS)}; known: {sorted(FIELDS)}")
     for required in ("datasets", "pairs", "methods"):
         if required not in raw:
-            raise GridError(f"grid field {required!r} is required")
+            problems.found.append(f"grid field {required!r} is required")
+    if problems.found and any(required not in raw for required in ("datasets", "pairs", "methods")):
+        problems.raise_all()
     catalog = catalog or Catalog.from_registry()
-    drafting_methods = load_drafting_methods(raw["drafting_methods"]) if "drafting_methods" in raw else ()
-    methods = _methods(raw["methods"])
-    datasets, user_datasets = parse_datasets(raw["datasets"], catalog)
-    pairs = [_pair(entry, i) for i, entry in enumerate(_list(raw["pairs"], "pairs"))]
-    verify = _axis(raw, "verify", _verify)
-    spec = GridSpec(
-        name=_name(raw.get("name", "grid")),
+    drafting_methods = problems.check(load_drafting_methods, raw["drafting_methods"], default=()) if "drafting_methods" in raw else ()
+    methods = tuple(problems.each(problems.check(_list, raw["methods"], "methods", default=[]), _method))
+    datasets, user_datasets = problems.check(parse_datasets, raw["datasets"], catalog, base, default=((), ()))
+    pairs = problems.each(problems.check(_list, raw["pairs"], "pairs", default=[]), _pair)
+    verify = problems.check(_axis, raw, "verify", _verify, default=())
+    fields = dict(
+        name=problems.check(_name, raw.get("name", "grid")),
         datasets=datasets,
         user_datasets=user_datasets,
         drafting_methods=drafting_methods,
-        turns=_turns(raw.get("turns", [FIRST_TURN]), catalog),
+        turns=problems.check(_turns, raw.get("turns", [FIRST_TURN]), catalog),
         pairs=tuple(pair for pair, _, _ in pairs),
         text_only=tuple(pair for pair, text_only, _ in pairs if text_only),
         untimed=tuple(pair for pair, _, timed in pairs if not timed),
         methods=methods,
-        policies=tuple(_policy(entry, i, methods) for i, entry in enumerate(_list(raw.get("policies", ["static"]), "policies"))),
-        window=_axis(raw, "window", _window),
-        distance=_axis(raw, "distance", lambda d, where: _choice(d, DISTANCES, where)),
-        gamma=_axis(raw, "gamma", lambda g, where: _int(g, where, minimum=1)),
-        temperature=_axis(raw, "temperature", _float),
-        seed=_axis(raw, "seed", lambda s, where: _int(s, where, minimum=0)),
-        engine=_axis(raw, "engine", _engine),
+        policies=tuple(problems.each(problems.check(_list, raw.get("policies", ["static"]), "policies", default=[]),
+                                     lambda entry, i: _policy(entry, i, methods))),
+        window=problems.check(_axis, raw, "window", _window),
+        distance=problems.check(_axis, raw, "distance", lambda d, where: _choice(d, DISTANCES, where)),
+        gamma=problems.check(_axis, raw, "gamma", lambda g, where: _int(g, where, minimum=1)),
+        temperature=problems.check(_axis, raw, "temperature", _float),
+        seed=problems.check(_axis, raw, "seed", lambda s, where: _int(s, where, minimum=0)),
+        engine=problems.check(_axis, raw, "engine", _engine),
         verify=tuple(spec for spec, _ in verify),
         untimed_verify=tuple(spec for spec, timed in verify if not timed),
-        max_new_tokens=_int(raw.get("max_new_tokens", GridSpec.max_new_tokens), "max_new_tokens", minimum=1),
-        limit=None if raw.get("limit") is None else _int(raw["limit"], "limit", minimum=1),
-        captioner=_captioner(raw.get("captioner")),
-        shard_size=_int(raw.get("shard_size", GridSpec.shard_size), "shard_size", minimum=1),
-        mode=_choice(raw.get("mode", GridSpec.mode), MODES, "mode"),
-        live_samples=_int(raw.get("live_samples", GridSpec.live_samples), "live_samples", minimum=0),
-        live_seed=_int(raw.get("live_seed", GridSpec.live_seed), "live_seed", minimum=0),
-        sources=_sources(raw.get("sources") or {}),
-        calibrate=_bool(raw.get("calibrate", GridSpec.calibrate), "calibrate"),
+        max_new_tokens=problems.check(_int, raw.get("max_new_tokens", GridSpec.max_new_tokens), "max_new_tokens", minimum=1),
+        limit=None if raw.get("limit") is None else problems.check(_int, raw["limit"], "limit", minimum=1),
+        captioner=problems.check(_captioner, raw.get("captioner")),
+        shard_size=problems.check(_int, raw.get("shard_size", GridSpec.shard_size), "shard_size", minimum=1),
+        mode=problems.check(_choice, raw.get("mode", GridSpec.mode), MODES, "mode"),
+        live_samples=problems.check(_int, raw.get("live_samples", GridSpec.live_samples), "live_samples", minimum=0),
+        live_seed=problems.check(_int, raw.get("live_seed", GridSpec.live_seed), "live_seed", minimum=0),
+        sources=problems.check(_sources, raw.get("sources") or {}, base),
+        calibrate=problems.check(_bool, raw.get("calibrate", GridSpec.calibrate), "calibrate"),
     )
+    problems.raise_all()
+    spec = GridSpec(**fields)
     check_combinations(spec)
     return spec
 
 
-def _sources(value: Any) -> tuple[tuple[str, str], ...]:
-    """`sources: {docvqa: /data/docvqa, nq: /data/nq.parquet}`; every path must exist here."""
+def _sources(value: Any, base: Path) -> tuple[tuple[str, str], ...]:
+    """`sources: {docvqa: /data/docvqa, nq: copies/nq.parquet}`; every path must exist here
+    (a relative one in `base`, the grid file's folder)."""
     if not isinstance(value, dict):
         raise GridError("grid field 'sources' must map dataset or task names to local paths")
+    problems, found = Problems(), []
     for name, path in value.items():
-        if not isinstance(path, str) or not Path(path).expanduser().exists():
-            raise GridError(f"sources.{name}: local copy {path!r} does not exist")
-    return tuple(sorted((str(name), str(Path(path).expanduser())) for name, path in value.items()))
+        if not isinstance(path, str):
+            problems.found.append(f"sources.{name}: expected a local path, got {path!r}")
+            continue
+        try:
+            found.append((str(name), str(local_path(path, base))))
+        except FileNotFoundError as err:
+            problems.found.append(f"sources.{name}: local copy {path!r} does not exist ({err})")
+    problems.raise_all()
+    return tuple(sorted(found))
 
 
 def _bool(value: Any, where: str) -> bool:
@@ -128,13 +149,15 @@ def _name(value: Any) -> str:
 
 
 def _turns(value: Any, catalog: Catalog) -> tuple[str, ...]:
-    turns = _list(value, "turns")
-    for i, turn in enumerate(turns):
-        if turn != FIRST_TURN and turn not in catalog.turn_tasks:
-            raise GridError(
-                f"turns[{i}]: unknown turn {turn!r}; use {FIRST_TURN!r} or a second-turn task of "
-                f"{sorted(catalog.turn_tasks)}"
-            )
+    def turn(name: Any, i: int) -> str:
+        if name != FIRST_TURN and name not in catalog.turn_tasks:
+            raise GridError(f"turns[{i}]: unknown turn {name!r}{did_you_mean(name, [FIRST_TURN, *catalog.turn_tasks])}; "
+                            f"use {FIRST_TURN!r} or a second-turn task of {sorted(catalog.turn_tasks)}")
+        return name
+
+    problems = Problems()
+    turns = problems.each(_list(value, "turns"), turn)
+    problems.raise_all()
     return tuple(turns)
 
 
@@ -149,7 +172,7 @@ def _pair(entry: Any, i: int) -> tuple[Pair, bool, bool]:
         raise GridError(f"{where}: expected a mapping {{target, draft, dtype}}, got {entry!r}")
     unknown = sorted(set(entry) - set(PAIR_KEYS))
     if unknown:
-        raise GridError(f"{where}: unknown key(s) {unknown}; known: {', '.join(PAIR_KEYS)}")
+        raise GridError(f"{where}: unknown key(s) {unknown}{did_you_mean(unknown[0], PAIR_KEYS)}; known: {', '.join(PAIR_KEYS)}")
     for key in ("target", "draft"):
         if key not in entry:
             raise GridError(f"{where}: missing {key!r}")
@@ -166,16 +189,18 @@ def _pair(entry: Any, i: int) -> tuple[Pair, bool, bool]:
     return pair, text_only, timed
 
 
-def _methods(value: Any) -> tuple[str, ...]:
-    sets = [str(m) for m in _list(value, "methods")]
-    for i, methods in enumerate(sets):
-        if methods == AR:
-            continue
-        try:
-            DecodeConfig(methods=methods).validate()
-        except ValueError as err:
-            raise GridError(f"methods[{i}] {methods!r}: {err} (or {AR!r} for the autoregressive baseline)") from err
-    return tuple(sets)
+def _method(value: Any, i: int) -> str:
+    """A method set (`MT`: letters of the registered drafting methods) or `AR`."""
+    methods = str(value)
+    if methods == AR:
+        return methods
+    try:
+        DecodeConfig(methods=methods).validate()
+    except ValueError as err:
+        letters = "".join(dict.fromkeys(m for m in methods.upper() if m in METHODS))
+        hint = did_you_mean(methods, [AR, letters] if letters else [AR])
+        raise GridError(f"methods[{i}] {methods!r}: {err} (or {AR!r} for the autoregressive baseline){hint}") from err
+    return methods
 
 
 GRID_AXES_OF_POLICIES = ("window", "distance")  # set once for every policy, as grid axes
@@ -209,9 +234,12 @@ def _policy(entry: Any, i: int, method_sets: tuple[str, ...]) -> PolicyEntry:
 
 def _axis(raw: dict[str, Any], name: str, parse: Callable[[Any, str], Any]) -> tuple:
     """An axis written as a scalar or a list (default: the grid's), each entry parsed with its
-    place, e.g. `gamma[1]`, for the error."""
-    values = _list(raw.get(name, list(getattr(GridSpec, name))), name)
-    return tuple(parse(value, f"{name}[{i}]") for i, value in enumerate(values))
+    place, e.g. `gamma[1]`, for the error; every bad entry is reported."""
+    problems = Problems()
+    values = problems.each(_list(raw.get(name, list(getattr(GridSpec, name))), name),
+                           lambda value, i: parse(value, f"{name}[{i}]"))
+    problems.raise_all()
+    return tuple(values)
 
 
 def _window(value: Any, where: str) -> int | None:
@@ -227,19 +255,21 @@ def _verify(value: Any, where: str) -> tuple[VerifySpec, bool]:
     try:
         return make_verify({k: v for k, v in value.items() if k != "timed"} if isinstance(value, dict) else value), timed
     except ValueError as err:
-        raise GridError(f"{where}: {err}") from err
+        kind = value.get("kind") if isinstance(value, dict) else value
+        raise GridError(f"{where}: {err}{did_you_mean(kind, VERIFY_KINDS)}") from err
 
 
 def _engine(value: Any, where: str) -> str:
     if value not in ENGINE_CHOICES:
-        raise GridError(f"{where}: unknown engine {value!r}; choose one of {', '.join(ENGINE_CHOICES)}")
+        raise GridError(f"{where}: unknown engine {value!r}; choose one of {', '.join(ENGINE_CHOICES)}"
+                        f"{did_you_mean(value, ENGINE_CHOICES)}")
     return value
 
 
 def _choice(value: Any, choices: Iterable[str], where: str) -> str:
     choices = tuple(choices)
     if value not in choices:
-        raise GridError(f"{where}: {value!r} is not one of {list(choices)}")
+        raise GridError(f"{where}: {value!r} is not one of {list(choices)}{did_you_mean(value, choices)}")
     return value
 
 

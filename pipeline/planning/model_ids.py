@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.models.families import UnsupportedFamily, check_family
+from pipeline.names import did_you_mean
 from pipeline.planning.grid import TINY_PREFIX, GridError
 
 TINY_MODELS = ("target", "draft", "next_target")
@@ -17,6 +18,7 @@ EMBEDDED_MODELS = ("embedded:target", "embedded:draft", "embedded:small_draft")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 # Hub ids whose model class is LLaVA-NeXT, recognised without downloading their config.
 NEXT_HUB_NAME = re.compile(r"llava-v1\.6|llava-next|llava_next", re.IGNORECASE)
+HUB_TIMEOUT_S = 10.0  # a metadata request for a hub id's config, before Ray starts
 
 
 def model_kind(name: str) -> str:
@@ -49,11 +51,13 @@ def check_model_id(name: Any, where: str) -> str:
         raise GridError(f"{where}: a model must be a non-empty string, got {name!r}")
     if name.startswith("embedded:"):
         if name not in EMBEDDED_MODELS:
-            raise GridError(f"{where}: unknown embedded model {name!r}; known: {list(EMBEDDED_MODELS)}")
+            raise GridError(f"{where}: unknown embedded model {name!r}{did_you_mean(name, EMBEDDED_MODELS)}; "
+                            f"known: {list(EMBEDDED_MODELS)}")
         return name
     if name.startswith(TINY_PREFIX):
         if name[len(TINY_PREFIX):] not in TINY_MODELS:
-            raise GridError(f"{where}: unknown tiny model {name!r}; known: {[TINY_PREFIX + m for m in TINY_MODELS]}")
+            known = [TINY_PREFIX + m for m in TINY_MODELS]
+            raise GridError(f"{where}: unknown tiny model {name!r}{did_you_mean(name, known)}; known: {known}")
         return name
     if Path(name).expanduser().is_dir():
         if not (Path(name).expanduser() / "config.json").is_file():
@@ -68,15 +72,31 @@ def check_model_id(name: Any, where: str) -> str:
     return name
 
 
-def check_cached_when_offline(name: str, where: str) -> None:
-    """With HF_HUB_OFFLINE set here, a hub id must already be in this machine's hub cache
-    (checked before a run, not by `--dry-run`, which plans without models)."""
-    if not HUB_ID.fullmatch(name) or Path(name).expanduser().is_dir():
+def check_hub_id_resolves(name: str, where: str, timeout: float = HUB_TIMEOUT_S) -> None:
+    """A hub id must resolve before Ray starts: its config in this machine's hub cache, or, with
+    the hub on, a metadata request for it answered within `timeout` seconds. A model that cannot
+    be downloaded then fails here in seconds, not in the actors after Ray has started. (Not run
+    by `--dry-run`, which plans without models.)"""
+    if not HUB_ID.fullmatch(name) or Path(name).expanduser().is_dir() or _cached_config(name) is not None:
         return
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() not in ("1", "true", "yes", "on"):
-        return
-    if _cached_config(name) is None:
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         raise GridError(f"{where}: {name!r} is not in the local hub cache and HF_HUB_OFFLINE is set")
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
+
+    try:
+        get_hf_file_metadata(hf_hub_url(name, "config.json"), timeout=timeout)
+    except GatedRepoError:
+        raise GridError(f"{where}: {name!r} is gated on the hub: accept its terms there and log in "
+                        "(`hf auth login`)") from None
+    except RepositoryNotFoundError:
+        raise GridError(f"{where}: {name!r} is not on the hub (or is private: log in with `hf auth login`)") from None
+    except EntryNotFoundError:
+        raise GridError(f"{where}: {name!r} has no config.json on the hub: not a transformers model") from None
+    except Exception as err:  # no network, DNS, a proxy, a timeout: the download would fail the same way
+        raise GridError(f"{where}: cannot reach the hub ({constants.ENDPOINT}) to resolve {name!r} within {timeout:g} s "
+                        f"({type(err).__name__}: {err}); with a cached copy set HF_HUB_OFFLINE=1, or name a local "
+                        "directory") from None
 
 
 def check_same_tokenizer(target: str, draft: str, where: str) -> None:

@@ -12,12 +12,15 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from pipeline.data.user_datasets import UserDataset, parse_user_dataset
 from pipeline.drafting.methods import DraftingMethod
 from pipeline.drafting.policies import POLICIES, WeightPolicy
+from pipeline.names import did_you_mean
 from pipeline.planning.grid import Catalog, GridError
+from pipeline.planning.problems import Problems
 
 IMPORT_PATH_HINT = "an import path 'package.module:Class'"
 
@@ -60,18 +63,20 @@ def policy_kind(kind: Any, where: str) -> str:
     return cls.kind
 
 
-def parse_datasets(value: Any, catalog: Catalog) -> tuple[tuple[str, ...], tuple[UserDataset, ...]]:
+def parse_datasets(value: Any, catalog: Catalog, base: Path | str = ".") -> tuple[tuple[str, ...], tuple[UserDataset, ...]]:
     """`datasets:` entries: registry names, or mappings that name a local file
-    (`pipeline.data.user_datasets`). Returns every name, in order, and the user datasets."""
+    (`pipeline.data.user_datasets`; a relative path is read from `base`, the grid file's
+    folder). Returns every name, in order, and the user datasets; every bad entry is reported."""
     entries = value if isinstance(value, list) else [value]
     if not entries:
         raise GridError("grid field 'datasets' is an empty list")
     names: list[str] = []
     users: list[UserDataset] = []
-    for i, entry in enumerate(entries):
+
+    def parse(entry: Any, i: int) -> None:
         if isinstance(entry, dict):
             try:
-                user = parse_user_dataset(entry, f"datasets[{i}]", set(catalog.datasets) | set(names))
+                user = parse_user_dataset(entry, f"datasets[{i}]", set(catalog.datasets) | set(names), base)
             except ValueError as err:
                 raise GridError(str(err)) from err
             users.append(user)
@@ -79,6 +84,10 @@ def parse_datasets(value: Any, catalog: Catalog) -> tuple[tuple[str, ...], tuple
         elif entry in catalog.datasets:
             names.append(entry)
         else:
-            raise GridError(f"datasets[{i}]: unknown dataset {entry!r}; known: {sorted(catalog.datasets)} "
-                            "(or a mapping with name and path for a file of your own)")
+            raise GridError(f"datasets[{i}]: unknown dataset {entry!r}{did_you_mean(entry, catalog.datasets)}; known: "
+                            f"{sorted(catalog.datasets)} (or a mapping with name and path for a file of your own)")
+
+    problems = Problems()
+    problems.each(entries, parse)
+    problems.raise_all()
     return tuple(names), tuple(users)

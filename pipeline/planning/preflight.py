@@ -1,16 +1,19 @@
 """What a run checks before Ray starts or any model loads: everything about its input that can
 be read from this machine. `load_grid` has already checked the grid file itself; here the
 output directory must be writable, every dataset must yield samples (local copies opened,
-columns present, not empty), question copies for second turns must open, and hub ids must be
-in the local cache when the hub is off. Each failure is one `GridError` line naming the entry.
+columns present, not empty), question copies for second turns must open, and hub ids must
+resolve (in the local cache, or answered by the hub within seconds). Each failure is a
+`GridError` line naming the entry.
 """
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pipeline.planning.grid import GridError, GridSpec
-from pipeline.planning.model_ids import check_cached_when_offline
+from pipeline.planning.model_ids import check_hub_id_resolves
+from pipeline.planning.problems import Problems
 from pipeline.planning.samples import SampleSource
 
 QUESTION_TASKS_NEED = 1  # one question proves a copy opens and has the column
@@ -29,11 +32,15 @@ def check_output_dir(out: str | Path) -> None:
 
 
 def check_models(spec: GridSpec) -> None:
-    """Hub ids are in the cache when the hub is off (their families, where a config is readable
-    here, were checked with the grid file)."""
-    for i, pair in enumerate(spec.pairs):
-        for role in ("target", "draft"):
-            check_cached_when_offline(getattr(pair, role), f"pairs[{i}].{role}")
+    """Every hub id resolves: cached here, or answered by the hub (their families, where a
+    config is readable here, were checked with the grid file). Ids are checked side by side,
+    so a grid of many pairs waits one timeout at most; every failure is reported."""
+    named = {getattr(pair, role): f"pairs[{i}].{role}" for i, pair in enumerate(spec.pairs) for role in ("target", "draft")}
+    problems = Problems()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for done in [pool.submit(problems.check, check_hub_id_resolves, name, where) for name, where in named.items()]:
+            done.result()
+    problems.raise_all()
 
 
 def check_samples(spec: GridSpec, source: SampleSource) -> None:

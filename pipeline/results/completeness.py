@@ -25,7 +25,18 @@ def completeness_text(table: pd.DataFrame, expected: list[dict] | None) -> str:
     if not expected:
         return "No run manifest was found, so the expected number of rows is unknown (a run written before manifests)."
     missing, total, failed = int(table["missing"].sum()), int(table["expected"].sum()), int(table["failed"].sum())
+    beyond = int((table["present"] - table["expected"]).clip(lower=0).sum())
+    extra = (f" **{beyond} rows present belong to no grid recorded for this run** (written before its manifest kept "
+             "every grid, or by hand).") if beyond else ""
     if missing:
-        return f"**INCOMPLETE: {missing} of {total} expected rows are missing.** To finish it, {RESUME}."
+        return f"**INCOMPLETE: {missing} of {total} expected rows are missing.** To finish it, {RESUME}.{extra}"
     failures = f"{failed} of them record a failure, listed below" if failed else "none failed"
-    return f"Complete: all {total} expected rows are present ({failures})."
+    return f"Complete: all {total} expected rows are present ({failures}).{extra}"
+
+
+def grids_text(grids: list) -> str:
+    """The grids a run's expected rows are the union of (`pipeline.results.manifest`), when several."""
+    if len(grids) < 2:
+        return ""
+    listed = "; ".join(f"{g.name} ({g.rows} rows{', first run ' + g.written_at if g.written_at else ''})" for g in grids)
+    return f" Expected rows are the union of the {len(grids)} grids written into this run: {listed}."

@@ -2,9 +2,10 @@
 or a walltime taken while the machine had more runnable threads than cores. Reports print such
 figures as `unreliable`, with the spread or the load, instead of as findings.
 
-The limits come from measurements on this project's 2-core CI machine (docs/cluster.md,
-"Measurement noise"): on a quiet machine the rounds of one ratio spread by at most about a third
-of their median; with a few other processes competing for the cores, by several times it.
+The spread limit comes from `bench/calibration_noise.py` on this project's 2-core CI machine
+(docs/cluster.md, "Measurement noise"): on a quiet machine the middle rounds of every ratio of
+four calibrations spread by at most 6% of their median; with four processes competing for the
+two cores, every calibration had ratios spreading by 64% to 470%, and most ratios by over 20%.
 """
 from __future__ import annotations
 
@@ -15,35 +16,42 @@ import pandas as pd
 
 from pipeline.results.calibration_store import draft_rows_rounds, draft_target_rounds, verify_rounds
 
-# (max - min) / median of a ratio's rounds beyond which the ratio, and every figure computed
-# from it, is unreliable
-SPREAD_LIMIT = 0.5
+# (max - min) / median of a ratio's middle rounds beyond which the ratio, and every figure
+# computed from it, is unreliable
+SPREAD_LIMIT = 0.25
 UNRELIABLE = "unreliable"
 LOAD_COLUMNS = ("load_before", "load_after")
 
 
 @dataclass(frozen=True)
 class Spread:
-    """A latency ratio's rounds: lowest, highest and median."""
+    """A latency ratio's rounds. Judged on the middle ones: with four rounds or more the lowest
+    and highest are left out, since one stray round (a page fault, another process waking)
+    barely moves the median that reports use, while rounds that disagree throughout do."""
 
     name: str
     rounds: tuple[float, ...]
 
     @property
+    def middle(self) -> list[float]:
+        ordered = sorted(self.rounds)
+        return ordered[1:-1] if len(ordered) >= 4 else ordered
+
+    @property
     def relative(self) -> float:
-        """(max - min) / median; NaN with fewer than two rounds (nothing to judge)."""
+        """(max - min) / median of the middle rounds; NaN with fewer than two rounds."""
         if len(self.rounds) < 2:
             return math.nan
         middle = float(pd.Series(self.rounds).median())
-        return (max(self.rounds) - min(self.rounds)) / middle if middle > 0 else math.inf
+        return (max(self.middle) - min(self.middle)) / middle if middle > 0 else math.inf
 
     @property
     def noisy(self) -> bool:
         return self.relative > SPREAD_LIMIT  # False for NaN
 
     def __str__(self) -> str:
-        return (f"{self.name} {min(self.rounds):.3f}-{max(self.rounds):.3f} over {len(self.rounds)} rounds "
-                f"({self.relative:.0%} of the median)")
+        shown = " ".join(f"{r:.3f}" for r in sorted(self.rounds))
+        return f"{self.name} rounds {shown} (middle rounds spread {self.relative:.0%} of the median)"
 
 
 @dataclass(frozen=True)
@@ -143,8 +151,9 @@ def noise_section(used: list[pd.Series], timed: pd.DataFrame, speedup: pd.DataFr
     """The summary's account of measurement noise: the limits, then each calibration (`used`:
     the ones the tables drew) and each pair's timed decodes that broke them, or the widest
     spread and highest load seen when none did; `timed`: the live and AR rows of timed samples."""
-    lines = [f"A latency ratio is unreliable when its rounds spread over more than {SPREAD_LIMIT:.0%} of their median "
-             "((max - min) / median), and so is every expected speedup computed from it; a walltime is unreliable when the "
+    lines = [f"A latency ratio is unreliable when its middle rounds (all but the lowest and the highest) spread over "
+             f"more than {SPREAD_LIMIT:.0%} of their median, and so is every expected speedup computed from it; a walltime is "
+             "unreliable when the "
              "machine's 1-minute load average, read before and after each timed decode, exceeded its cores. The tables "
              f"above print such figures as `{UNRELIABLE}` and say why in their `noise` column."]
     spreads, loads = [], []  # (spread, whose) and (load, whose) of everything judged

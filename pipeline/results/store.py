@@ -9,7 +9,6 @@ read the dataset. A shard is written under a dot-prefixed temporary name and ren
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Iterable
@@ -24,25 +23,6 @@ import pyarrow.parquet as pq
 from pipeline.results.schema import FILE_SCHEMA, PARTITIONS, SCHEMA
 
 HIVE = ds.partitioning(pa.schema([(name, pa.string()) for name in PARTITIONS]), flavor="hive")
-
-
-def manifest_path(out: str | Path, run: str) -> Path:
-    """Where a run's manifest lives: under `_runs/` (underscore: Parquet readers skip it)."""
-    return Path(out) / "_runs" / f"{quote(run, safe='')}.json"
-
-
-def write_manifest(out: str | Path, run: str, manifest: dict) -> None:
-    """What a run set out to compute (e.g. its expected rows), written when it starts."""
-    path = manifest_path(out, run)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, path)
-
-
-def read_manifest(out: str | Path, run: str) -> dict | None:
-    path = manifest_path(out, run)
-    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def rows_to_table(rows: list[dict]) -> pa.Table:
@@ -101,6 +81,11 @@ def _dataset(out: str | Path, run: str | None) -> ds.Dataset | None:
     if not files:
         return None
     return ds.dataset(files, schema=SCHEMA, format="parquet", partitioning=HIVE, partition_base_dir=str(out))
+
+
+def stored_config_keys(out: str | Path, run: str) -> set[str]:
+    """The configurations a run holds rows of."""
+    return set(read_table(out, run, columns=["config_key"])["config_key"].to_pylist())
 
 
 def written_rows(out: str | Path, run: str, turns: Iterable[str]) -> list[dict]:

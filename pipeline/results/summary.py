@@ -14,14 +14,14 @@ import pandas as pd
 
 from pipeline.results.audit import GROUP_KEYS, lossless_table, lossless_text
 from pipeline.results.calibration_store import calibration_table, read_calibrations, used_calibrations, verify_curves
-from pipeline.results.completeness import completeness_table, completeness_text
+from pipeline.results.completeness import completeness_table, completeness_text, grids_text
 from pipeline.results.fidelity import GROUP_KEYS as FIDELITY_KEYS, fidelity_table, fidelity_text
 from pipeline.results.latex import paper_tables
+from pipeline.results.manifest import expected_rows, run_grids
 from pipeline.results.noise import noise_section, shown
 from pipeline.results.plots import save, tau_figure, verify_cost_figure, weight_ratio_figure
 from pipeline.results.report import category_table, error_counts, findings_text, markdown_table, method_findings, tau_table
 from pipeline.results.speedup import draft_size_table, speedup_table
-from pipeline.results.store import read_manifest
 
 
 def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
@@ -69,11 +69,13 @@ def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
 
 
 def completeness_section(out: str | Path, run: str, rows: pd.DataFrame, folder: Path) -> str:
-    """Expected (from the run's manifest), present, failed and missing rows."""
-    expected = (read_manifest(out, run) or {}).get("expected")
+    """Expected (the union of the grids in the run's manifest), present, failed and missing rows."""
+    grids = run_grids(out, run)
+    expected = expected_rows(grids)
     table = completeness_table(rows, expected)
     table.to_csv(folder / "completeness.csv")
-    return f"## Completeness\n\n{completeness_text(table, expected)}\n\n{markdown_table(table, mark_best=False)}"
+    return (f"## Completeness\n\n{completeness_text(table, expected)}{grids_text(grids)}\n\n"
+            f"{markdown_table(table, mark_best=False)}")
 
 
 def checked_section(folder: Path, name: str, title: str, text: str, table: pd.DataFrame, keys: list[str]) -> str:

@@ -67,18 +67,9 @@ def test_a_rerun_that_adds_no_rows_reuses_the_calibration_unless_asked(smoke_res
 
 @pytest.mark.slow
 def test_notebook_runs_headless_on_smoke_results(smoke_results):
-    import nbformat
-    from nbclient import NotebookClient
+    from tests.test_notebook import executed_notebook
 
-    out, _ = smoke_results
-    notebook = nbformat.read(ROOT / "notebooks" / "analysis.ipynb", as_version=4)
-    os.environ["TABED_RESULTS"] = str(out)
-    try:
-        NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
-    finally:
-        del os.environ["TABED_RESULTS"]
-    outputs = [o for cell in notebook.cells for o in cell.get("outputs", [])]
-    text = "".join(o.get("text", "") for o in outputs)
+    text, outputs = executed_notebook(smoke_results[0])
     assert "matches pipeline.results.report.tau_table" in text and "run smoke, target tiny:target (fp32), drafts ['tiny:draft']" in text
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 2  # both figures shown inline
 

@@ -25,14 +25,13 @@ def default_like(tmp_path_factory):
     return out, summary
 
 
-@pytest.mark.slow
-def test_the_notebook_runs_clean_on_results_with_trees_two_drafts_and_a_second_turn(default_like):
+def executed_notebook(results: Path) -> tuple[str, list[dict]]:
+    """Run notebooks/analysis.ipynb headless on a results folder: (its printed text, its outputs)."""
     import nbformat
     from nbclient import NotebookClient
 
-    out, _ = default_like
     notebook = nbformat.read(ROOT / "notebooks" / "analysis.ipynb", as_version=4)
-    os.environ["TABED_RESULTS"] = str(out)
+    os.environ["TABED_RESULTS"] = str(results)
     try:
         NotebookClient(notebook, timeout=300, kernel_name="python3",
                        resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
@@ -40,6 +39,12 @@ def test_the_notebook_runs_clean_on_results_with_trees_two_drafts_and_a_second_t
         del os.environ["TABED_RESULTS"]
     outputs = [o for cell in notebook.cells for o in cell.get("outputs", [])]
     text = "".join(o.get("text", "") for o in outputs) + "".join(o.get("data", {}).get("text/plain", "") for o in outputs)
+    return text, outputs
+
+
+@pytest.mark.slow
+def test_the_notebook_runs_clean_on_results_with_trees_two_drafts_and_a_second_turn(default_like):
+    text, outputs = executed_notebook(default_like[0])
     assert "matches pipeline.results.report.tau_table" in text
     assert "MT* (candidates)" in text and "embedded:small_draft" in text and "embedded:draft" in text and "qaorg" in text
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 2

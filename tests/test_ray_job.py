@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 # sample's AR row moved into its live shard (decoded once for every draft): shard ids only.
 # The `steps`, `fallback` and `verify` columns were added from runs whose other columns all matched.
 SMOKE_ROWS = REPO / "tests" / "fixtures" / "smoke_rows.json"
-MACHINE = ("device_name", "torch_version", "transformers_version")  # where it ran, not what it computed
+# where it ran and how busy the machine was, not what it computed
+MACHINE = ("device_name", "torch_version", "transformers_version", "cpu_cores", "load_before", "load_after")
 
 
 def comparable_rows(df) -> list[dict]:

@@ -21,8 +21,10 @@ def tiny_dir() -> Path:
     """The cache directory, named after the builder's source so a changed builder never
     reuses models an older one built."""
     import pipeline.models.tiny as builder
+    import pipeline.models.tiny_ssm as ssm_builder
 
-    version = hashlib.sha256(Path(builder.__file__).read_bytes()).hexdigest()[:10]
+    sources = b"".join(Path(module.__file__).read_bytes() for module in (builder, ssm_builder))
+    version = hashlib.sha256(sources).hexdigest()[:10]
     default = Path.home() / ".cache" / "tabed" / f"tiny-{version}"
     return Path(os.environ.get(TINY_DIR_ENV, default))
 

@@ -24,12 +24,14 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
-    """Directories of the tiny target, draft and LLaVA-NeXT target, built once per session."""
+    """Directories of the tiny models (`pipeline.models.tiny`: target, draft, LLaVA-NeXT target,
+    the bigram target and its Mamba / Mamba2 drafts), built once per session."""
     from pipeline.models.tiny import build_tiny_pair
 
     out = tmp_path_factory.mktemp("tiny_models")
-    target, draft = build_tiny_pair(out)
-    return {"target": str(target), "draft": str(draft), "next_target": str(out / "next_target")}
+    build_tiny_pair(out)
+    return {name: str(out / name) for name in ("target", "draft", "next_target", "bigram_target", "mamba_draft",
+                                               "mamba2_draft")}
 
 
 @pytest.fixture(scope="session")

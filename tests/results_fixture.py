@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pipeline.data.sample import Sample
 from pipeline.decoding.records import SampleRecord
-from pipeline.decoding.verify_spec import VerifySpec
+from pipeline.decoding.verify_spec import CandidateTree
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.planning.grid import Pair, RunConfig
 from pipeline.results.calibration import Calibration
@@ -35,7 +35,7 @@ def configs(pair: Pair) -> list[RunConfig]:
     ensembles = [RunConfig(pair, "MT"), RunConfig(pair, "MTCP"), RunConfig(pair, "MT", GridSearchPolicy()),
                  RunConfig(pair, "MTCP", InverseErrorPolicy())]
     singles = [RunConfig(pair, "AR", gamma=None)] + [RunConfig(pair, m) for m in "MTCP"]
-    trees = [RunConfig(c.pair, c.methods, c.policy, verify=VerifySpec("candidates")) for c in ensembles]
+    trees = [RunConfig(c.pair, c.methods, c.policy, verify=CandidateTree()) for c in ensembles]
     return singles + ensembles + trees
 
 

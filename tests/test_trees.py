@@ -12,7 +12,7 @@ from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.live import speculative_decode
 from pipeline.decoding.trees import Tree, candidate_tree, verify_tree_greedy
-from pipeline.decoding.verify_spec import VerifySpec, make_verify
+from pipeline.decoding.verify_spec import Chain, DynamicTree, make_verify
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.models.families import FAMILIES
 from pipeline.models.loading import load_model
@@ -103,7 +103,7 @@ def test_the_verify_axis_in_grids_keys_and_modes():
 
     pair = Pair("tiny:target", "tiny:draft")
     chain = RunConfig(pair, "MT", gamma=3)
-    assert chain.key() == replace(chain, verify=VerifySpec()).key()  # chains keep their keys from before trees
+    assert chain.key() == replace(chain, verify=Chain()).key()  # chains keep their keys from before trees
     candidates = replace(chain, verify=make_verify("candidates"))
     assert candidates.key() != chain.key()
     assert normalise(replace(candidates, methods="M")).verify.is_chain  # one method's candidate tree is its chain
@@ -117,12 +117,12 @@ def test_the_verify_axis_in_grids_keys_and_modes():
         parse_grid(raw | {"verify": "forest"})
     # a dynamic tree's depth is its draft steps per block: the row's gamma, whatever the gamma axis says
     deep = parse_grid(raw | {"gamma": [3, 5], "verify": [{"kind": "dynamic", "top_k": 2, "depth": 4}]}).configs()
-    assert [(c.gamma, c.verify) for c in deep if c.methods == "MT"] == [(4, VerifySpec("dynamic", 8, 2))]
+    assert [(c.gamma, c.verify) for c in deep if c.methods == "MT"] == [(4, DynamicTree(8, 2))]
     at_gamma_4 = parse_grid(raw | {"gamma": [4], "verify": [{"kind": "dynamic", "top_k": 2}]}).configs()
     assert {c.key() for c in deep} == {c.key() for c in at_gamma_4}
     with pytest.raises(GridError, match=r"verify\[0\]: dynamic tree depth must be an integer >= 1, got 0"):
         parse_grid(raw | {"verify": [{"kind": "dynamic", "depth": 0}]})
-    with pytest.raises(GridError, match=r"verify\[0\]: verify kind 'candidates' takes no nodes, top_k or depth"):
+    with pytest.raises(GridError, match=r"verify\[0\]: \['depth'\] not a field of a 'candidates' verify entry"):
         parse_grid(raw | {"verify": [{"kind": "candidates", "depth": 3}]})
     with pytest.raises(ValueError, match="depth 4 with gamma 3"):
         DecodeConfig(gamma=3, verify=make_verify({"kind": "dynamic", "depth": 4})).validate()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.decoding.verify_spec import VerifySpec
+from pipeline.decoding.verify_spec import Chain, VerifySpec
 from pipeline.drafting.methods import check_methods
 from pipeline.drafting.policies import StaticPolicy, WeightPolicy
 
@@ -20,7 +20,7 @@ class DecodeConfig:
     temperature: float = 0.0
     max_new_tokens: int = 128
     seed: int = 0
-    verify: VerifySpec = field(default_factory=VerifySpec)
+    verify: VerifySpec = field(default_factory=Chain)
 
     def validate(self) -> None:
         check_methods(self.methods)
@@ -32,10 +32,11 @@ class DecodeConfig:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         self.policy.validate()
         self.verify.validate()
-        if self.verify.depth not in (None, self.gamma):
-            raise ValueError(f"a dynamic tree's depth is the draft steps per block, its gamma: depth "
-                             f"{self.verify.depth} with gamma {self.gamma} (a grid sets gamma from depth)")
-        if not self.verify.replayable and not self.greedy:
+        depth = getattr(self.verify, "depth", None)
+        if depth not in (None, self.gamma):
+            raise ValueError(f"a {self.verify.kind} tree's depth is the draft steps per block, its gamma: depth "
+                             f"{depth} with gamma {self.gamma} (a grid sets gamma from depth)")
+        if not self.verify.samples and not self.greedy:
             raise ValueError(f"a {self.verify.kind} tree verifies greedy decoding only (it keeps children by rank, "
                              "which sampling's acceptance rule cannot correct for); for sampling use chain or candidates")
 

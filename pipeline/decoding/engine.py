@@ -22,7 +22,8 @@ import torch
 from PIL import Image
 
 from pipeline.data.sample import Sample
-from pipeline.decoding.rows import DynamicCacheRows, StaticCacheRows
+from pipeline.decoding.rows import DynamicCacheRows, Rows, StaticCacheRows
+from pipeline.decoding.state_rows import StateRows
 from pipeline.drafting.captioner import Captioner
 from pipeline.drafting.methods import method_embeddings, needs_captions
 from pipeline.models.base import LVLM, ModelInputError, StepLog
@@ -86,28 +87,35 @@ def prefilled_rows(
     role: str,
     compiled: bool | None = None,
     step_log: StepLog | None = None,
-) -> DynamicCacheRows:
+    span: int | None = None,
+) -> Rows:
     """One row per method holding `prompt[:-1]` in the cache; the last token is fed later.
 
-    `capacity`: continuation tokens the rows must hold (static engine); `compiled` overrides
-    whether decode steps compile (None: `compiles(device)`); `step_log` collects how steps ran."""
+    `capacity`: continuation tokens the rows must hold (static engine); `span`: the most tokens
+    fed between two roll-backs (a state-space draft keeps that many saved states; None:
+    `capacity`); `compiled` overrides whether decode steps compile (None: `compiles(device)`);
+    `step_log` collects how steps ran."""
     captions = None
     if needs_captions(methods):
         if captioner is None:
             raise ModelInputError(f"caption drafting in {methods!r} needs a captioner")
         captions = [captioner.caption(image) for image in prompt.images]
     embeds = [method_embeddings(model, m, prompt.ids, prompt.images, captions)[:-1] for m in methods]
-    rows = new_rows(model, embeds, engine=engine, capacity=capacity, role=role, compiled=compiled, step_log=step_log)
+    rows = new_rows(model, embeds, engine=engine, capacity=capacity, role=role, compiled=compiled, step_log=step_log,
+                    span=span)
     rows.prefill()
     return rows
 
 
 def new_rows(
     model: LVLM, prompts: list[torch.Tensor], *, engine: str, capacity: int, role: str, compiled: bool | None = None,
-    step_log: StepLog | None = None,
-) -> DynamicCacheRows:
-    """Rows of prompt embeddings `[L_i, hidden]` over the engine's kind of cache (not prefilled)."""
+    step_log: StepLog | None = None, span: int | None = None,
+) -> Rows:
+    """Rows of prompt embeddings `[L_i, hidden]` (not prefilled), of the kind the model needs: a
+    state-space model's `StateRows` on any engine, else the engine's kind of KV cache."""
     check_engine(engine)
+    if getattr(model, "recurrent", False):
+        return StateRows(model, prompts, span=capacity if span is None else span, step_log=step_log)
     if engine == "eager":
         return DynamicCacheRows(model, prompts, step_log)
     compiled = compiles(model.device) if compiled is None else compiled

@@ -23,36 +23,25 @@ from pipeline.data.sample import Sample
 from pipeline.decoding.block import BlockOutcome, recorded_weights, settle_block
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.engine import PhaseTimer, default_engine, prefilled_rows, tokenize
-from pipeline.decoding.proposers import CandidateProposer, ChainProposer, DynamicTreeProposer
+from pipeline.decoding.proposers import ChainProposer, proposer_class
 from pipeline.decoding.records import SampleRecord
-from pipeline.decoding.rows import DynamicCacheRows
+from pipeline.decoding.rows import Rows
 from pipeline.decoding.verification import check, keep_accepted
 from pipeline.decoding.verify import probabilities, sample_token
-from pipeline.decoding.verify_spec import candidate_branches
 from pipeline.drafting.captioner import Captioner
 from pipeline.drafting.scoring import mixing_weights
 from pipeline.models.base import LVLM, StepLog
-
-PROPOSERS = {"chain": ChainProposer, "candidates": CandidateProposer, "dynamic": DynamicTreeProposer}
-
 
 def sample_generator(config: DecodeConfig, sample_id: str) -> torch.Generator:
     """A CPU generator seeded by (seed, sample): reproducible, independent of device and order."""
     return torch.Generator().manual_seed(zlib.crc32(f"{config.seed}:{sample_id}".encode()))
 
 
-def draft_rows_per_method(config: DecodeConfig) -> int:
-    """How many copies of each drafting method's row the proposer drafts with (a candidate
-    tree's branches each have their own)."""
-    return candidate_branches(len(config.methods)) if config.verify.kind == "candidates" else 1
-
-
 def capacities(config: DecodeConfig) -> tuple[int, int]:
     """Continuation slots the target's and the draft's rows may need: the budget plus what one
     block feeds beyond it (a tree's nodes; a dynamic tree's levels in the draft)."""
     nodes = config.verify.tree_nodes(config.gamma, len(config.methods))
-    levels = config.gamma * (config.verify.for_gamma(config.gamma).top_k or 1)
-    return config.max_new_tokens + nodes + 1, config.max_new_tokens + levels + 1
+    return config.max_new_tokens + nodes + 1, config.max_new_tokens + config.verify.draft_capacity(config.gamma) + 1
 
 
 class SpeculativeDecoder:
@@ -60,7 +49,7 @@ class SpeculativeDecoder:
     holds the draft's rows), the tokens each has not seen yet, the weight policy's state and
     the output so far."""
 
-    def __init__(self, target_rows: DynamicCacheRows, proposer: ChainProposer, first_token: int,
+    def __init__(self, target_rows: Rows, proposer: ChainProposer, first_token: int,
                  config: DecodeConfig, generator: torch.Generator, eos: set[int], timer: PhaseTimer) -> None:
         self.target_rows, self.proposer = target_rows, proposer
         self.config, self.generator, self.eos, self.timer = config, generator, eos, timer
@@ -83,7 +72,7 @@ class SpeculativeDecoder:
             proposal = self.proposer.propose(self.draft_pending, mixing, uniforms, learns)
         with timer.phase("verify"):
             checks = None if uniforms is None else uniforms[self.proposer.draws_per_block:]
-            checked = check(self.target_rows, self.target_pending, proposal, config, checks, learns)
+            checked = check(self.target_rows, self.target_pending, proposal, self.proposer, config, checks, learns)
             summary = torch.cat([checked.accepted.view(1), checked.next_token.view(1), checked.path_tokens]).double()
             values = torch.cat([summary, weights]).tolist()  # the block's one transfer
             a, token, path = int(values[0]), int(values[1]), [int(v) for v in values[2 : 2 + depth]]
@@ -135,9 +124,11 @@ def speculative_decode(
         target_prompt, draft_prompt = tokenize(target, sample), tokenize(draft, sample)
         target_rows = prefilled_rows(target, target_prompt, "M", None, engine=engine, capacity=target_capacity,
                                      role="target", step_log=steps)
-        draft_rows = prefilled_rows(draft, draft_prompt, config.methods * draft_rows_per_method(config), captioner,
-                                    engine=engine, capacity=draft_capacity, role="draft", step_log=steps)
-    proposer = PROPOSERS[config.verify.kind](draft_rows, config)
+        copies = config.verify.copies_per_method(len(config.methods))  # a candidate tree's branches: a row each
+        draft_rows = prefilled_rows(draft, draft_prompt, config.methods * copies, captioner, engine=engine,
+                                    capacity=draft_capacity, role="draft", step_log=steps,
+                                    span=config.verify.draft_capacity(config.gamma) + 2)
+    proposer = proposer_class(config.verify)(draft_rows, config)
     decoder = SpeculativeDecoder(target_rows, proposer, target_prompt.ids[-1], config,
                                  sample_generator(config, sample.sample_id), target.eos_token_ids, timer)
     while True:

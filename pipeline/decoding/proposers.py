@@ -4,8 +4,12 @@ token tree — and, once the target has checked them, rolls its rows back to the
 A proposer is to the decoding loop what a candidate generator is to transformers' assisted
 generation: `propose` (the block's proposals, on the device), `history` (each drafting
 method's distributions along the accepted path, for the TABED weights) and `keep` (roll back,
-return the tokens the rows have not seen yet). Every proposer mixes the methods with the
-block's weights w* exactly as the chain does; they differ in what they propose:
+return the tokens the rows have not seen yet). It also owns its kind's two rules that depend
+on what it proposes: `accept_sampled` (lossless acceptance of a sampled block) and
+`replay_accepted` (greedy acceptance along the target's output, for trace replay). Each is
+registered under the verify kind it drafts (`pipeline.decoding.verify_spec`): `PROPOSERS`.
+Every proposer mixes the methods with the block's weights w* exactly as the chain does; they
+differ in what they propose:
 - `ChainProposer`: gamma tokens, each the mixture's choice, fed to every method's row.
 - `CandidateProposer`: the ensembled chain and each method's own chain, each in its own group
   of method rows (B branches x m rows in one batch), so every method's distribution is known
@@ -21,11 +25,13 @@ from typing import Any
 import torch
 
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.rows import DynamicCacheRows
-from pipeline.decoding.trees import Tree, candidate_tree
-from pipeline.decoding.verify import probabilities, sample_token
-from pipeline.decoding.verify_spec import candidate_branches
+from pipeline.decoding.rows import Rows
+from pipeline.decoding.trees import Tree, candidate_tree, verify_branches_sampling
+from pipeline.decoding.verify import probabilities, sample_token, verify_sampling
+from pipeline.decoding.verify_spec import VerifySpec, candidate_branches
 from pipeline.drafting.scoring import mix
+
+PROPOSERS: dict[str, type["ChainProposer"]] = {}  # verify kind -> the proposer that drafts it
 
 
 @dataclass
@@ -40,10 +46,24 @@ class Proposal:
     state: dict[str, Any] = field(default_factory=dict)
 
 
-class ChainProposer:
-    """`gamma` proposals from the mixture of all rows (one row per drafting method)."""
+def proposer_class(verify: VerifySpec) -> type[ChainProposer]:
+    """The proposer registered for a verify kind."""
+    if verify.kind not in PROPOSERS:
+        raise ValueError(f"no proposer drafts verify kind {verify.kind!r}: define one beside it, "
+                         f"class MyProposer(ChainProposer, kind={verify.kind!r})")
+    return PROPOSERS[verify.kind]
 
-    def __init__(self, rows: DynamicCacheRows, config: DecodeConfig) -> None:
+
+class ChainProposer:
+    """`gamma` proposals from the mixture of all rows (one row per drafting method). A subclass
+    registers for the verify kind it drafts with `kind=`."""
+
+    def __init_subclass__(cls, kind: str = "", **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if kind:
+            PROPOSERS[kind] = cls
+
+    def __init__(self, rows: Rows, config: DecodeConfig) -> None:
         self.rows, self.config = rows, config
         self.depth = config.gamma
         # sampling's uniforms per block: one per proposal, then the target's acceptance tests
@@ -80,13 +100,34 @@ class ChainProposer:
         self.rows.keep_shared(before + kept)
         return block[kept : accepted + 1]
 
+    def accept_sampled(self, proposal: Proposal, target_probs: torch.Tensor,
+                       uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(accepted, the target's next token, the accepted path's fed positions or None for a
+        chain) of a sampled block, keeping the target's distribution: speculative sampling."""
+        accepted, token = verify_sampling(proposal.tokens, target_probs, proposal.draws, uniforms)
+        return accepted, token, None
 
-class CandidateProposer(ChainProposer):
+    @staticmethod
+    def replay_accepted(q: torch.Tensor, y: list[int], t: int, gamma: int, mixing: torch.Tensor) -> int:
+        """Greedy trace replay: how many proposals of the block starting at position t the
+        target accepts. The proposal at t+i is the mixture's argmax there, reached only while
+        the earlier ones matched y, so from the true prefix; one position at a time, as live
+        mixes them (same shapes, same rounding). `q` `[n, m, V]`: each method along y."""
+        accepted = 0
+        while accepted < gamma and t + accepted < len(y) and int(mix(q[t + accepted], mixing).argmax()) == y[t + accepted]:
+            accepted += 1
+        return accepted
+
+
+PROPOSERS["chain"] = ChainProposer
+
+
+class CandidateProposer(ChainProposer, kind="candidates"):
     """The ensembled chain (branch 0) and each drafting method's own greedy or sampled chain
     (branch 1 + i), `gamma` deep: B groups of the m method rows, group b fed branch b's tokens.
     Greedy chains are merged into a prefix tree; sampled ones stay apart below the root."""
 
-    def __init__(self, rows: DynamicCacheRows, config: DecodeConfig) -> None:
+    def __init__(self, rows: Rows, config: DecodeConfig) -> None:
         super().__init__(rows, config)
         self.methods = len(config.methods)
         self.branches = candidate_branches(self.methods)
@@ -130,6 +171,27 @@ class CandidateProposer(ChainProposer):
             self.rows.copy_rows(self.branches, self._branch(path, accepted), proposal.state["start"])
         return super().keep(proposal, path, accepted, before, block)
 
+    def accept_sampled(self, proposal: Proposal, target_probs: torch.Tensor,
+                       uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """SpecInfer's multi-candidate rule over the branches (`trees.verify_branches_sampling`)."""
+        outcome = verify_branches_sampling(proposal.tree, self.branches, target_probs, proposal.draws, uniforms)
+        return outcome.accepted, outcome.next_token, outcome.path
+
+    @staticmethod
+    def replay_accepted(q: torch.Tensor, y: list[int], t: int, gamma: int, mixing: torch.Tensor) -> int:
+        """The tree also holds each method's own chain: the path goes on while some branch still
+        on it (its chain equal to y so far) proposes y's next token (0: the ensembled chain;
+        1 + i: method i's own), each a distribution at t+i along y."""
+        alive = list(range(1 + q.shape[1])) if q.shape[1] > 1 else [0]
+        accepted = 0
+        while accepted < gamma and t + accepted < len(y):
+            here = q[t + accepted]
+            alive = [b for b in alive if int((mix(here, mixing) if b == 0 else here[b - 1]).argmax()) == y[t + accepted]]
+            if not alive:
+                break
+            accepted += 1
+        return accepted
+
 
 def log_probability(probs: torch.Tensor) -> torch.Tensor:
     """float64 log of probabilities floored at 1e-30: path scores stay finite, so a child's
@@ -137,7 +199,7 @@ def log_probability(probs: torch.Tensor) -> torch.Tensor:
     return torch.log(probs.double().clamp_min(1e-30))
 
 
-class DynamicTreeProposer(ChainProposer):
+class DynamicTreeProposer(ChainProposer, kind="dynamic"):
     """A tree shaped by the mixture's confidence (Spec-LLaVA's dynamic tree, EAGLE-2's
     ranking): from the root, each of `gamma` levels keeps the `top_k` children of the level
     above with the highest path probability (the product of mixture probabilities along the
@@ -145,9 +207,9 @@ class DynamicTreeProposer(ChainProposer):
     but the last are fed to the draft rows as a tree, one forward per level. The tree is the
     `nodes` most probable of them, ancestors before descendants. Greedy only."""
 
-    def __init__(self, rows: DynamicCacheRows, config: DecodeConfig) -> None:
+    def __init__(self, rows: Rows, config: DecodeConfig) -> None:
         super().__init__(rows, config)
-        spec = config.verify.for_gamma(config.gamma)
+        spec = config.verify.for_gamma(config.gamma)  # a DynamicTree
         self.width, self.nodes = spec.top_k, spec.nodes
         self.draws_per_block = self.checks_per_block = 0  # greedy only
         width, levels = self.width, self.depth

@@ -29,10 +29,11 @@ from pipeline.decoding.block import recorded_weights, settle_block
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.engine import default_engine, prefilled_rows, tokenize
 from pipeline.decoding.live import autoregressive_decode
+from pipeline.decoding.proposers import proposer_class
 from pipeline.decoding.verify import probabilities
 from pipeline.decoding.records import SampleRecord
 from pipeline.drafting.captioner import Captioner
-from pipeline.drafting.scoring import mix, mixing_weights
+from pipeline.drafting.scoring import mixing_weights
 from pipeline.models.base import LVLM
 
 
@@ -210,8 +211,8 @@ def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
     """The record a live greedy run of `config` would produce, computed from traces.
 
     Mirrors `live.SpeculativeDecoder.block` block by block: weights from the policy state's
-    `choose`, then the accepted count (`_accepted`: the proposals along y, position by
-    position), then `settle_block` — the live engine's own rule — decides what is kept,
+    `choose`, then the accepted count (the verify kind's proposer's `replay_accepted`: the
+    proposals along y, position by position), then `settle_block` — the live engine's own rule — decides what is kept,
     recorded and added to the history. Timings stay 0: replay decodes nothing, walltime comes
     from live runs.
     """
@@ -223,12 +224,12 @@ def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
     q = traces.draft_probs[:n, rows].contiguous()  # [n, m, V] in the config's method order
     p = traces.target_probs
     state = policy.start(len(methods))
-    branches = config.verify.kind == "candidates" and len(methods) > 1
+    accepted_in = proposer_class(config.verify).replay_accepted
     record = SampleRecord(sample_id=traces.sample_id, mode="replay", engine=traces.engine)
     t = 0  # tokens decoded so far = position of the block's first proposal
     while t < n:
         weights = state.choose()
-        accepted = _accepted(q, y, t, gamma, mixing_weights(weights), branches)
+        accepted = accepted_in(q, y, t, gamma, mixing_weights(weights))
         next_token = y[t + accepted] if t + accepted < n else None
         outcome = settle_block(y[t : t + accepted], next_token, gamma=gamma, produced=t,
                                max_new_tokens=config.max_new_tokens, eos=traces.eos_token_ids)
@@ -242,21 +243,3 @@ def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
     record.output_ids = list(y)
     record.output_text = traces.tokenizer.decode(record.output_ids, skip_special_tokens=True)
     return record
-
-
-def _accepted(q: torch.Tensor, y: list[int], t: int, gamma: int, mixing: torch.Tensor, branches: bool) -> int:
-    """How many proposals of the block starting at position t the target accepts. A chain's
-    proposal at t+i is the mixture's argmax there, reached only while the earlier ones matched
-    y, so from the true prefix. A candidate tree also holds each method's own chain: the path
-    goes on while some branch still on it (its chain equal to y so far) proposes y's next
-    token; its proposal is likewise a distribution at t+i, along y. One position at a time, as
-    live mixes them (same shapes, same rounding)."""
-    alive = list(range(1 + q.shape[1])) if branches else [0]  # 0: the ensembled chain; 1 + i: method i's own
-    accepted = 0
-    while accepted < gamma and t + accepted < len(y):
-        here = q[t + accepted]
-        alive = [b for b in alive if int((mix(here, mixing) if b == 0 else here[b - 1]).argmax()) == y[t + accepted]]
-        if not alive:
-            break
-        accepted += 1
-    return accepted

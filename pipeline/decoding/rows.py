@@ -22,11 +22,48 @@ Two cache strategies, chosen by the engine (`pipeline.decoding.engine`):
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from pipeline.models.base import LVLM, StepLog
 
 CAPACITY_STEP = 256  # static caches come in multiples of this, so compiled steps are reused across samples
+
+
+class Rows(Protocol):
+    """What proposers, verification, replay and calibration ask of a batch of prompt rows: the
+    verbs that feed and roll back, defined once. KV rows (`DynamicCacheRows`,
+    `StaticCacheRows`) do all of them; a state-space draft's rows
+    (`pipeline.decoding.state_rows.StateRows`) all but the tree verbs. `engine.new_rows` picks
+    the class from the model."""
+
+    model: LVLM
+    rows: int  # prompt rows in the batch
+    fed: int  # continuation tokens fed so far
+    tree_start: int  # where the tree being fed began (`begin_tree`)
+    step_log: StepLog
+
+    def prefill(self) -> None:
+        """Run the prompts once (their last token is fed later, as the first continuation token)."""
+
+    def feed(self, token_ids: list[int] | torch.Tensor, keep: int = 1) -> torch.Tensor:
+        """Append tokens to every row (`[n]`) or each row its own (`[rows, n]`); fp32 logits of the last `keep`."""
+
+    def keep_shared(self, n: int) -> None:
+        """Roll back to the first `n` continuation tokens."""
+
+    def copy_rows(self, groups: int, source: torch.Tensor, start: int) -> None:
+        """Give every group of rows group `source`'s continuation from slot `start` on."""
+
+    def begin_tree(self) -> None:
+        """The next `feed_tree` tokens form a tree rooted at the last token fed."""
+
+    def feed_tree(self, token_ids: torch.Tensor, offsets: torch.Tensor, sees: torch.Tensor, keep: int) -> torch.Tensor:
+        """Append a tree's tokens in one forward, each seeing only its ancestors."""
+
+    def keep_path(self, slots: torch.Tensor, first: int) -> None:
+        """Move an accepted path's continuation up to follow slot `first`."""
 
 
 class DynamicCacheRows:

@@ -10,11 +10,10 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.proposers import Proposal
-from pipeline.decoding.rows import DynamicCacheRows
-from pipeline.decoding.trees import verify_branches_sampling, verify_tree_greedy
-from pipeline.decoding.verify import probabilities, verify_greedy, verify_sampling
-from pipeline.decoding.verify_spec import candidate_branches
+from pipeline.decoding.proposers import ChainProposer, Proposal
+from pipeline.decoding.rows import Rows
+from pipeline.decoding.trees import verify_tree_greedy
+from pipeline.decoding.verify import probabilities, verify_greedy
 
 
 @dataclass
@@ -32,34 +31,33 @@ class Checked:
     path_probs: torch.Tensor | None
 
 
-def check(rows: DynamicCacheRows, pending: torch.Tensor, proposal: Proposal, config: DecodeConfig,
-          uniforms: torch.Tensor | None, keep_probs: bool) -> Checked:
+def check(rows: Rows, pending: torch.Tensor, proposal: Proposal, proposer: ChainProposer,
+          config: DecodeConfig, uniforms: torch.Tensor | None, keep_probs: bool) -> Checked:
     """Score `pending` and the proposals in ONE target forward and accept: greedy follows the
-    target's argmax, sampling is lossless speculative sampling (a chain's, or over a candidate
-    tree's branches). `uniforms`: sampling's draws for acceptance; `keep_probs`: return p."""
-    if proposal.tree is None:
-        logits = rows.feed(torch.cat([pending, proposal.tokens]), keep=config.gamma + 1)[0]
-        p = probabilities(logits, config.temperature) if keep_probs or not config.greedy else None
-        if config.greedy:
-            accepted, next_token = verify_greedy(proposal.tokens, logits)
-        else:
-            accepted, next_token = verify_sampling(proposal.tokens, p, proposal.draws, uniforms)
-        return Checked(accepted, next_token, proposal.tokens, None, p)
+    target's argmax, sampling keeps the target's distribution by the rule of the `proposer`
+    that drafted them (`accept_sampled`). `uniforms`: sampling's draws for acceptance;
+    `keep_probs`: return p."""
     tree = proposal.tree
-    fed = torch.cat([pending, tree.tokens])
-    rows.begin_tree()
-    logits = rows.feed_tree(fed, tree.fed_depths(), tree.ancestry(), keep=tree.size + 1)[0]
-    p = probabilities(logits, config.temperature) if keep_probs or not config.greedy else None
-    if config.greedy:
-        outcome = verify_tree_greedy(tree, logits)
+    fed = torch.cat([pending, proposal.tokens])
+    if tree is None:
+        logits = rows.feed(fed, keep=config.gamma + 1)[0]
     else:
-        branches = candidate_branches(len(config.methods))
-        outcome = verify_branches_sampling(tree, branches, p, proposal.draws, uniforms)
-    path_probs = None if p is None else p[outcome.path[:-1]]
-    return Checked(outcome.accepted, outcome.next_token, fed[outcome.path[1:]], outcome.path, path_probs)
+        rows.begin_tree()
+        logits = rows.feed_tree(fed, tree.fed_depths(), tree.ancestry(), keep=tree.size + 1)[0]
+    p = probabilities(logits, config.temperature) if keep_probs or not config.greedy else None
+    if not config.greedy:
+        accepted, next_token, path = proposer.accept_sampled(proposal, p, uniforms)
+    elif tree is None:
+        (accepted, next_token), path = verify_greedy(proposal.tokens, logits), None
+    else:
+        outcome = verify_tree_greedy(tree, logits)
+        accepted, next_token, path = outcome.accepted, outcome.next_token, outcome.path
+    if path is None:
+        return Checked(accepted, next_token, proposal.tokens, None, p)
+    return Checked(accepted, next_token, fed[path[1:]], path, None if p is None else p[path[:-1]])
 
 
-def keep_accepted(rows: DynamicCacheRows, checked: Checked, accepted: int, before: int) -> None:
+def keep_accepted(rows: Rows, checked: Checked, accepted: int, before: int) -> None:
     """Keep the target's cache up to the accepted path: a tree's path moves up behind the root
     first. `before`: the shared tokens fed before the block; `accepted`: read from the block's
     transfer."""

@@ -1,6 +1,9 @@
 """How the target verifies a block's proposals: one chain, or a token tree (the grid's `verify`
-axis). Names and knobs only, so grid files validate without torch; the trees themselves are
-`pipeline.decoding.trees` and their drafting `pipeline.decoding.proposers`.
+axis). Each kind is a registered class, like the weight policies: its knobs, its name in tables,
+what a block of it costs (nodes the target reads, rows the draft runs), whether greedy trace
+replay scores it and whether it samples. Torch-free, so grid files validate without torch; the
+draft's side of each kind (how it proposes, accepts sampled blocks and replays) is a proposer
+registered under the same kind (`pipeline.decoding.proposers`).
 
 - `chain`: `gamma` proposals in a row, the mixture's choice at each step (what TABED does).
 - `candidates`: each drafting method's own chain and the ensembled chain, `gamma` deep, as
@@ -8,28 +11,42 @@ axis). Names and knobs only, so grid files validate without torch; the trees the
 - `dynamic`: a tree shaped by the mixed draft distribution's confidence, like Spec-LLaVA's:
   `depth` levels (by default the grid's `gamma`: a tree's depth is the draft steps per block,
   so a grid records it as the row's gamma), each keeping the `top_k` children with the
-  highest path probability (several siblings where the draft is unsure, one where it is
-  sure), then the `nodes` most probable nodes of all levels. Greedy only: its shape depends on draft distributions off the target's
-  path, so it also runs live, never by trace replay.
+  highest path probability, then the `nodes` most probable nodes of all levels. Greedy only:
+  its shape depends on draft distributions off the target's path, so it runs live.
+
+A kind of your own is a subclass and its proposer, named by import path in a grid
+(`{kind: "pkg.mod:Class"}`), like a policy (docs/extending.md).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, ClassVar
 
-VERIFY_KINDS = ("chain", "candidates", "dynamic")
+from pipeline.names import did_you_mean
+
+VERIFY_KINDS: dict[str, type["VerifySpec"]] = {}  # kind -> class, filled as kinds are defined
 DYNAMIC_NODES, DYNAMIC_TOP_K = 16, 4
 
 
 @dataclass(frozen=True)
 class VerifySpec:
-    """`kind` of `VERIFY_KINDS`; `nodes`, `top_k` and optionally `depth` (else gamma) for
-    `dynamic` trees (None elsewhere)."""
+    """Base of every verify kind: a chain of `gamma` proposals. A subclass registers under
+    `kind=` (else under its import path `module:Class`, when a grid names it) and overrides
+    what differs: its knobs (dataclass fields) and its shape arithmetic."""
 
-    kind: str = "chain"
-    nodes: int | None = None
-    top_k: int | None = None
-    depth: int | None = None
+    kind: ClassVar[str] = ""
+    replayable: ClassVar[bool] = True  # greedy trace replay scores it exactly (its path depends on y only)
+    samples: ClassVar[bool] = True  # temperature > 0 keeps the target's distribution
+    # the draft reads the tree with a tree mask: a state-space draft (one state per row) cannot
+    feeds_draft_a_tree: ClassVar[bool] = False
+
+    def __init_subclass__(cls, kind: str = "", **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.kind = kind or f"{cls.__module__}:{cls.__qualname__}"
+        known = VERIFY_KINDS.get(cls.kind)
+        if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise ValueError(f"verify kind {cls.kind!r} is defined twice ({known.__qualname__}, {cls.__qualname__})")
+        VERIFY_KINDS[cls.kind] = cls
 
     @property
     def is_chain(self) -> bool:
@@ -38,69 +55,117 @@ class VerifySpec:
     @property
     def label(self) -> str:
         """Its name in tables: `chain`, `candidates`, `dynamic(n=16,k=4)`."""
-        return f"dynamic(n={self.nodes},k={self.top_k})" if self.kind == "dynamic" else self.kind
-
-    @property
-    def replayable(self) -> bool:
-        """Whether greedy trace replay scores it exactly: its accepted path depends only on
-        the draft's distributions along the target's own output."""
-        return self.kind != "dynamic"
+        return self.kind
 
     def validate(self) -> None:
-        if self.kind not in VERIFY_KINDS:
-            raise ValueError(f"unknown verify kind {self.kind!r}; choose one of {VERIFY_KINDS}")
-        knobs = {"nodes": self.nodes, "top_k": self.top_k, "depth": self.depth}
-        if self.kind != "dynamic":
-            if any(v is not None for v in knobs.values()):
-                raise ValueError(f"verify kind {self.kind!r} takes no nodes, top_k or depth (those are for 'dynamic')")
-            return
-        for name, value in knobs.items():
+        """ValueError naming a bad knob."""
+
+    def settled(self, methods: int, gamma: int) -> tuple[VerifySpec, int]:
+        """The spec and gamma a configuration of `methods` drafting methods runs (normalised:
+        equivalent grid points collapse into one)."""
+        return self, gamma
+
+    def tree_nodes(self, gamma: int, methods: int) -> int:
+        """Nodes a block feeds the target besides its pending token (a chain: gamma)."""
+        return gamma
+
+    def draft_rows(self, methods: int) -> int:
+        """Tokens in one draft step: a row per method (calibration times that many one-token rows)."""
+        return methods
+
+    def copies_per_method(self, methods: int) -> int:
+        """How many rows of each drafting method the draft prefills (a candidate tree's branches)."""
+        return 1
+
+    def draft_capacity(self, gamma: int) -> int:
+        """Continuation tokens one block feeds the draft's rows."""
+        return gamma
+
+    def key_fields(self) -> dict | None:
+        """What a configuration key hashes for this kind (None: nothing, as for chains, whose
+        keys are those from before trees existed)."""
+        return {"kind": self.kind, **asdict(self)}
+
+    def columns(self) -> dict[str, Any]:
+        """The row's structured verify columns (tables never parse the label back)."""
+        return {"verify_kind": self.kind, "verify_nodes": None, "verify_top_k": None, "verify_shapes": None}
+
+
+@dataclass(frozen=True)
+class Chain(VerifySpec, kind="chain"):
+    """`gamma` proposals in a row: the mixture's choice at each step."""
+
+    def key_fields(self) -> dict | None:
+        return None
+
+
+@dataclass(frozen=True)
+class CandidateTree(VerifySpec, kind="candidates"):
+    """The ensembled chain and each method's own chain as branches of one tree (TABED's
+    multi-candidate extension), drafted as B x m rows of one batch."""
+
+    def settled(self, methods: int, gamma: int) -> tuple[VerifySpec, int]:
+        return (Chain(), gamma) if methods == 1 else (self, gamma)  # one method's tree is its chain
+
+    def tree_nodes(self, gamma: int, methods: int) -> int:
+        return candidate_branches(methods) * gamma
+
+    def draft_rows(self, methods: int) -> int:
+        return candidate_branches(methods) * methods
+
+    def copies_per_method(self, methods: int) -> int:
+        return candidate_branches(methods)
+
+    def key_fields(self) -> dict | None:
+        return {"kind": self.kind, "nodes": None, "top_k": None}  # the keys candidate trees had before kinds were classes
+
+
+@dataclass(frozen=True)
+class DynamicTree(VerifySpec, kind="dynamic"):
+    """Spec-LLaVA's dynamic tree: `depth` levels (None: the grid's gamma) of the `top_k`
+    children with the highest path probability, then the `nodes` most probable nodes."""
+
+    replayable: ClassVar[bool] = False
+    samples: ClassVar[bool] = False
+    feeds_draft_a_tree: ClassVar[bool] = True
+    nodes: int = DYNAMIC_NODES
+    top_k: int = DYNAMIC_TOP_K
+    depth: int | None = None
+
+    @property
+    def label(self) -> str:
+        return f"dynamic(n={self.nodes},k={self.top_k})"
+
+    def validate(self) -> None:
+        for name in ("nodes", "top_k", "depth"):
+            value = getattr(self, name)
             if name == "depth" and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"dynamic tree {name} must be an integer >= 1, got {value!r}")
 
-    def for_gamma(self, gamma: int) -> VerifySpec:
-        """The same tree at depth `gamma`: a dynamic tree holds at most gamma x top_k nodes."""
-        if self.kind != "dynamic":
-            return self
+    def for_gamma(self, gamma: int) -> DynamicTree:
+        """The same tree at depth `gamma`: it holds at most gamma x top_k nodes."""
         return replace(self, nodes=min(self.nodes, gamma * self.top_k))
 
     def settled(self, methods: int, gamma: int) -> tuple[VerifySpec, int]:
-        """The spec and gamma a configuration of `methods` drafting methods runs: one method's
-        candidate tree is its chain; a dynamic tree's `depth` is its gamma (the draft steps per
-        block, recorded as such), and it holds at most gamma x top_k nodes."""
-        if self.kind == "candidates" and methods == 1:
-            return VerifySpec(), gamma
-        gamma = self.depth or gamma
+        gamma = self.depth or gamma  # a tree's depth is its draft steps per block: its gamma
         return replace(self, depth=None).for_gamma(gamma), gamma
 
     def tree_nodes(self, gamma: int, methods: int) -> int:
-        """Nodes a block feeds the target besides its pending token (a chain: gamma)."""
-        if self.kind == "dynamic":
-            return self.for_gamma(gamma).nodes
-        if self.kind == "candidates":
-            return candidate_branches(methods) * gamma
-        return gamma
+        return self.for_gamma(gamma).nodes
 
     def draft_rows(self, methods: int) -> int:
-        """Tokens in one draft step: a row per method, per branch of a candidate tree, or per
-        method and node of a dynamic tree's level (calibration times that many one-token rows)."""
-        if self.kind == "dynamic":
-            return methods * self.top_k
-        if self.kind == "candidates":
-            return candidate_branches(methods) * methods
-        return methods
+        return methods * self.top_k
 
-    @staticmethod
-    def from_label(label: str | None) -> VerifySpec:
-        """The spec a table label names (`chain`, `candidates`, `dynamic(n=16,k=4)`; None: chain)."""
-        if not label or label == "chain":
-            return VerifySpec()
-        if label == "candidates":
-            return VerifySpec("candidates")
-        nodes, top_k = (int(part.split("=")[1]) for part in label.removeprefix("dynamic(").rstrip(")").split(","))
-        return VerifySpec("dynamic", nodes, top_k)
+    def draft_capacity(self, gamma: int) -> int:
+        return gamma * self.top_k
+
+    def key_fields(self) -> dict | None:
+        return {"kind": self.kind, "nodes": self.nodes, "top_k": self.top_k}  # depth is folded into gamma
+
+    def columns(self) -> dict[str, Any]:
+        return super().columns() | {"verify_nodes": self.nodes, "verify_top_k": self.top_k}
 
 
 def candidate_branches(methods: int) -> int:
@@ -108,9 +173,16 @@ def candidate_branches(methods: int) -> int:
     return 1 if methods == 1 else methods + 1
 
 
+def verify_class(kind: str) -> type[VerifySpec]:
+    if kind not in VERIFY_KINDS:
+        raise ValueError(f"unknown verify kind {kind!r}{did_you_mean(kind, VERIFY_KINDS)}; choose one of "
+                         f"{', '.join(VERIFY_KINDS)} (or an import path 'package.module:Class')")
+    return VERIFY_KINDS[kind]
+
+
 def make_verify(entry: Any) -> VerifySpec:
-    """A grid entry (`chain`, `candidates`, `{kind: dynamic, nodes: 16, top_k: 4, depth: 6}`)
-    as a validated spec; ValueError names what is wrong."""
+    """A grid entry (`chain`, `candidates`, `{kind: dynamic, nodes: 16, top_k: 4, depth: 6}`, a
+    registered kind of your own) as a validated spec; ValueError names what is wrong."""
     if isinstance(entry, VerifySpec):
         entry.validate()
         return entry
@@ -118,13 +190,38 @@ def make_verify(entry: Any) -> VerifySpec:
         entry = {"kind": entry}
     if not isinstance(entry, dict) or "kind" not in entry:
         raise ValueError(f"expected a kind ({', '.join(VERIFY_KINDS)}) or a mapping with 'kind', got {entry!r}")
-    unknown = sorted(set(entry) - {"kind", "nodes", "top_k", "depth"})
+    knobs = dict(entry)
+    cls = verify_class(str(knobs.pop("kind")))
+    known = [f.name for f in fields(cls)]
+    unknown = sorted(set(knobs) - set(known))
     if unknown:
-        raise ValueError(f"{unknown} not a field of a verify entry; its fields: kind, nodes, top_k, depth")
-    fields = dict(entry)
-    if fields["kind"] == "dynamic":
-        fields.setdefault("nodes", DYNAMIC_NODES)
-        fields.setdefault("top_k", DYNAMIC_TOP_K)
-    spec = VerifySpec(**fields)
+        raise ValueError(f"{unknown} not a field of a {cls.kind!r} verify entry{did_you_mean(unknown[0], known)}; "
+                         f"its fields: kind{''.join(', ' + name for name in known)}")
+    spec = cls(**knobs)
     spec.validate()
     return spec
+
+
+def verify_of_row(row: dict) -> VerifySpec:
+    """The spec a result row was verified with: from its structured columns, or, for rows from
+    before them, its label (`chain`, `candidates`, `dynamic(n=16,k=4)`; null: a chain)."""
+    kind = row.get("verify_kind")
+    if isinstance(kind, str) and kind:
+        knobs = {"nodes": row.get("verify_nodes"), "top_k": row.get("verify_top_k"), "shapes": row.get("verify_shapes")}
+        cls = verify_class(kind)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: _plain(v) for k, v in knobs.items() if k in known and v is not None})
+    label = row.get("verify")
+    if not isinstance(label, str) or label == "chain":
+        return Chain()
+    if label == "candidates":
+        return CandidateTree()
+    nodes, top_k = (int(part.split("=")[1]) for part in label.removeprefix("dynamic(").rstrip(")").split(","))
+    return DynamicTree(nodes, top_k)
+
+
+def _plain(value: Any) -> Any:
+    """A stored column value as the dataclass field wants it (numpy numbers and arrays as Python)."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    return tuple(tuple(v) if isinstance(v, list) else v for v in value) if isinstance(value, list) else value

@@ -33,6 +33,11 @@ FAMILIES: dict[str, Family] = {
     )
 }
 TEXT_ONLY = "text"  # the family name of a plain causal LM, allowed per pair with `text_only: true`
+# State-space language models (`pipeline.models.recurrent`): drafts only, alone (text drafting)
+# or as the language model of a LLaVA checkpoint (image drafting too).
+RECURRENT_TYPES = {"mamba": "Mamba", "mamba2": "Mamba2"}
+# Attention and state-space layers mixed: neither a KV cache nor a state alone rolls them back.
+HYBRID_TYPES = ("jamba", "zamba", "zamba2", "falcon_h1", "nemotron_h", "bamba", "granitemoehybrid", "qwen3_next")
 # keys of a config.json that only multimodal checkpoints carry
 MULTIMODAL_KEYS = ("vision_config", "vision_tower", "mm_vision_tower", "visual", "image_token_id", "image_token_index")
 
@@ -47,6 +52,28 @@ def is_multimodal(config: Mapping[str, Any]) -> bool:
 
 def supported_text() -> str:
     return ", ".join(f"{f.model_type} ({f.title})" for f in FAMILIES.values())
+
+
+def language_model_type(config: Mapping[str, Any]) -> str:
+    """The `model_type` of a checkpoint's language model (its `text_config`'s for a LLaVA one)."""
+    text = config.get("text_config")
+    return str((text if isinstance(text, Mapping) else config).get("model_type", "?"))
+
+
+def is_recurrent_config(config: Mapping[str, Any]) -> bool:
+    return language_model_type(config) in RECURRENT_TYPES
+
+
+def check_role(config: Mapping[str, Any], name: str, role: str) -> None:
+    """A state-space model only drafts: as a target it would have to read a token tree, or
+    gamma + 1 tokens, in one forward; a hybrid is refused in either role."""
+    text_type = language_model_type(config)
+    if text_type in HYBRID_TYPES:
+        raise UnsupportedFamily(f"{name}: {text_type!r} mixes attention and state-space layers, which this engine "
+                                "cannot roll back; use an attention model or a pure Mamba/Mamba2 draft")
+    if role == "target" and text_type in RECURRENT_TYPES:
+        raise UnsupportedFamily(f"{name}: a {RECURRENT_TYPES[text_type]} (state-space) model can only be a draft: "
+                                "verifying needs a target that reads many tokens, or a token tree, in one forward")
 
 
 def check_family(config: Mapping[str, Any], name: str, *, allow_text: bool) -> str:

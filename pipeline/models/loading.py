@@ -12,8 +12,9 @@ from transformers import AutoConfig, AutoImageProcessor, AutoModelForCausalLM, A
 
 from pipeline.models.base import LVLM
 from pipeline.models.dtypes import resolve_dtype
-from pipeline.models.families import FAMILIES, UnsupportedFamily, check_family
+from pipeline.models.families import FAMILIES, RECURRENT_TYPES, UnsupportedFamily, check_family, is_recurrent_config
 from pipeline.models.hf import HFLlava, HFModel
+from pipeline.models.recurrent import RecurrentLlava, RecurrentLM, is_hybrid, is_recurrent, layer_kinds
 
 EMBEDDED_PREFIX = "embedded:"
 
@@ -46,13 +47,19 @@ def load_model(
         family = check_family(config.to_dict(), name_or_dir, allow_text=allow_text)
     except UnsupportedFamily as err:
         raise ModelLoadError(str(err)) from None
+    if is_hybrid(config) or (is_recurrent(config) and not is_recurrent_config(config.to_dict())):
+        raise ModelLoadError(f"cannot drive {name_or_dir!r}: its language model's layers "
+                             f"{sorted(layer_kinds(config))} are not one this engine rolls back (attention, or pure "
+                             f"{'/'.join(RECURRENT_TYPES.values())})")
+    recurrent = is_recurrent(config)
     try:
         if family in FAMILIES:
             model = getattr(transformers, FAMILIES[family].model_class).from_pretrained(name_or_dir, dtype=torch_dtype)
-            adapter: LVLM = HFLlava(model.to(device), _processor(name_or_dir), name_or_dir)
+            adapter: LVLM = (RecurrentLlava if recurrent else HFLlava)(model.to(device), _processor(name_or_dir), name_or_dir)
         else:
             model = AutoModelForCausalLM.from_pretrained(name_or_dir, dtype=torch_dtype)
-            adapter = HFModel(model.to(device), AutoTokenizer.from_pretrained(name_or_dir), name_or_dir)
+            adapter = (RecurrentLM if recurrent else HFModel)(model.to(device), AutoTokenizer.from_pretrained(name_or_dir),
+                                                             name_or_dir)
     except torch.OutOfMemoryError as err:
         raise ModelLoadError(f"model {name_or_dir!r} does not fit on {device} in {dtype}: {err}") from err
     return adapter
@@ -98,6 +105,9 @@ def load_target_and_drafts(
     """A target and several drafts (name -> what to load) on one device, the target once,
     each draft checked to share its tokenizer."""
     loaded = load_model(target, dtype=dtype, device=device, allow_text=allow_text)
+    if getattr(loaded, "recurrent", False):
+        raise ModelLoadError(f"{target}: a state-space model can only be a draft: verifying needs a target that reads "
+                             "many tokens, or a token tree, in one forward")
     models = {name: load_model(path, dtype=dtype, device=device, allow_text=allow_text) for name, path in drafts.items()}
     for model in models.values():
         check_same_tokenizer(loaded, model)

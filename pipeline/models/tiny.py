@@ -1,7 +1,9 @@
 """Tiny random-weight LLaVA models built locally, for tests and the smoke grid (no downloads).
 
-`python -m pipeline.models.tiny OUT_DIR` writes OUT_DIR/target, OUT_DIR/draft (LLaVA-1.5 class)
-and OUT_DIR/next_target (LLaVA-NeXT class), all loadable by `from_pretrained`. The draft is the
+`python -m pipeline.models.tiny OUT_DIR` writes OUT_DIR/target, OUT_DIR/draft (LLaVA-1.5 class),
+OUT_DIR/next_target (LLaVA-NeXT class), and OUT_DIR/bigram_target with OUT_DIR/mamba_draft and
+OUT_DIR/mamba2_draft (LLaVA with a state-space language model, `pipeline.models.tiny_ssm`), all
+loadable by `from_pretrained`. The draft is the
 target with seeded noise on every weight, so it agrees with the target often but not always —
 the regime where speculative decoding has something to measure. `build_family_pair` writes a
 target and draft of any supported family (`pipeline.models.families`), for the per-family tests.
@@ -226,17 +228,23 @@ def _llava_next_processor(tokenizer: PreTrainedTokenizerFast, model: LlavaNextFo
 
 
 def build_tiny_pair(out_dir: str | Path, noise: float = 0.02) -> tuple[Path, Path]:
-    """Write tiny target, draft and LLaVA-NeXT target under `out_dir`; return (target, draft) dirs."""
+    """Write tiny target, draft, LLaVA-NeXT target, and the bigram target with the Mamba and
+    Mamba2 drafts that follow it (`pipeline.models.tiny_ssm`) under `out_dir`; return (target,
+    draft) dirs."""
+    from pipeline.models.tiny_ssm import KINDS, build_ssm_draft, make_bigram_target
+
     out = Path(out_dir)
     tokenizer = build_tokenizer()
     target = build_llava(tokenizer, seed=0)
     draft = perturbed_copy(target, noise=noise, seed=1)
     next_target = build_llava_next(tokenizer, seed=2)
-    for name, model, processor in (
-        ("target", target, llava_processor(tokenizer)),
-        ("draft", draft, llava_processor(tokenizer)),
-        ("next_target", next_target, _llava_next_processor(tokenizer, next_target)),
-    ):
+    models = [("target", target, llava_processor(tokenizer)), ("draft", draft, llava_processor(tokenizer)),
+              ("next_target", next_target, _llava_next_processor(tokenizer, next_target))]
+    bigram_target = make_bigram_target(build_llava(tokenizer, seed=4), tokenizer)
+    models.append(("bigram_target", bigram_target, llava_processor(tokenizer)))
+    models += [(f"{kind}_draft", build_ssm_draft(kind, tokenizer, bigram_target), llava_processor(tokenizer))
+               for kind in KINDS]
+    for name, model, processor in models:
         model.save_pretrained(out / name)
         processor.save_pretrained(out / name)
     return out / "target", out / "draft"
@@ -244,11 +252,12 @@ def build_tiny_pair(out_dir: str | Path, noise: float = 0.02) -> tuple[Path, Pat
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir", help="directory to write target/, draft/ and next_target/ into")
+    parser.add_argument("out_dir", help="directory to write the tiny models into (target/, draft/, ...)")
     parser.add_argument("--noise", type=float, default=0.02, help="relative weight noise of the draft")
     args = parser.parse_args()
     target, draft = build_tiny_pair(args.out_dir, noise=args.noise)
-    print(f"target={target}\ndraft={draft}\nnext_target={Path(args.out_dir) / 'next_target'}")
+    for name in ("target", "draft", "next_target", "bigram_target", "mamba_draft", "mamba2_draft"):
+        print(f"{name}={Path(args.out_dir) / name}")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from typing import Collection, Iterable
 from pipeline.data.sample import FIRST_TURN
 from pipeline.data.user_datasets import UserDataset
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.verify_spec import VerifySpec
+from pipeline.decoding.verify_spec import Chain, VerifySpec
 from pipeline.drafting.methods import needs_captions
 from pipeline.drafting.policies import StaticPolicy, WeightPolicy
 
@@ -103,7 +103,7 @@ class RunConfig:
     max_new_tokens: int = DecodeConfig.max_new_tokens
     captioner: str | None = None  # only when C is among the methods
     engine: str = AUTO_ENGINE  # auto | static | eager: outputs agree, walltimes do not
-    verify: VerifySpec = field(default_factory=VerifySpec)  # a chain or a token tree, gamma deep
+    verify: VerifySpec = field(default_factory=Chain)  # a chain or a token tree, gamma deep
 
     @property
     def is_ar(self) -> bool:
@@ -138,11 +138,9 @@ class RunConfig:
 @lru_cache(maxsize=None)
 def _config_key(config: RunConfig) -> str:
     # cached: planning asks once per (configuration, sample), and the JSON hash costs ~40 us
-    fields = asdict(config) | {"policy": config.policy.key_fields()}
-    if config.verify.is_chain:  # keys from before trees existed stay the keys of chains
+    fields = asdict(config) | {"policy": config.policy.key_fields(), "verify": config.verify.key_fields()}
+    if fields["verify"] is None:  # keys from before trees existed stay the keys of chains
         del fields["verify"]
-    else:  # a tree's depth is folded into gamma (normalise); keys from before depth stay
-        fields["verify"].pop("depth")
     payload = json.dumps(fields, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -223,7 +221,7 @@ class GridSpec:
     temperature: tuple[float, ...] = (DecodeConfig.temperature,)
     seed: tuple[int, ...] = (DecodeConfig.seed,)
     engine: tuple[str, ...] = (AUTO_ENGINE,)
-    verify: tuple[VerifySpec, ...] = (VerifySpec(),)
+    verify: tuple[VerifySpec, ...] = (Chain(),)
     max_new_tokens: int = DecodeConfig.max_new_tokens
     limit: int | None = None
     captioner: str | None = None
@@ -290,7 +288,7 @@ def normalise(config: RunConfig) -> RunConfig:
     """Reset fields that cannot change this configuration's result to their defaults, so
     equivalent grid points collapse into one work unit."""
     if config.is_ar:
-        return replace(config, policy=StaticPolicy(), gamma=None, captioner=None, verify=VerifySpec())
+        return replace(config, policy=StaticPolicy(), gamma=None, captioner=None, verify=Chain())
     policy = StaticPolicy() if len(config.methods) == 1 else config.policy.canonical()  # one method: no weights
     captioner = config.captioner if needs_captions(config.methods) else None
     verify, gamma = config.verify.settled(len(config.methods), config.gamma)

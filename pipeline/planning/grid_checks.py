@@ -8,7 +8,7 @@ from typing import Iterator
 
 from pipeline.drafting.methods import METHODS, needs_captions
 from pipeline.planning.grid import AR, FIRST_TURN, GridError, GridSpec, Pair
-from pipeline.planning.model_ids import model_kind
+from pipeline.planning.model_ids import is_recurrent_model, model_kind
 from pipeline.planning.problems import GridProblems
 
 QUESTION_TASKS = ("nq", "gsm8k")  # second-turn tasks that read a question dataset
@@ -57,8 +57,14 @@ def _combinations(spec: GridSpec) -> Iterator[str]:
             yield f"turns {list(spec.second_turns)} need the target's greedy first-turn answers: add 0 to temperature"
     if spec.mode == "replay" and any(t > 0 for t in spec.temperature):
         yield "mode 'replay' scores greedy configurations only; use 'auto' to run temperature > 0 live"
-    if spec.mode == "replay" and not all(v.replayable for v in spec.verify):
-        yield ("mode 'replay' cannot score dynamic trees (their shape needs the draft off the target's "
+    for j, pair in enumerate(spec.pairs):
+        for i, verify in enumerate(spec.verify):
+            if verify.feeds_draft_a_tree and is_recurrent_model(pair.draft):
+                yield (f"verify[{i}] {verify.label} with pairs[{j}].draft {pair.draft!r}: a {verify.kind} tree is fed to "
+                       "the draft with a tree mask, which a state-space draft cannot read; use chain, candidates or "
+                       "a shape tree")
+    for kind in sorted({v.kind for v in spec.verify if not v.replayable} if spec.mode == "replay" else ()):
+        yield (f"mode 'replay' cannot score {kind} trees (their shape needs the draft off the target's "
                "path); use 'auto' to run them live")
     for config in spec.configs():
         if not config.is_ar:

@@ -12,7 +12,8 @@ from typing import Any, Callable, Iterable
 import yaml
 
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.verify_spec import VERIFY_KINDS, VerifySpec, make_verify
+from pipeline.data.user_datasets import local_path
+from pipeline.decoding.verify_spec import VerifySpec, make_verify
 from pipeline.drafting.methods import METHODS
 from pipeline.drafting.policies import DISTANCES, POLICIES, make_policy, policy_class
 from pipeline.models.dtypes import DTYPES
@@ -22,8 +23,7 @@ from pipeline.planning.grid import (
 )
 from pipeline.planning.grid_checks import AXES, check_combinations
 from pipeline.planning.model_ids import check_family_here, check_model_id, check_same_tokenizer
-from pipeline.data.user_datasets import local_path
-from pipeline.planning.plugins import load_drafting_methods, parse_datasets, policy_kind
+from pipeline.planning.plugins import load_drafting_methods, parse_datasets, policy_kind, verify_kind
 from pipeline.planning.problems import Problems
 
 MODES = ("live", "replay", "auto")
@@ -250,13 +250,17 @@ def _window(value: Any, where: str) -> int | None:
 
 def _verify(value: Any, where: str) -> tuple[VerifySpec, bool]:
     """A verify entry and whether it runs live on the grid's `live_samples` (`timed: false`, not
-    part of the configuration, replays it there too)."""
-    timed = _bool(value.get("timed", True), f"{where}.timed") if isinstance(value, dict) else True
+    part of the configuration, replays it there too). A kind may be an import path."""
+    if isinstance(value, VerifySpec):  # the axis's default
+        return value, True
+    entry = dict(value) if isinstance(value, dict) else {"kind": value}
+    timed = _bool(entry.pop("timed", True), f"{where}.timed")
+    if "kind" in entry:
+        entry["kind"] = verify_kind(entry["kind"], f"{where}.kind")
     try:
-        return make_verify({k: v for k, v in value.items() if k != "timed"} if isinstance(value, dict) else value), timed
+        return make_verify(entry), timed
     except ValueError as err:
-        kind = value.get("kind") if isinstance(value, dict) else value
-        raise GridError(f"{where}: {err}{did_you_mean(kind, VERIFY_KINDS)}") from err
+        raise GridError(f"{where}: {err}") from err
 
 
 def _engine(value: Any, where: str) -> str:

@@ -9,11 +9,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pipeline.models.families import UnsupportedFamily, check_family
+from pipeline.models.families import UnsupportedFamily, check_family, check_role, is_recurrent_config
 from pipeline.names import did_you_mean
 from pipeline.planning.grid import TINY_PREFIX, GridError
 
-TINY_MODELS = ("target", "draft", "next_target")
+TINY_MODELS = ("target", "draft", "next_target", "bigram_target", "mamba_draft", "mamba2_draft")
 EMBEDDED_MODELS = ("embedded:target", "embedded:draft", "embedded:small_draft")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 # Hub ids whose model class is LLaVA-NeXT, recognised without downloading their config.
@@ -46,7 +46,7 @@ def _cached_config(name: str) -> Path | None:
 
 def check_model_id(name: Any, where: str) -> str:
     """A model is a hub id `org/name`, an existing local directory, `embedded:target|draft|small_draft`
-    or `tiny:target|draft|next_target`."""
+    or a `tiny:` model (`TINY_MODELS`)."""
     if not isinstance(name, str) or not name:
         raise GridError(f"{where}: a model must be a non-empty string, got {name!r}")
     if name.startswith("embedded:"):
@@ -67,7 +67,7 @@ def check_model_id(name: Any, where: str) -> str:
     if looks_local or not HUB_ID.fullmatch(name):
         raise GridError(
             f"{where}: {name!r} is neither an existing local directory nor a hub id 'org/name' "
-            "(nor embedded:target|draft|small_draft, tiny:target|draft|next_target)"
+            f"(nor embedded:target|draft|small_draft, tiny:{'|'.join(TINY_MODELS)})"
         )
     return name
 
@@ -119,13 +119,27 @@ def check_same_tokenizer(target: str, draft: str, where: str) -> None:
                         "speculative decoding needs the draft to share the target's vocabulary")
 
 
+# what the tiny: models' configs say of their kind, known before they are built
+TINY_CONFIGS = {f"{TINY_PREFIX}{kind}_draft": {"model_type": "llava", "text_config": {"model_type": kind}}
+                for kind in ("mamba", "mamba2")}
+
+
 def readable_config(name: str) -> dict | None:
     """A model's config.json when it can be read here without a download: a local directory's,
-    or a hub id's from the local hub cache; None otherwise (tiny:, embedded:, not cached)."""
+    or a hub id's from the local hub cache, or what a tiny: model's will say; None otherwise
+    (embedded:, not cached)."""
+    if name in TINY_CONFIGS:
+        return TINY_CONFIGS[name]
     path = Path(name).expanduser() / "config.json"
     if not path.is_file() and HUB_ID.fullmatch(name):
         path = _cached_config(name) or path
     return _json_file(path)
+
+
+def is_recurrent_model(name: str) -> bool:
+    """Whether a model is known here, without loading it, to be a state-space (Mamba) model."""
+    config = readable_config(name)
+    return config is not None and is_recurrent_config(config)
 
 
 def check_family_here(name: str, where: str, *, allow_text: bool) -> None:
@@ -136,5 +150,6 @@ def check_family_here(name: str, where: str, *, allow_text: bool) -> None:
         return
     try:
         check_family(config, name, allow_text=allow_text)
+        check_role(config, name, where.rsplit(".", 1)[-1])
     except UnsupportedFamily as err:
         raise GridError(f"{where}: {err}") from None

@@ -1,8 +1,8 @@
-"""What a grid file brings of its own: datasets named by path, drafting methods and weight
-policies named by import path (`package.module:Class`).
+"""What a grid file brings of its own: datasets named by path, drafting methods, weight
+policies and verify kinds named by import path (`package.module:Class`).
 
 Nothing in a grid file runs except the import paths written in `drafting_methods` and in a
-policy's `kind`: each module is imported by name, like `python -c "import package.module"`
+policy's or verify entry's `kind`: each module is imported by name, like `python -c "import package.module"`
 would, from the Python path plus the current working directory (which is also where Ray
 workers look: the job's working directory). The class must subclass the library's base
 (`DraftingMethod`, `WeightPolicy`), and is then used exactly like the built-ins.
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.data.user_datasets import UserDataset, parse_user_dataset
+from pipeline.decoding.verify_spec import VerifySpec
 from pipeline.drafting.methods import DraftingMethod
 from pipeline.drafting.policies import POLICIES, WeightPolicy
 from pipeline.names import did_you_mean
@@ -61,6 +62,14 @@ def policy_kind(kind: Any, where: str) -> str:
     cls = import_class(kind, WeightPolicy, where)
     POLICIES.setdefault(cls.kind, cls)
     return cls.kind
+
+
+def verify_kind(kind: Any, where: str) -> str:
+    """A built-in verify kind as it is; an import path imports the kind's class (registering
+    it, and the proposer its module defines) and returns its kind."""
+    if not isinstance(kind, str) or ":" not in kind:
+        return str(kind)
+    return import_class(kind, VerifySpec, where).kind
 
 
 def parse_datasets(value: Any, catalog: Catalog, base: Path | str = ".") -> tuple[tuple[str, ...], tuple[UserDataset, ...]]:

@@ -26,7 +26,7 @@ from PIL import Image
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.engine import default_engine, new_rows
-from pipeline.decoding.rows import DynamicCacheRows
+from pipeline.decoding.rows import Rows
 from pipeline.drafting.methods import method_embeddings
 from pipeline.models.base import LVLM
 from pipeline.models.devices import cpu_cores, device_name, machine_load
@@ -83,7 +83,7 @@ def expected_speedup(tau: float, gamma: int, ratio_draft_target: float, ratio_ve
     return tau / (gamma * ratio_draft_target + ratio_verify)
 
 
-def _step_seconds(model: LVLM, rows: DynamicCacheRows, n_tokens: int, repeats: int, warmup: int = 3) -> float:
+def _step_seconds(model: LVLM, rows: Rows, n_tokens: int, repeats: int, warmup: int = 3) -> float:
     """Median seconds of feeding `n_tokens` to the cached rows, rolled back after each try."""
     tokens = [model.tokenizer.eos_token_id or 0] * n_tokens
     base = rows.fed
@@ -99,7 +99,7 @@ def _step_seconds(model: LVLM, rows: DynamicCacheRows, n_tokens: int, repeats: i
     return median(samples)
 
 
-def _prefilled(model: LVLM, sample: Sample, n_rows: int, engine: str, gamma: int) -> DynamicCacheRows:
+def _prefilled(model: LVLM, sample: Sample, n_rows: int, engine: str, gamma: int) -> Rows:
     ids = model.tokenize_prompt(sample.prompt)
     embeds = method_embeddings(model, "M", ids, sample.images)
     rows = new_rows(model, [embeds] * n_rows, engine=engine, capacity=gamma + 2, role="calibration")

@@ -70,6 +70,10 @@ def _tau(src: RowSource) -> float | None:
     return None if math.isnan(tau) else tau
 
 
+def _verify_column(src: RowSource, name: str) -> Any:
+    return None if src.config.is_ar else src.config.verify.columns()[name]
+
+
 COLUMNS: tuple[Column, ...] = (
     Column("key", pa.string(), lambda src: row_key(src.config_key, src.sample.sample_id, src.sample.prompt_hash)),  # configuration + prompt
     Column("config_key", pa.string(), lambda src: src.config_key),  # hash of the configuration alone
@@ -100,6 +104,11 @@ COLUMNS: tuple[Column, ...] = (
     Column("gamma", pa.int32(), _config("gamma")),  # null for AR
     # chain | candidates | dynamic(n=..,k=..): how the target verified (null for AR and rows from before trees)
     Column("verify", pa.string(), lambda src: None if src.config.is_ar else src.config.verify.label),
+    # the same as structured columns, which reports read (pipeline.decoding.verify_spec.verify_of_row)
+    Column("verify_kind", pa.string(), lambda src: _verify_column(src, "verify_kind")),
+    Column("verify_nodes", pa.int32(), lambda src: _verify_column(src, "verify_nodes")),
+    Column("verify_top_k", pa.int32(), lambda src: _verify_column(src, "verify_top_k")),
+    Column("verify_shapes", pa.list_(pa.list_(pa.int32())), lambda src: _verify_column(src, "verify_shapes")),
     Column("temperature", pa.float64(), _config("temperature")),
     Column("seed", pa.int64(), _config("seed")),
     Column("max_new_tokens", pa.int32(), _config("max_new_tokens")),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.decoding.verify_spec import VerifySpec
+from pipeline.decoding.verify_spec import VerifySpec, verify_of_row
 
 from pipeline.results.calibration_store import draft_rows_ratio, stored_calibration, verify_ratio
 from pipeline.results.noise import noise_parts, noise_text, ratio_spreads, rows_load
@@ -137,9 +137,13 @@ def draft_size_table(speedup: pd.DataFrame, calibrations: pd.DataFrame) -> pd.Da
 
 def block_shape(rows: pd.DataFrame) -> tuple[VerifySpec, int]:
     """The verify spec and the number of drafting methods of one configuration's rows."""
-    label = rows["verify"].iloc[0] if "verify" in rows else None
-    methods = rows["method_label"].iloc[0].partition(" (")[0].rstrip("*")
-    return VerifySpec.from_label(None if pd.isna(label) else label), len(methods)
+    first = {key: (None if _missing(value) else value) for key, value in rows.iloc[0].items()}
+    methods = first.get("methods") or first["method_label"].partition(" (")[0].rstrip("*")
+    return verify_of_row(first), len(methods)
+
+
+def _missing(value) -> bool:
+    return not hasattr(value, "__len__") and pd.isna(value)
 
 
 def _measured_speedup(group: pd.DataFrame, baseline: pd.DataFrame, label: str) -> float:

@@ -50,8 +50,9 @@ class Shapes:
 
 def grid_shapes(spec: GridSpec) -> Shapes:
     configs = [config for config in spec.configs() if not config.is_ar]
-    tokens = {c.verify.tree_nodes(c.gamma, len(c.methods)) + 1 for c in configs}
-    return Shapes(spec.gamma, tuple(sorted(tokens)), tuple(sorted({c.verify.draft_rows(len(c.methods)) for c in configs})))
+    shapes = [shape for c in configs for shape in c.verify.block_shapes(c.gamma, len(c.methods))]
+    return Shapes(spec.gamma, tuple(sorted({nodes + 1 for _, nodes, _ in shapes})),
+                  tuple(sorted({rows for _, _, rows in shapes})))
 
 
 def measure(target: str, draft: str, dtype: str, shapes: Shapes, repeats: int, rounds: int,

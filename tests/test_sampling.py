@@ -81,6 +81,9 @@ def total_variation(a: dict, b: dict) -> float:
     ("M", "static", "chain"), ("MP", "static", "chain"), ("MP", "inverse", "chain"),
     # a candidate tree: three sampled chains (the mixture's and each method's) below one root
     ("MP", "static", "candidates"), ("MP", "inverse", "candidates"),
+    # trees whose children are kept by rank: the target samples at every node (SpecExec's rule)
+    ("MP", "static", {"kind": "dynamic", "nodes": 6, "top_k": 3}), ("M", "static", {"kind": "dynamic", "nodes": 4, "top_k": 2}),
+    ("MP", "inverse", {"kind": "shape", "shape": [3, 2]}), ("M", "static", {"kind": "bandit", "shapes": [[2, 2], [3, 1]]}),
 ])
 def test_sd_sampling_matches_target_distribution(word_pair, methods, policy, verify):
     target, draft = word_pair

@@ -1,6 +1,7 @@
 """State-space (Mamba, Mamba2) drafts in the engine: greedy SD gives the target's own greedy output
-for every method set, verify kind, gamma and engine, in fp32 and fp16; trace replay gives live
-decoding's accepted counts exactly (fp64); sampling keeps the target's distribution. The drafts
+for every method set, verify kind (chain, candidates, shape and bandit trees), gamma and engine,
+in fp32 and fp16; trace replay gives live decoding's accepted counts, and a bandit's shapes,
+exactly (fp64). The drafts
 follow the bigram target about 73% of the time (`pipeline.models.tiny_ssm`), so blocks accept
 none, some and all of their proposals; with the random tiny target they rarely agree."""
 from __future__ import annotations
@@ -23,7 +24,14 @@ MAX_NEW = 24
 KINDS = ("mamba", "mamba2")
 METHODS = {"M": DecodeConfig(methods="M"), "T": DecodeConfig(methods="T"), "MT": DecodeConfig(methods="MT"),
            "MT*": DecodeConfig(methods="MT", policy=GridSearchPolicy())}
-VERIFY = ("chain", "candidates")
+VERIFY = ("chain", "candidates", "shape", "bandit")
+SHAPES = {1: [3], 3: [3, 2, 1], 5: [2, 2, 2, 1, 1]}  # a shape tree's depth is its gamma
+
+
+def verify_at(kind: str, gamma: int):
+    """The verify spec of `kind` for a gamma (a shape of that depth; the bandit's default pool)."""
+    entry = {"kind": kind, "shape": SHAPES[gamma]} if kind == "shape" else kind
+    return make_verify(entry)
 
 
 def sample(colour=(200, 30, 30), question="Describe the image.") -> Sample:
@@ -41,7 +49,7 @@ def models(request, tiny_dirs):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_sd_with_a_state_space_draft_is_the_targets_own_greedy_output(models, kind):
-    """chain / candidates x M, T, MT, MT* x gamma 1/3/5 x both engines, on two targets."""
+    """chain / candidates / shape / bandit x M, T, MT, MT* x gamma 1/3/5 x both engines, on two targets."""
     dtype, loaded = models
     draft, accepted = loaded[kind], []
     targets = ("bigram_target", "target") if dtype == "fp32" else ("bigram_target",)
@@ -51,7 +59,7 @@ def test_greedy_sd_with_a_state_space_draft_is_the_targets_own_greedy_output(mod
             reference = autoregressive_decode(target, sample(), max_new_tokens=MAX_NEW, engine=engine).output_ids
             for (name, config), verify in [(item, v) for item in METHODS.items() for v in VERIFY]:
                 for gamma in (1, 3, 5):
-                    run = replace(config, gamma=gamma, max_new_tokens=MAX_NEW, verify=make_verify(verify))
+                    run = replace(config, gamma=gamma, max_new_tokens=MAX_NEW, verify=verify_at(verify, gamma))
                     record = speculative_decode(target, draft, sample(), run, FixedCaptioner(), engine=engine)
                     assert record.output_ids == reference, (dtype, kind, target_name, engine, name, verify, gamma)
                     if target_name == "bigram_target":
@@ -76,10 +84,11 @@ def test_replay_gives_live_accepted_counts_exactly_with_a_state_space_draft(tiny
         traces = collect_traces(target, draft, case, "MT", FixedCaptioner(), max_new_tokens=MAX_NEW, engine="eager")
         for (name, config), verify in [(item, v) for item in METHODS.items() for v in VERIFY]:
             for gamma in (1, 3, 5):
-                run = replace(config, gamma=gamma, max_new_tokens=MAX_NEW, verify=make_verify(verify))
+                run = replace(config, gamma=gamma, max_new_tokens=MAX_NEW, verify=verify_at(verify, gamma))
                 live = speculative_decode(target, draft, case, run, FixedCaptioner(), engine="eager")
                 replayed = replay(traces, run)
                 assert replayed.accepted_per_block == live.accepted_per_block, (kind, name, verify, gamma)
+                assert replayed.shape_per_block == live.shape_per_block, (kind, name, verify, gamma)
                 assert replayed.weights_per_block == live.weights_per_block, (kind, name, verify, gamma)
                 checked += 1
     assert checked == 2 * len(METHODS) * len(VERIFY) * 3

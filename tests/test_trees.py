@@ -126,8 +126,8 @@ def test_the_verify_axis_in_grids_keys_and_modes():
         parse_grid(raw | {"verify": [{"kind": "candidates", "depth": 3}]})
     with pytest.raises(ValueError, match="depth 4 with gamma 3"):
         DecodeConfig(gamma=3, verify=make_verify({"kind": "dynamic", "depth": 4})).validate()
-    with pytest.raises(GridError, match="greedy decoding only"):
-        parse_grid(raw | {"verify": [{"kind": "dynamic"}], "temperature": [0.0, 1.0], "mode": "auto"})
+    sampled = parse_grid(raw | {"verify": [{"kind": "dynamic"}], "temperature": [0.0, 1.0], "mode": "auto"}).configs()
+    assert {c.temperature for c in sampled if c.verify.kind == "dynamic"} == {0.0, 1.0}  # sampled: SpecExec's rule
     with pytest.raises(GridError, match="cannot score dynamic trees"):
         parse_grid(raw | {"verify": [{"kind": "dynamic"}], "mode": "replay"})
 
@@ -147,3 +147,61 @@ def test_greedy_trees_are_lossless_in_fp16(tiny_dirs):
             for config in (DecodeConfig(methods="MT", policy=GridSearchPolicy()), DecodeConfig(methods="MTCP", policy=InverseErrorPolicy())):
                 run = replace(config, gamma=3, max_new_tokens=MAX_NEW, verify=VERIFY[verify])
                 assert speculative_decode(target, draft, sample, run, FixedCaptioner()).output_ids == reference, (name, verify)
+
+
+SHAPES = {1: [3], 3: [3, 2, 1], 5: [2, 2, 2, 1, 1]}  # a shape tree's depth is its gamma
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verify", ["shape", "bandit"])
+def test_greedy_shape_and_bandit_trees_equal_the_targets_own_greedy_output(family_case, verify):
+    """Every family x {M, MT, MT*, MTCP*} x shapes of depth 1/3/5 (or the bandit's pool) x engine."""
+    family, target, draft, sample, reference = family_case
+    for name, config in configs(FAMILIES[family].pooling).items():
+        for gamma in (1, 3, 5) if verify == "shape" else (None,):
+            entry = {"kind": "shape", "shape": SHAPES[gamma]} if verify == "shape" else {"kind": "bandit", "lambda": 0.5}
+            for engine in ("static", "eager"):
+                run = replace(config, max_new_tokens=MAX_NEW, verify=make_verify(entry))
+                record = speculative_decode(target, draft, sample, run, FixedCaptioner(), engine=engine)
+                assert record.output_ids == reference, (family, verify, name, gamma, engine)
+                if verify == "bandit":
+                    assert len(record.shape_per_block) == len(record.accepted_per_block)
+                    assert set(record.shape_per_block[:3]) == {0, 1, 2}  # every shape played once first
+
+
+@pytest.mark.slow
+def test_shape_and_bandit_trees_replay_exactly(tiny_dirs):
+    """fp64 KV rows: greedy replay from the ranks of the target's tokens gives live decoding's
+    accepted counts and the bandit's choices, block by block."""
+    from pipeline.decoding.replay import collect_traces, replay
+
+    target, draft = load_model(tiny_dirs["target"]), load_model(tiny_dirs["draft"])
+    for model in (target, draft):
+        model.model.double()
+        model.dtype = torch.float64
+    sample = Sample("unit", "test", 0, "first", "USER: <image>\nDescribe the image. ASSISTANT:", (solid((30, 160, 90)),))
+    traces = collect_traces(target, draft, sample, "MTCP", FixedCaptioner(), max_new_tokens=MAX_NEW, engine="eager")
+    entries = [{"kind": "shape", "shape": shape} for shape in SHAPES.values()]
+    entries += [{"kind": "bandit"}, {"kind": "bandit", "shapes": [[2, 1], [1, 1, 1, 1], [4]], "c": 0.3, "costs": [2, 3, 1]}]
+    for name, config in configs(True).items():
+        for entry in entries:
+            run = replace(config, max_new_tokens=MAX_NEW, verify=make_verify(entry))
+            live = speculative_decode(target, draft, sample, run, FixedCaptioner(), engine="eager")
+            replayed = replay(traces, run)
+            assert (replayed.accepted_per_block, replayed.shape_per_block) == (live.accepted_per_block, live.shape_per_block)
+            assert replayed.output_ids == live.output_ids, (name, entry)
+
+
+def test_the_bandit_plays_each_shape_then_the_best_bound():
+    from pipeline.decoding.shape_trees import UCB1
+
+    bandit = UCB1(3, c=1.0)
+    for arm, reward in ((0, -1.0), (1, -0.2), (2, -0.5)):
+        assert bandit.choose() == arm
+        bandit.update(arm, reward)
+    assert bandit.choose() == 1  # equal counts: the best mean
+    bandit = UCB1(2, c=10.0)
+    for _ in range(5):
+        bandit.update(0, -0.1)
+    bandit.update(1, -0.9)
+    assert bandit.choose() == 1  # rarely played: exploration wins at a large c

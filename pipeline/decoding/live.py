@@ -23,7 +23,8 @@ from pipeline.data.sample import Sample
 from pipeline.decoding.block import BlockOutcome, recorded_weights, settle_block
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.engine import PhaseTimer, default_engine, prefilled_rows, tokenize
-from pipeline.decoding.proposers import ChainProposer, proposer_class
+from pipeline.decoding.proposer_kinds import proposer_class
+from pipeline.decoding.proposers import ChainProposer
 from pipeline.decoding.records import SampleRecord
 from pipeline.decoding.rows import Rows
 from pipeline.decoding.verification import check, keep_accepted
@@ -60,9 +61,11 @@ class SpeculativeDecoder:
         self.target_pending = self.draft_pending = torch.tensor([first_token], device=self.device)
         self.output: list[int] = []
 
-    def block(self) -> tuple[BlockOutcome, list[float]]:
-        """Draft, verify and settle one block; exactly one device-to-host transfer."""
+    def block(self) -> tuple[BlockOutcome, list[float], int | None]:
+        """Draft, verify and settle one block; exactly one device-to-host transfer. Returns the
+        outcome, the weights and the tree shape a bandit chose for it (None otherwise)."""
         config, depth, timer, learns = self.config, self.proposer.depth, self.timer, self.weights.learns
+        arm = getattr(self.proposer, "arm", None)
         with timer.phase("draft"):
             with timer.phase("tabed"):
                 weights = self.weights.choose()
@@ -89,7 +92,7 @@ class SpeculativeDecoder:
                 keep_accepted(self.target_rows, checked, a, before)
                 self.target_pending = block[a : a + 1]
                 self.draft_pending = self.proposer.keep(proposal, checked.path, a, before, block)
-        return outcome, recorded_weights(values[2 + depth:])
+        return outcome, recorded_weights(values[2 + depth:]), arm
 
     def _draw_uniforms(self) -> torch.Tensor | None:
         """Sampling's uniforms for every block the sample can take (each yields a token), in
@@ -132,9 +135,11 @@ def speculative_decode(
     decoder = SpeculativeDecoder(target_rows, proposer, target_prompt.ids[-1], config,
                                  sample_generator(config, sample.sample_id), target.eos_token_ids, timer)
     while True:
-        outcome, weights = decoder.block()
+        outcome, weights, arm = decoder.block()
         record.accepted_per_block.append(outcome.accepted)
         record.weights_per_block.append(weights)
+        if arm is not None:
+            record.shape_per_block.append(arm)
         if outcome.stop:
             break
     return _finish(record, decoder.output, target, timer, steps)

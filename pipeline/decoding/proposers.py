@@ -7,7 +7,8 @@ method's distributions along the accepted path, for the TABED weights) and `keep
 return the tokens the rows have not seen yet). It also owns its kind's two rules that depend
 on what it proposes: `accept_sampled` (lossless acceptance of a sampled block) and
 `replay_accepted` (greedy acceptance along the target's output, for trace replay). Each is
-registered under the verify kind it drafts (`pipeline.decoding.verify_spec`): `PROPOSERS`.
+registered under the verify kind it drafts (`pipeline.decoding.verify_spec`): `PROPOSERS`
+(`pipeline.decoding.proposer_kinds` finds the one for a spec).
 Every proposer mixes the methods with the block's weights w* exactly as the chain does; they
 differ in what they propose:
 - `ChainProposer`: gamma tokens, each the mixture's choice, fed to every method's row.
@@ -15,7 +16,7 @@ differ in what they propose:
   of method rows (B branches x m rows in one batch), so every method's distribution is known
   at every node and the TABED history is exactly a chain's.
 - `DynamicTreeProposer`: gamma levels of `top_k` nodes by path probability under the mixture,
-  fed level by level with a tree mask, then the `nodes` most probable nodes (greedy only).
+  fed level by level with a tree mask, then the `nodes` most probable nodes.
 """
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ import torch
 
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.rows import Rows
-from pipeline.decoding.trees import Tree, candidate_tree, verify_branches_sampling
+from pipeline.decoding.trees import Tree, candidate_tree, verify_branches_sampling, verify_tree_sampled
 from pipeline.decoding.verify import probabilities, sample_token, verify_sampling
-from pipeline.decoding.verify_spec import VerifySpec, candidate_branches
+from pipeline.decoding.verify_spec import candidate_branches
 from pipeline.drafting.scoring import mix
 
 PROPOSERS: dict[str, type["ChainProposer"]] = {}  # verify kind -> the proposer that drafts it
@@ -46,12 +47,21 @@ class Proposal:
     state: dict[str, Any] = field(default_factory=dict)
 
 
-def proposer_class(verify: VerifySpec) -> type[ChainProposer]:
-    """The proposer registered for a verify kind."""
-    if verify.kind not in PROPOSERS:
-        raise ValueError(f"no proposer drafts verify kind {verify.kind!r}: define one beside it, "
-                         f"class MyProposer(ChainProposer, kind={verify.kind!r})")
-    return PROPOSERS[verify.kind]
+class StaticRule:
+    """Greedy trace replay of a proposer whose block shape never changes: `accepted(q, y, t,
+    depth, mixing)` is its `replay_accepted`; `observe` learns nothing; `arm` is None (a
+    bandit's rule says which shape each block used)."""
+
+    arm = None
+
+    def __init__(self, depth: int, accepted) -> None:
+        self.depth, self._accepted = depth, accepted
+
+    def accepted(self, q: torch.Tensor, y: list[int], t: int, depth: int, mixing: torch.Tensor) -> int:
+        return self._accepted(q, y, t, depth, mixing)
+
+    def observe(self, accepted: int) -> None:
+        """What the block accepted (a bandit learns from it)."""
 
 
 class ChainProposer:
@@ -106,6 +116,11 @@ class ChainProposer:
         chain) of a sampled block, keeping the target's distribution: speculative sampling."""
         accepted, token = verify_sampling(proposal.tokens, target_probs, proposal.draws, uniforms)
         return accepted, token, None
+
+    @classmethod
+    def replay_rule(cls, config: DecodeConfig) -> StaticRule:
+        """Greedy trace replay of this kind for one sample (`pipeline.decoding.replay`)."""
+        return StaticRule(config.gamma, cls.replay_accepted)
 
     @staticmethod
     def replay_accepted(q: torch.Tensor, y: list[int], t: int, gamma: int, mixing: torch.Tensor) -> int:
@@ -205,13 +220,15 @@ class DynamicTreeProposer(ChainProposer, kind="dynamic"):
     above with the highest path probability (the product of mixture probabilities along the
     path), so an unsure node keeps several children and a sure one a single child; the levels
     but the last are fed to the draft rows as a tree, one forward per level. The tree is the
-    `nodes` most probable of them, ancestors before descendants. Greedy only."""
+    `nodes` most probable of them, ancestors before descendants. Children are kept by rank, so
+    a sampled block is verified by SpecExec's rule (`accept_sampled`)."""
 
     def __init__(self, rows: Rows, config: DecodeConfig) -> None:
         super().__init__(rows, config)
         spec = config.verify.for_gamma(config.gamma)  # a DynamicTree
         self.width, self.nodes = spec.top_k, spec.nodes
-        self.draws_per_block = self.checks_per_block = 0  # greedy only
+        # children by rank, never drawn; sampling draws the target's token at every fed position
+        self.draws_per_block, self.checks_per_block = 0, self.nodes + 1
         width, levels = self.width, self.depth
         device = rows.model.device
         # generated node g = (level - 1) * width + k: its depth, and its place in the draft's tree
@@ -270,6 +287,12 @@ class DynamicTreeProposer(ChainProposer, kind="dynamic"):
         rows = [levels_q[0][:, 0]] + [levels_q[d].index_select(1, generated[d - 1:d] - (d - 1) * self.width)[:, 0]
                                       for d in range(1, positions)]
         return torch.stack(rows)
+
+    def accept_sampled(self, proposal: Proposal, target_probs: torch.Tensor,
+                       uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """SpecExec's rule (`trees.verify_tree_sampled`): lossless whatever ranked the children."""
+        outcome = verify_tree_sampled(proposal.tree, target_probs, uniforms)
+        return outcome.accepted, outcome.next_token, outcome.path
 
     def keep(self, proposal: Proposal, path: torch.Tensor, accepted: int, before: int, block: torch.Tensor) -> torch.Tensor:
         kept = min(accepted, self.depth - 1)

@@ -30,6 +30,7 @@ class SampleRecord:
     output_text: str = ""
     accepted_per_block: list[int] = field(default_factory=list)
     weights_per_block: list[list[float]] = field(default_factory=list)
+    shape_per_block: list[int] = field(default_factory=list)  # a bandit tree's: the shape (index) each block used
     time_prefill_s: float = 0.0
     time_draft_s: float = 0.0
     time_verify_s: float = 0.0

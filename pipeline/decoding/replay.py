@@ -29,7 +29,7 @@ from pipeline.decoding.block import recorded_weights, settle_block
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.engine import default_engine, prefilled_rows, tokenize
 from pipeline.decoding.live import autoregressive_decode
-from pipeline.decoding.proposers import proposer_class
+from pipeline.decoding.proposer_kinds import proposer_class
 from pipeline.decoding.verify import probabilities
 from pipeline.decoding.records import SampleRecord
 from pipeline.drafting.captioner import Captioner
@@ -99,7 +99,8 @@ def _teacher_forced_logits(
     the same prefill the live engine runs (same rows, padding and prompt cache). This forward's
     shape is new for every sample, so it never compiles."""
     prompt = tokenize(model, sample)
-    rows = prefilled_rows(model, prompt, methods, captioner, engine=engine, capacity=len(y), role="trace", compiled=False)
+    rows = prefilled_rows(model, prompt, methods, captioner, engine=engine, capacity=len(y), role="trace", compiled=False,
+                          span=1)  # never rolled back
     sequence = [prompt.ids[-1]] + y[:-1]
     return rows.feed(sequence, keep=len(sequence))
 
@@ -217,29 +218,32 @@ def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
     from live runs.
     """
     _check_replayable(traces, config)
-    methods, gamma, policy = config.methods, config.gamma, config.policy
+    methods, policy = config.methods, config.policy
     y = traces.output_ids[: config.max_new_tokens]
     n = len(y)
     rows = [traces.methods.index(m) for m in methods]
     q = traces.draft_probs[:n, rows].contiguous()  # [n, m, V] in the config's method order
     p = traces.target_probs
     state = policy.start(len(methods))
-    accepted_in = proposer_class(config.verify).replay_accepted
+    rule = proposer_class(config.verify).replay_rule(config)  # a bandit's: which shape each block uses
     record = SampleRecord(sample_id=traces.sample_id, mode="replay", engine=traces.engine)
     t = 0  # tokens decoded so far = position of the block's first proposal
     while t < n:
-        weights = state.choose()
-        accepted = accepted_in(q, y, t, gamma, mixing_weights(weights))
+        weights, depth, arm = state.choose(), rule.depth, rule.arm
+        accepted = rule.accepted(q, y, t, depth, mixing_weights(weights))
         next_token = y[t + accepted] if t + accepted < n else None
-        outcome = settle_block(y[t : t + accepted], next_token, gamma=gamma, produced=t,
+        outcome = settle_block(y[t : t + accepted], next_token, gamma=depth, produced=t,
                                max_new_tokens=config.max_new_tokens, eos=traces.eos_token_ids)
         record.accepted_per_block.append(outcome.accepted)
         record.weights_per_block.append(recorded_weights(weights))
+        if arm is not None:
+            record.shape_per_block.append(arm)
         if outcome.history and state.learns:
             state.update(q[t : t + outcome.history], p[t : t + outcome.history])
         t += len(outcome.tokens)
         if outcome.stop:
             break
+        rule.observe(accepted)  # as live decoding's proposer does when it keeps the block
     record.output_ids = list(y)
     record.output_text = traces.tokenizer.decode(record.output_ids, skip_special_tokens=True)
     return record

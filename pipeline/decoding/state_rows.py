@@ -89,9 +89,29 @@ class StateRows:
                 grouped = state.view(groups, self.rows // groups, *state.shape[1:])
                 grouped.copy_(grouped.index_select(0, source.view(1)).expand_as(grouped))
 
+    def snapshot(self) -> list[torch.Tensor]:
+        """A copy of the live state (every row)."""
+        return [state.clone() for state in self._state]
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Make the live state rows `index` of the current one (any count; rows repeat): a
+        level of a shape tree drafted as a batch, one group of method rows per node. Saved
+        states are dropped: `restore` ends such a stretch."""
+        self.restore([state.index_select(0, index) for state in self._state], self.fed)
+
+    def restore(self, states: list[torch.Tensor], fed: int) -> None:
+        """Make `states` (a `snapshot`, or rows of one) the live state after `fed` continuation
+        tokens, and the only one saved."""
+        self.model.replace_states(self.cache, states)
+        self._state = self.model.state_tensors(self.cache)
+        self.rows, self.fed = self._state[0].shape[0], fed
+        self._ring = [[torch.empty_like(t) for t in self._state] for _ in range(self.depth)]
+        self._ring_fed = [-1] * self.depth
+        self._save()
+
     def begin_tree(self) -> None:
         raise NotImplementedError(f"{self.model.name}: a state-space draft cannot read a token tree in one forward "
-                                  "(it takes no tree mask); use chain, candidates or a shape tree")
+                                  "(it takes no tree mask); use chain, candidates, shape or bandit trees")
 
     def feed_tree(self, token_ids: torch.Tensor, offsets: torch.Tensor, sees: torch.Tensor, keep: int) -> torch.Tensor:
         self.begin_tree()

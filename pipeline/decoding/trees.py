@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.decoding.verify import sample_token, verify_sampling
+from pipeline.decoding.verify import sample_token, sample_tokens, verify_sampling
 
 
 @dataclass
@@ -73,12 +73,27 @@ class TreeOutcome:
 
 
 def verify_tree_greedy(tree: Tree, target_logits: torch.Tensor) -> TreeOutcome:
-    """Follow the target's argmax down the tree: a node is accepted when its token is the
-    target's choice after its parent and its parent is accepted (the root always is). At most
-    one child per node can match (siblings differ), so the accepted nodes form one path; the
-    next token is the target's choice at its deepest node, so the output is the target's
+    """Follow the target's argmax down the tree (`follow_tree`): the output is the target's
     greedy output whatever the tree holds. `target_logits` `[N + 1, V]` at the fed positions."""
-    target_ids = target_logits.argmax(-1)
+    return follow_tree(tree, target_logits.argmax(-1))
+
+
+def verify_tree_sampled(tree: Tree, target_probs: torch.Tensor, uniforms: torch.Tensor) -> TreeOutcome:
+    """SpecExec's rule (as Spec-LLaVA verifies its trees): the target samples one token at every
+    fed position (`uniforms` `[N + 1]`, one per position), and the walk follows the child whose
+    token is the one sampled at its parent. The target's distribution at a node is its exact
+    distribution given the path to it, so every emitted token is a draw from the target given
+    the tokens before it, however the tree was built: lossless for any tree whose siblings
+    differ. `target_probs` `[N + 1, V]`."""
+    return follow_tree(tree, sample_tokens(target_probs, uniforms))
+
+
+def follow_tree(tree: Tree, chosen: torch.Tensor) -> TreeOutcome:
+    """Walk down from the root: a node is accepted when its token is `chosen` at its parent's fed
+    position (`chosen` `[N + 1]`) and its parent is accepted (the root always is). At most one
+    child per node can match (siblings differ), so the accepted nodes form one path; the next
+    token is `chosen` at its deepest node."""
+    target_ids = chosen
     matches = tree.valid & (tree.tokens == target_ids[tree.parents])
     accepted = matches
     for _ in range(tree.depth - 1):

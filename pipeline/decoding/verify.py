@@ -66,3 +66,11 @@ def sample_token(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     cdf = probs.double().cumsum(-1)
     threshold = (uniform.to(cdf.device, cdf.dtype) * cdf[-1]).view(1)
     return torch.searchsorted(cdf, threshold, right=True)[0].clamp_max(probs.shape[-1] - 1)
+
+
+def sample_tokens(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One draw from each row of `probs` `[N, V]` by inverse CDF of `uniforms` `[N]`, as
+    `sample_token` draws them one at a time (`[N]`)."""
+    cdf = probs.double().cumsum(-1)
+    thresholds = uniforms.to(cdf.device, cdf.dtype)[:, None] * cdf[:, -1:]
+    return torch.searchsorted(cdf, thresholds, right=True)[:, 0].clamp_max(probs.shape[-1] - 1)

@@ -11,84 +11,27 @@ registered under the same kind (`pipeline.decoding.proposers`).
 - `dynamic`: a tree shaped by the mixed draft distribution's confidence, like Spec-LLaVA's:
   `depth` levels (by default the grid's `gamma`: a tree's depth is the draft steps per block,
   so a grid records it as the row's gamma), each keeping the `top_k` children with the
-  highest path probability, then the `nodes` most probable nodes of all levels. Greedy only:
-  its shape depends on draft distributions off the target's path, so it runs live.
+  highest path probability, then the `nodes` most probable nodes of all levels. Its shape
+  depends on draft distributions off the target's path, so it runs live; sampled, it is
+  verified by SpecExec's rule (the target samples at every node, the walk follows the match).
+- `shape` and `bandit` (`pipeline.decoding.tree_shapes`): a static-shape tree `(N1, ..., Nd)`,
+  or one such shape per block picked by a UCB1 bandit (the Mamba drafters paper's trees).
 
 A kind of your own is a subclass and its proposer, named by import path in a grid
 (`{kind: "pkg.mod:Class"}`), like a policy (docs/extending.md).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
+from pipeline.decoding.tree_shapes import BanditTree, ShapeTree
+from pipeline.decoding.verify_base import VERIFY_KINDS, VerifySpec
 from pipeline.names import did_you_mean
 
-VERIFY_KINDS: dict[str, type["VerifySpec"]] = {}  # kind -> class, filled as kinds are defined
+__all__ = ["VERIFY_KINDS", "VerifySpec", "Chain", "CandidateTree", "DynamicTree", "ShapeTree", "BanditTree",
+           "candidate_branches", "verify_class", "make_verify", "verify_of_row"]
 DYNAMIC_NODES, DYNAMIC_TOP_K = 16, 4
-
-
-@dataclass(frozen=True)
-class VerifySpec:
-    """Base of every verify kind: a chain of `gamma` proposals. A subclass registers under
-    `kind=` (else under its import path `module:Class`, when a grid names it) and overrides
-    what differs: its knobs (dataclass fields) and its shape arithmetic."""
-
-    kind: ClassVar[str] = ""
-    replayable: ClassVar[bool] = True  # greedy trace replay scores it exactly (its path depends on y only)
-    samples: ClassVar[bool] = True  # temperature > 0 keeps the target's distribution
-    # the draft reads the tree with a tree mask: a state-space draft (one state per row) cannot
-    feeds_draft_a_tree: ClassVar[bool] = False
-
-    def __init_subclass__(cls, kind: str = "", **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.kind = kind or f"{cls.__module__}:{cls.__qualname__}"
-        known = VERIFY_KINDS.get(cls.kind)
-        if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise ValueError(f"verify kind {cls.kind!r} is defined twice ({known.__qualname__}, {cls.__qualname__})")
-        VERIFY_KINDS[cls.kind] = cls
-
-    @property
-    def is_chain(self) -> bool:
-        return self.kind == "chain"
-
-    @property
-    def label(self) -> str:
-        """Its name in tables: `chain`, `candidates`, `dynamic(n=16,k=4)`."""
-        return self.kind
-
-    def validate(self) -> None:
-        """ValueError naming a bad knob."""
-
-    def settled(self, methods: int, gamma: int) -> tuple[VerifySpec, int]:
-        """The spec and gamma a configuration of `methods` drafting methods runs (normalised:
-        equivalent grid points collapse into one)."""
-        return self, gamma
-
-    def tree_nodes(self, gamma: int, methods: int) -> int:
-        """Nodes a block feeds the target besides its pending token (a chain: gamma)."""
-        return gamma
-
-    def draft_rows(self, methods: int) -> int:
-        """Tokens in one draft step: a row per method (calibration times that many one-token rows)."""
-        return methods
-
-    def copies_per_method(self, methods: int) -> int:
-        """How many rows of each drafting method the draft prefills (a candidate tree's branches)."""
-        return 1
-
-    def draft_capacity(self, gamma: int) -> int:
-        """Continuation tokens one block feeds the draft's rows."""
-        return gamma
-
-    def key_fields(self) -> dict | None:
-        """What a configuration key hashes for this kind (None: nothing, as for chains, whose
-        keys are those from before trees existed)."""
-        return {"kind": self.kind, **asdict(self)}
-
-    def columns(self) -> dict[str, Any]:
-        """The row's structured verify columns (tables never parse the label back)."""
-        return {"verify_kind": self.kind, "verify_nodes": None, "verify_top_k": None, "verify_shapes": None}
 
 
 @dataclass(frozen=True)
@@ -126,7 +69,6 @@ class DynamicTree(VerifySpec, kind="dynamic"):
     children with the highest path probability, then the `nodes` most probable nodes."""
 
     replayable: ClassVar[bool] = False
-    samples: ClassVar[bool] = False
     feeds_draft_a_tree: ClassVar[bool] = True
     nodes: int = DYNAMIC_NODES
     top_k: int = DYNAMIC_TOP_K
@@ -192,6 +134,8 @@ def make_verify(entry: Any) -> VerifySpec:
         raise ValueError(f"expected a kind ({', '.join(VERIFY_KINDS)}) or a mapping with 'kind', got {entry!r}")
     knobs = dict(entry)
     cls = verify_class(str(knobs.pop("kind")))
+    knobs = {getattr(cls, "ALIASES", {}).get(name, name): value for name, value in knobs.items()}
+    knobs = {name: _tupled(value) for name, value in knobs.items()}  # YAML lists, hashable
     known = [f.name for f in fields(cls)]
     unknown = sorted(set(knobs) - set(known))
     if unknown:
@@ -207,7 +151,9 @@ def verify_of_row(row: dict) -> VerifySpec:
     before them, its label (`chain`, `candidates`, `dynamic(n=16,k=4)`; null: a chain)."""
     kind = row.get("verify_kind")
     if isinstance(kind, str) and kind:
-        knobs = {"nodes": row.get("verify_nodes"), "top_k": row.get("verify_top_k"), "shapes": row.get("verify_shapes")}
+        shapes = _plain(row.get("verify_shapes"))
+        knobs = {"nodes": row.get("verify_nodes"), "top_k": row.get("verify_top_k"), "shapes": shapes,
+                 "shape": shapes[0] if shapes else None}
         cls = verify_class(kind)
         known = {f.name for f in fields(cls)}
         return cls(**{k: _plain(v) for k, v in knobs.items() if k in known and v is not None})
@@ -218,6 +164,10 @@ def verify_of_row(row: dict) -> VerifySpec:
         return CandidateTree()
     nodes, top_k = (int(part.split("=")[1]) for part in label.removeprefix("dynamic(").rstrip(")").split(","))
     return DynamicTree(nodes, top_k)
+
+
+def _tupled(value: Any) -> Any:
+    return tuple(_tupled(v) for v in value) if isinstance(value, list) else value
 
 
 def _plain(value: Any) -> Any:

@@ -68,6 +68,16 @@ class RecurrentMixin:
             found += [t for t in (*layer.conv_states.values(), *layer.recurrent_states.values()) if t is not None]
         return found
 
+    @staticmethod
+    def replace_states(cache: Cache, states: list[torch.Tensor]) -> None:
+        """Put `states` (as `state_tensors` lists them, any row count) in the cache's place."""
+        found = iter(states)
+        for layer in cache.layers:
+            for held in (layer.conv_states, layer.recurrent_states):
+                for index, tensor in held.items():
+                    if tensor is not None:
+                        held[index] = next(found)
+
     @torch.inference_mode()
     def logits(self, *, cache: Cache, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None = None,
                input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None, keep: int = 1,

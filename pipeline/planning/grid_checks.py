@@ -61,8 +61,8 @@ def _combinations(spec: GridSpec) -> Iterator[str]:
         for i, verify in enumerate(spec.verify):
             if verify.feeds_draft_a_tree and is_recurrent_model(pair.draft):
                 yield (f"verify[{i}] {verify.label} with pairs[{j}].draft {pair.draft!r}: a {verify.kind} tree is fed to "
-                       "the draft with a tree mask, which a state-space draft cannot read; use chain, candidates or "
-                       "a shape tree")
+                       "the draft with a tree mask, which a state-space draft cannot read; use chain, candidates, "
+                       "shape or bandit trees")
     for kind in sorted({v.kind for v in spec.verify if not v.replayable} if spec.mode == "replay" else ()):
         yield (f"mode 'replay' cannot score {kind} trees (their shape needs the draft off the target's "
                "path); use 'auto' to run them live")

@@ -131,6 +131,8 @@ COLUMNS: tuple[Column, ...] = (
     # live greedy rows: the accepted counts trace replay gives the same sample (pipeline.results.fidelity)
     Column("replay_accepted_per_block", pa.list_(pa.int32()), _outcome("replay_accepted_per_block")),
     Column("weights_per_block", pa.list_(pa.list_(pa.float64())), _outcome("weights_per_block")),
+    # a bandit tree's rows: which of `verify_shapes` each block used (empty otherwise)
+    Column("shape_per_block", pa.list_(pa.int32()), _outcome("shape_per_block")),
     Column("blocks", pa.int32(), _outcome("blocks")),
     Column("tau", pa.float64(), _tau),  # per sample; aggregates pool blocks (pipeline.results.report)
     Column("new_tokens", pa.int32(), _outcome("new_tokens")),

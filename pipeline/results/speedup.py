@@ -70,11 +70,16 @@ def speedup_table(df: pd.DataFrame, calibrations: pd.DataFrame) -> pd.DataFrame:
         flags: dict[str, list] = {}
         if label != "AR" and gamma != UNTIMED and calib is not None:
             verify, methods = block_shape(group)
-            draft_rows, verify_tokens = verify.draft_rows(methods), verify.tree_nodes(gamma, methods) + 1
-            row["eq1"] = row["tau"] / (gamma * calib["ratio_draft_target"] + 1)
-            row["corrected"] = row["tau"] / (gamma * draft_rows_ratio(calib, draft_rows) + verify_ratio(calib, verify_tokens))
-            flags = {column: [s for s in spreads if s.noisy]
-                     for column, spreads in ratio_spreads(calib, draft_rows, verify_tokens).items()}
+            used = shapes_used(group, verify.block_shapes(gamma, methods))  # (steps, nodes, rows), blocks
+            blocks = sum(n for _, n in used)
+            steps = sum(shape[0] * n for shape, n in used) / blocks
+            row["eq1"] = row["tau"] / (steps * calib["ratio_draft_target"] + 1)
+            row["corrected"] = row["tau"] / (sum(n * (shape[0] * draft_rows_ratio(calib, shape[2])
+                                                      + verify_ratio(calib, shape[1] + 1)) for shape, n in used) / blocks)
+            flags = {}
+            for (_, nodes, draft_rows), _ in used:
+                for column, spreads in ratio_spreads(calib, draft_rows, nodes + 1).items():
+                    flags[column] = list(dict.fromkeys(flags.get(column, []) + [s for s in spreads if s.noisy]))
         same_pair = lambda rows: rows[(rows["target"] == config["target"]) & (rows["draft"] == config["draft"])
                                       & (rows["dtype"] == config["dtype"]) & (rows["engine"] == config["engine"])]
         baseline = same_pair(ok[ok["mode"] == "ar"])
@@ -140,6 +145,18 @@ def block_shape(rows: pd.DataFrame) -> tuple[VerifySpec, int]:
     first = {key: (None if _missing(value) else value) for key, value in rows.iloc[0].items()}
     methods = first.get("methods") or first["method_label"].partition(" (")[0].rstrip("*")
     return verify_of_row(first), len(methods)
+
+
+def shapes_used(rows: pd.DataFrame, shapes: list[tuple[int, int, int]]) -> list[tuple[tuple[int, int, int], int]]:
+    """Each block shape with how many blocks used it: a bandit's rows say per block
+    (`shape_per_block`); any other kind has one shape, every block."""
+    if len(shapes) == 1 or "shape_per_block" not in rows:
+        return [(shapes[0], max(1, int(rows["blocks"].sum())))]
+    counts = [0] * len(shapes)
+    for arms in rows["shape_per_block"]:
+        for arm in [] if arms is None else arms:
+            counts[int(arm)] += 1
+    return [(shape, n) for shape, n in zip(shapes, counts) if n] or [(shapes[0], 1)]
 
 
 def _missing(value) -> bool:

@@ -1,0 +1,18 @@
+"""Every built-in proposer, registered by the verify kind it drafts, and the lookup the decoding
+loop and replay use. A kind of your own registers its proposer when its module is imported (the
+grid file names it by import path)."""
+from __future__ import annotations
+
+from pipeline.decoding.proposers import PROPOSERS, ChainProposer
+from pipeline.decoding.shape_trees import BanditTreeProposer, ShapeTreeProposer
+from pipeline.decoding.verify_spec import VerifySpec
+
+BUILT_IN = (ShapeTreeProposer, BanditTreeProposer)  # with chains, candidate and dynamic trees (proposers.py)
+
+
+def proposer_class(verify: VerifySpec) -> type[ChainProposer]:
+    """The proposer registered for a verify kind."""
+    if verify.kind not in PROPOSERS:
+        raise ValueError(f"no proposer drafts verify kind {verify.kind!r}: define one beside it, "
+                         f"class MyProposer(ChainProposer, kind={verify.kind!r})")
+    return PROPOSERS[verify.kind]

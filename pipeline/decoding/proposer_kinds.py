@@ -3,11 +3,12 @@ loop and replay use. A kind of your own registers its proposer when its module i
 grid file names it by import path)."""
 from __future__ import annotations
 
-from pipeline.decoding.proposers import PROPOSERS, ChainProposer
+from pipeline.decoding.dynamic_tree import DynamicTreeProposer
+from pipeline.decoding.proposers import PROPOSERS, CandidateProposer, ChainProposer
 from pipeline.decoding.shape_trees import BanditTreeProposer, ShapeTreeProposer
 from pipeline.decoding.verify_spec import VerifySpec
 
-BUILT_IN = (ShapeTreeProposer, BanditTreeProposer)  # with chains, candidate and dynamic trees (proposers.py)
+BUILT_IN = (ChainProposer, CandidateProposer, DynamicTreeProposer, ShapeTreeProposer, BanditTreeProposer)
 
 
 def proposer_class(verify: VerifySpec) -> type[ChainProposer]:

@@ -66,6 +66,18 @@ class Rows(Protocol):
         """Move an accepted path's continuation up to follow slot `first`."""
 
 
+def left_padded(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt embeddings `[L_i, hidden]` as one left-padded batch `[B, width, hidden]`, and
+    `[B, width]` bool, False where a row is padding."""
+    width = max(p.shape[0] for p in prompts)
+    embeds = prompts[0].new_zeros(len(prompts), width, prompts[0].shape[-1])
+    padding = torch.zeros(len(prompts), width, dtype=torch.bool)
+    for row, prompt in enumerate(prompts):
+        embeds[row, width - prompt.shape[0]:] = prompt
+        padding[row, width - prompt.shape[0]:] = True
+    return embeds, padding
+
+
 class DynamicCacheRows:
     """A batch of prompt rows plus the continuation fed so far (DynamicCache).
 
@@ -78,15 +90,10 @@ class DynamicCacheRows:
         self.model = model
         self.step_log = StepLog() if step_log is None else step_log
         self.rows = len(prompts)
-        lengths = [p.shape[0] for p in prompts]
-        self.width = max(lengths)
-        self._prompt_embeds = prompts[0].new_zeros(self.rows, self.width, prompts[0].shape[-1])
-        padding = torch.zeros(self.rows, self.width, dtype=torch.bool)
-        for row, prompt in enumerate(prompts):
-            self._prompt_embeds[row, self.width - prompt.shape[0]:] = prompt
-            padding[row, self.width - prompt.shape[0]:] = True
+        self._prompt_embeds, padding = left_padded(prompts)
+        self.width = padding.shape[1]
         self._padding = padding.to(model.device)  # [B, width]: False where a row is padded
-        self._next_position = torch.tensor(lengths, device=model.device)  # per row: position of the next token
+        self._next_position = torch.tensor([p.shape[0] for p in prompts], device=model.device)  # per row: the next position
         self.cache = model.new_cache()
         self.fed = 0
         self.tree_start = 0  # the continuation slot where the tree being fed began (`begin_tree`)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.decoding.rows import left_padded
 from pipeline.models.base import LVLM, StepLog
 
 
@@ -25,14 +26,9 @@ class StateRows:
         self.model = model
         self.step_log = StepLog() if step_log is None else step_log
         self.rows = len(prompts)
-        lengths = [p.shape[0] for p in prompts]
-        self.width = max(lengths)
-        self._prompt_embeds = prompts[0].new_zeros(self.rows, self.width, prompts[0].shape[-1])
-        padding = torch.zeros(self.rows, self.width, dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            self._prompt_embeds[row, self.width - prompt.shape[0]:] = prompt
-            padding[row, self.width - prompt.shape[0]:] = 1
-        self._padding = None if min(lengths) == self.width else padding.to(model.device)
+        self._prompt_embeds, padding = left_padded(prompts)
+        self.width = padding.shape[1]
+        self._padding = None if bool(padding.all()) else padding.long().to(model.device)  # the 2-D 0/1 mask
         self.cache = model.new_cache()
         self.depth = span + 2
         self.fed = 0

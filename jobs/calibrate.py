@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.results.calibration import Calibration, calibrate  # noqa: E402
 from pipeline.results.calibration_store import (  # noqa: E402
-    measured_draft_rows, measured_verify_tokens, read_calibrations, stored_calibration, write_calibration,
+    listed, measured_draft_rows, measured_verify_tokens, read_calibrations, stored_calibration, write_calibration,
 )
 from pipeline.decoding.config import DecodeConfig  # noqa: E402
 from pipeline.models.loading import default_device, load_pair  # noqa: E402
@@ -30,6 +30,7 @@ from pipeline.planning.grid_file import load_grid  # noqa: E402
 
 
 ROUNDS, REPEATS = 5, 10  # 5 alternating rounds of 10 timed steps per measurement
+CONTEXTS = (64, 256, 1024, 2048)  # prompt lengths: how a draft's step cost grows with the context
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,14 @@ class Shapes:
     gammas: tuple[int, ...]
     verify_tokens: tuple[int, ...] = ()
     draft_rows: tuple[int, ...] = ()
+    contexts: tuple[int, ...] = CONTEXTS  # prompt lengths at which one draft and target step are timed
 
     def covered_by(self, calibration) -> bool:
         """Whether a stored calibration timed all of these."""
         tokens = {g + 1 for g in self.gammas} | set(self.verify_tokens)
-        return tokens <= measured_verify_tokens(calibration) and set(self.draft_rows) <= measured_draft_rows(calibration)
+        timed_contexts = set(listed(calibration.get("context_tokens")))
+        return (tokens <= measured_verify_tokens(calibration) and set(self.draft_rows) <= measured_draft_rows(calibration)
+                and (bool(timed_contexts) or not self.contexts))
 
 
 def grid_shapes(spec: GridSpec) -> Shapes:
@@ -74,7 +78,7 @@ def measure(target: str, draft: str, dtype: str, shapes: Shapes, repeats: int, r
         print(f"calibration {target} / {draft} ({dtype}): round {done}/{total} measured, Tq/Tp {ratio:.3f}", flush=True)
 
     result = calibrate(*pair, gammas=shapes.gammas, verify_tokens=shapes.verify_tokens, draft_rows=shapes.draft_rows,
-                       repeats=repeats, rounds=rounds, progress=progress)
+                       repeats=repeats, rounds=rounds, progress=progress, contexts=shapes.contexts)
     result.target, result.draft, result.dtype = target, draft, dtype  # the grid's names, as in the results rows
     return result
 
@@ -174,6 +178,8 @@ def main(argv: list[str] | None = None) -> None:
                              f"else {DecodeConfig.gamma})")
     parser.add_argument("--repeats", type=int, default=REPEATS, help="timed steps per measurement (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds, target and draft alternating (default: %(default)s)")
+    parser.add_argument("--contexts", type=int, nargs="*", default=list(CONTEXTS),
+                        help="prompt lengths to time one draft and target step at (default: %(default)s; none: skip)")
     parser.add_argument("--ray", action="store_true", help="measure each pair in a Ray task with one GPU")
     args = parser.parse_args(argv)
     shapes = Shapes(tuple(args.gamma or (DecodeConfig.gamma,)))
@@ -185,6 +191,7 @@ def main(argv: list[str] | None = None) -> None:
         pairs = [(args.target, args.draft, args.dtype)]
     else:
         parser.error("give --grid, or --target and --draft")
+    shapes = replace(shapes, contexts=tuple(args.contexts))
     if args.ray:
         import ray
 

@@ -2,7 +2,7 @@
 
     ray job submit --working-dir . -- python jobs/full_grid.py --grid configs/smoke.yaml --out results
     python jobs/full_grid.py --grid configs/paper_full.yaml --dry-run
-    python jobs/full_grid.py --list datasets|methods|policies|families [--grid FILE for its own]
+    python jobs/full_grid.py --list datasets|methods|policies|verify|families [--grid FILE for its own]
 
 Connects to the cluster named by RAY_ADDRESS (set by `ray job submit`), else starts a local
 Ray. Rerunning with the same --out skips every row already written.
@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.planning.grid import GridError, GridSpec  # noqa: E402  (light: no Ray, no transformers)
 from pipeline.planning.grid_file import load_grid  # noqa: E402
+from pipeline.planning.listing import KINDS  # noqa: E402
 from pipeline.planning.samples import RegistrySource, SampleSource  # noqa: E402
 
 EXIT_INVALID, EXIT_FAILED, EXIT_LOCKED, EXIT_INTERRUPTED = 2, 1, 3, 130
@@ -31,7 +32,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="results", help="results dataset directory (default: %(default)s)")
     parser.add_argument("--run", help="run name, the run=<name> partition (default: the grid's name)")
     parser.add_argument("--dry-run", action="store_true", help="validate the grid and print work-unit counts only")
-    parser.add_argument("--list", choices=("datasets", "methods", "policies", "families"),
+    parser.add_argument("--list", choices=KINDS,
                         help="print what a grid may name, built-in and the grid's own, one line each")
     parser.add_argument("--workers", type=int, help="number of actors (default: one per GPU, else one per CPU)")
     parser.add_argument("--gpus-per-worker", type=float, help="GPUs per actor (default: 1 if the cluster has GPUs, else 0)")

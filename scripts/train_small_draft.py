@@ -1,6 +1,8 @@
-"""Train the embedded pair's small draft (seeded, CPU, ~45 minutes on 2 cores).
+"""Train the embedded pair's small draft (seeded, CPU, ~45 minutes on 2 cores), or its
+state-space sibling.
 
     python scripts/train_small_draft.py [--out pipeline/assets/embedded/small_draft]
+    python scripts/train_small_draft.py --arch mamba2 [--teacher-cache FILE]   # embedded:ssm_draft
 
 Distillation from the embedded target, as the paper's small drafts learn from their target's
 outputs (shape: pipeline/models/embedded_parts/small_draft.py):
@@ -47,15 +49,19 @@ from pipeline.data.turns import QUESTION_SETS, load_questions  # noqa: E402
 from pipeline.decoding.config import DecodeConfig  # noqa: E402
 from pipeline.decoding.replay import collect_traces, replay  # noqa: E402
 from pipeline.drafting.methods import method_embeddings, splice  # noqa: E402
-from pipeline.models.embedded import SMALL_DRAFT_DIR, EmbeddedLVLM, load_embedded, load_embedded_captioner  # noqa: E402
+from pipeline.models.embedded import (  # noqa: E402
+    SMALL_DRAFT_DIR, SSM_DRAFT_DIR, EmbeddedLVLM, EmbeddedSSM, load_embedded, load_embedded_captioner,
+)
 from pipeline.models.embedded_parts.projector import Projector  # noqa: E402
 from pipeline.models.embedded_parts.small_draft import (  # noqa: E402
-    load_small_draft, output_vocabulary, save_small_draft, save_vocabulary, small_draft_config,
+    ARCHITECTURES, load_small_draft, output_vocabulary, save_small_draft, save_vocabulary,
 )
 from pipeline.results.calibration import calibrate  # noqa: E402
 
 METHOD_SHARES = {"M": 0.45, "P": 0.15, "T": 0.25, "C": 0.15}
 HELD_OUT_DATASETS = ("embedded_describe", "embedded_vqa", "embedded_compare")
+SHIPPED = {"llama": (SMALL_DRAFT_DIR, EmbeddedLVLM, "embedded:small_draft"),  # where it goes, its adapter, its name
+           "mamba2": (SSM_DRAFT_DIR, EmbeddedSSM, "embedded:ssm_draft")}
 Example = tuple[str, tuple[str, ...], list[int]]  # (prompt, image paths, teacher answer ids)
 
 
@@ -149,13 +155,13 @@ def teacher_answers(target: EmbeddedLVLM, prompts: list, cache: ImageCache, max_
     return [(text, images, answers[i]) for i, (text, images) in enumerate(prompts)]
 
 
-def new_student(target: EmbeddedLVLM) -> EmbeddedLVLM:
-    """The untrained draft: the target's embedding geometry in fewer dimensions, and a projector
-    that standardises features as the target's does and emits vectors of the draft's norm."""
-    from transformers import LlamaForCausalLM
-
-    config = small_draft_config(target.model.config)
-    lm = LlamaForCausalLM(config)
+def new_student(target: EmbeddedLVLM, arch: str) -> EmbeddedLVLM:
+    """The untrained draft of `arch`: the target's embedding geometry in fewer dimensions, and a
+    projector that standardises features as the target's does and emits vectors of the
+    draft's norm."""
+    make_config, model_class = ARCHITECTURES[arch]
+    config = make_config(target.model.config)
+    lm = model_class(config)
     with torch.no_grad():
         embeddings = target.model.get_input_embeddings().weight.float()
         centred = embeddings - embeddings.mean(0)
@@ -167,7 +173,7 @@ def new_student(target: EmbeddedLVLM) -> EmbeddedLVLM:
     projector.load_state_dict(standardise, strict=False)
     with torch.no_grad():
         projector.output_norm.fill_(float(lm.get_input_embeddings().weight.norm(dim=-1).mean()))
-    return EmbeddedLVLM(lm, target.tokenizer, target.vision, projector, "embedded:small_draft")
+    return EmbeddedLVLM(lm, target.tokenizer, target.vision, projector, SHIPPED[arch][2])
 
 
 def prompt_embeddings(draft: EmbeddedLVLM, method: str, text: str, paths: tuple[str, ...], cache: ImageCache) -> torch.Tensor:
@@ -196,7 +202,7 @@ def batch_loss(draft: EmbeddedLVLM, batch: list[Example], methods: list[str], ca
     for b, row in enumerate(rows):
         embeds[b, : row.shape[0]] = row
         mask[b, : row.shape[0]] = 1
-    hidden = draft.model.model(inputs_embeds=embeds, attention_mask=mask).last_hidden_state
+    hidden = draft.model.base_model(inputs_embeds=embeds, attention_mask=mask).last_hidden_state  # right padding: causal
     index = torch.tensor(positions)
     logits = draft.model.lm_head(hidden[index[:, 0], index[:, 1]])
     return F.cross_entropy(logits, torch.tensor(targets))
@@ -240,7 +246,9 @@ def held_out_tau(target: EmbeddedLVLM, draft: EmbeddedLVLM, captioner, per_datas
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=SMALL_DRAFT_DIR)
+    parser.add_argument("--arch", choices=sorted(ARCHITECTURES), default="llama",
+                        help="llama: embedded:small_draft; mamba2: embedded:ssm_draft (default: %(default)s)")
+    parser.add_argument("--out", type=Path, help="where the weights go (default: the --arch's shipped folder)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--images", type=int, default=440, help="easy-VQA train images for first-turn prompts")
     parser.add_argument("--second-turns", type=int, default=220)
@@ -253,6 +261,8 @@ def main() -> None:
     parser.add_argument("--rescore", action="store_true",
                         help="keep the weights in --out: write their output vocabulary (from --teacher-cache) and score them again")
     args = parser.parse_args()
+    directory, adapter, name = SHIPPED[args.arch]
+    args.out = args.out or directory
     if args.rescore and not (args.teacher_cache and args.teacher_cache.is_file()):
         parser.error("--rescore needs the --teacher-cache the weights were trained on")
     start = time.perf_counter()
@@ -282,13 +292,13 @@ def main() -> None:
         save_vocabulary(vocabulary, args.out)
         metrics = json.loads((args.out / "metrics.json").read_text())
     else:
-        draft = new_student(target)
+        draft = new_student(target, args.arch)
         losses = train(draft, data, cache, args.steps, args.batch, args.lr, random.Random(args.seed + 1), start)
         train_seconds = time.perf_counter() - start - teacher_seconds
         save_small_draft(draft.model, draft.projector, args.out, vocabulary)
         (args.out / "__init__.py").touch()
         metrics = {
-            "seed": args.seed, "images": args.images, "first_turn_examples": len(first),
+            "arch": args.arch, "seed": args.seed, "images": args.images, "first_turn_examples": len(first),
             "second_turn_examples": len(second), "answer_tokens": args.answer_tokens, "steps": args.steps,
             "batch": args.batch, "lr": args.lr, "method_shares": METHOD_SHARES,
             "loss_first_100": round(sum(losses[:100]) / 100, 4), "loss_last_100": round(sum(losses[-100:]) / 100, 4),
@@ -297,8 +307,8 @@ def main() -> None:
 
     score_start = time.perf_counter()
     # scored with the node's two threads, as the grid's timed decodes and calibration run on a CPU
-    lm, projector = load_small_draft(args.out, torch.float32)  # as written: fp16-rounded, as load_embedded reads it
-    shipped = EmbeddedLVLM(lm, target.tokenizer, target.vision, projector, "embedded:small_draft")
+    lm, projector = load_small_draft(args.out, torch.float32, args.arch)  # as written: fp16-rounded, as load_embedded reads it
+    shipped = adapter(lm, target.tokenizer, target.vision, projector, name)
     scored = held_out_tau(target, shipped, captioner, args.held_out, args.answer_tokens)
     log(f"held-out tau: {scored['tau']}", start)
     ratios = calibrate(target, shipped, gammas=(5,), repeats=10, rounds=3)

@@ -110,3 +110,19 @@ def test_the_calibrate_job_shows_its_rounds_and_rewrites_the_report_it_changes(t
     assert "round 1/2 measured" in printed and "round 2/2 measured" in printed
     assert f"report rewritten with the new calibration: {report}" in printed
     assert "## Calibration used" in report.read_text() and "eq1" in (tmp_path / "_report-r" / "speedup.csv").read_text()
+
+
+def test_calibration_times_a_step_after_prompts_of_several_lengths(tiny_pair, tmp_path):
+    """How a draft's step grows with the context (the state-space draft's point); the report
+    tabulates and draws it."""
+    from pipeline.results.calibration_store import context_costs
+    from pipeline.results.plots import context_cost_figure
+
+    target, draft = tiny_pair
+    result = calibrate(target, draft, gammas=(3,), repeats=2, rounds=2, contexts=(16, 128, 10_000))
+    assert result.context_tokens == [16, 128]  # 10000 does not fit the tiny models' 4096 positions
+    assert len(result.context_target_s) == len(result.context_draft_s) == 2 and min(result.context_draft_s) > 0
+    write_calibration(tmp_path, result)
+    costs = context_costs(read_calibrations(tmp_path))
+    assert list(costs["context"]) == [16, 128] and (costs["Tq/Tp"] > 0).all()
+    assert context_cost_figure(costs) is not None

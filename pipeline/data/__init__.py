@@ -5,7 +5,7 @@ API used by grid planning and the run's samples (`pipeline.planning`):
 - ``DATASETS: dict[str, DatasetSpec]`` and ``get_dataset(name)`` (unknown name: ValueError
   listing the known ones). Names: llava_bench, docvqa, pope, mmvet, iedit, magicbrush,
   spot_the_diff, pororo_sv, vist (public sources) and embedded_vqa, embedded_describe,
-  embedded_compare, embedded_story (offline, on easy-VQA images).
+  embedded_compare, embedded_story, embedded_gallery (offline, on easy-VQA images).
 - ``load_samples(name_or_spec, *, limit=None, source=None) -> list[Sample]``: first turn, the first
   ``limit`` rows (default 100, 60 for LLaVA-Bench); a ``DatasetSpec`` of a user's own file
   (``pipeline.data.user_datasets``) works like a name. ``source`` is a local copy (a

@@ -135,6 +135,8 @@ _SPECS = (
                 embedded_rows=scenarios.compare_rows),
     DatasetSpec("embedded_story", "easyVQA-Story", "ood", "test", Prebuilt(),
                 embedded_rows=scenarios.story_rows),
+    DatasetSpec("embedded_gallery", "easyVQA-Gallery", "ood", "test", Prebuilt(),
+                embedded_rows=scenarios.gallery_rows),
 )
 
 DATASETS: dict[str, DatasetSpec] = {spec.name: spec for spec in _SPECS}

@@ -8,7 +8,9 @@ draft    = the "large" draft: the same model with the weights of its attention a
            says why weight-only); as slow as the target, but close to it;
 small_draft = a 7M-parameter Llama distilled from the target, with its own projector on the
            same vision features (embedded_parts/small_draft, pipeline/assets/embedded/small_draft):
-           about a twentieth of the target's step on a CPU (it proposes from ~9k tokens).
+           about a twentieth of the target's step on a CPU (it proposes from ~9k tokens);
+ssm_draft = its state-space sibling: a 6.8M-parameter Mamba2 distilled the same way
+           (pipeline/assets/embedded/ssm_draft), driven as a recurrent draft (models/recurrent).
 Prompts in the pipeline's LLaVA format are rendered in SmolLM2's ChatML (embedded_parts/chat).
 """
 from __future__ import annotations
@@ -30,12 +32,14 @@ from pipeline.models.embedded_parts.quant import quantize_weights
 from pipeline.models.embedded_parts.small_draft import load_small_draft
 from pipeline.models.embedded_parts.vision import VisionEncoder
 from pipeline.models.hf import HFModel
+from pipeline.models.recurrent import RecurrentMixin
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "embedded"
 PROJECTOR_FILE = ASSETS / "projector.safetensors"
 CAPTIONER_FILE = ASSETS / "captioner.safetensors"
 SMALL_DRAFT_DIR = ASSETS / "small_draft"
-VARIANTS = ("target", "draft", "small_draft")
+SSM_DRAFT_DIR = ASSETS / "ssm_draft"
+VARIANTS = ("target", "draft", "small_draft", "ssm_draft")
 DRAFT_FULL_PRECISION = ("down_proj", "lm_head")
 END_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
@@ -95,16 +99,26 @@ class EmbeddedLVLM(HFModel):
         return super().logits(input_ids=input_ids, **kwargs)
 
 
+class EmbeddedSSM(RecurrentMixin, EmbeddedLVLM):
+    """The embedded state-space draft: its Mamba2 language model is driven as a recurrent draft."""
+
+    def __init__(self, lm: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, vision: VisionEncoder,
+                 projector: Projector, name: str) -> None:
+        super().__init__(lm, tokenizer, vision, projector, name)
+        self.language_model, self.lm_head, self.text_config = lm.backbone, lm.lm_head, lm.config
+
+
 def load_embedded(variant: str, *, dtype: str = "fp32", device: str | torch.device = "cpu") -> EmbeddedLVLM:
-    """`embedded:target`, `embedded:draft` or `embedded:small_draft` on `device`. The large
+    """`embedded:target`, `embedded:draft`, `embedded:small_draft` or `embedded:ssm_draft` on `device`. The large
     draft is built from the target's weights at load time (deterministic), so both always
     match; the small draft is read from its shipped weights."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown embedded variant {variant!r}; choose one of {VARIANTS}")
     torch_dtype = resolve_dtype(dtype)
     device = torch.device(device)
-    if variant == "small_draft":
-        lm, projector = load_small_draft(SMALL_DRAFT_DIR, torch.float32)
+    if variant in ("small_draft", "ssm_draft"):
+        directory, arch = (SMALL_DRAFT_DIR, "llama") if variant == "small_draft" else (SSM_DRAFT_DIR, "mamba2")
+        lm, projector = load_small_draft(directory, torch.float32, arch)
         tokenizer = load_tokenizer()
     else:
         lm, tokenizer = load_language_model(torch.float32)
@@ -113,7 +127,8 @@ def load_embedded(variant: str, *, dtype: str = "fp32", device: str | torch.devi
             quantize_weights(lm, skip=DRAFT_FULL_PRECISION)
     lm = lm.to(device=device, dtype=torch_dtype)
     vision = VisionEncoder().to(device)
-    return EmbeddedLVLM(lm, tokenizer, vision, projector.to(device), name=f"embedded:{variant}")
+    adapter = EmbeddedSSM if variant == "ssm_draft" else EmbeddedLVLM
+    return adapter(lm, tokenizer, vision, projector.to(device), name=f"embedded:{variant}")
 
 
 def load_embedded_captioner(device: str | torch.device = "cpu") -> EmbeddedCaptioner:

@@ -1,13 +1,15 @@
-"""`python jobs/full_grid.py --list datasets|methods|policies|families`: what a grid may name,
+"""`python jobs/full_grid.py --list datasets|methods|policies|verify|families`: what a grid may name,
 built-in and the grid's own, one line each. Nothing heavy is imported: no torch, no models."""
 from __future__ import annotations
 
+from pipeline.decoding.verify_spec import VERIFY_KINDS
 from pipeline.drafting.methods import METHODS
 from pipeline.drafting.policies import POLICIES
-from pipeline.models.families import FAMILIES, TEXT_ONLY
+from pipeline.models.families import FAMILIES, RECURRENT_TYPES, TEXT_ONLY
 from pipeline.planning.grid import GridSpec
+from pipeline.planning.model_ids import TINY_MODELS
 
-KINDS = ("datasets", "methods", "policies", "families")
+KINDS = ("datasets", "methods", "policies", "verify", "families")
 
 
 def _first_sentence(text: str | None) -> str:
@@ -34,8 +36,13 @@ def listing(kind: str, spec: GridSpec | None = None) -> list[str]:
     if kind == "families":
         return [f"{f.model_type:<16} {f.title}: {f.model_class} (e.g. {f.examples})" for f in FAMILIES.values()] + [
             f"{TEXT_ONLY:<16} a plain causal LM (AutoModelForCausalLM), only for pairs marked text_only: true",
-            "embedded:*       the offline CPU models that ship with the project: embedded:target, and two drafts,"
-            " embedded:draft (the target rounded to 4 bits: large) and embedded:small_draft (7M, distilled);"
-            " tiny:* tiny random LLaVA models for tests",
+            f"{'/'.join(RECURRENT_TYPES):<16} state-space drafts (drafts only): Mamba(2)ForCausalLM for text drafting "
+            "(T, C; pairs marked text_only: true), or the language model of a LLaVA checkpoint (every method)",
+            "embedded:*       the offline CPU models that ship with the project: embedded:target, and three drafts,"
+            " embedded:draft (the target rounded to 4 bits: large), embedded:small_draft (7M Llama, distilled) and"
+            " embedded:ssm_draft (6.8M Mamba2, distilled);"
+            f" tiny:* tiny models for tests ({', '.join(TINY_MODELS)})",
         ]
+    if kind == "verify":
+        return [f"{kind_name:<24} {_first_sentence(cls.__doc__)}" for kind_name, cls in VERIFY_KINDS.items()]
     raise ValueError(f"unknown listing {kind!r}; choose one of {KINDS}")

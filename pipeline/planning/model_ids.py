@@ -14,7 +14,7 @@ from pipeline.names import did_you_mean
 from pipeline.planning.grid import TINY_PREFIX, GridError
 
 TINY_MODELS = ("target", "draft", "next_target", "bigram_target", "mamba_draft", "mamba2_draft")
-EMBEDDED_MODELS = ("embedded:target", "embedded:draft", "embedded:small_draft")
+EMBEDDED_MODELS = ("embedded:target", "embedded:draft", "embedded:small_draft", "embedded:ssm_draft")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 # Hub ids whose model class is LLaVA-NeXT, recognised without downloading their config.
 NEXT_HUB_NAME = re.compile(r"llava-v1\.6|llava-next|llava_next", re.IGNORECASE)
@@ -67,7 +67,7 @@ def check_model_id(name: Any, where: str) -> str:
     if looks_local or not HUB_ID.fullmatch(name):
         raise GridError(
             f"{where}: {name!r} is neither an existing local directory nor a hub id 'org/name' "
-            f"(nor embedded:target|draft|small_draft, tiny:{'|'.join(TINY_MODELS)})"
+            f"(nor {'|'.join(EMBEDDED_MODELS)}, tiny:{'|'.join(TINY_MODELS)})"
         )
     return name
 
@@ -119,17 +119,17 @@ def check_same_tokenizer(target: str, draft: str, where: str) -> None:
                         "speculative decoding needs the draft to share the target's vocabulary")
 
 
-# what the tiny: models' configs say of their kind, known before they are built
-TINY_CONFIGS = {f"{TINY_PREFIX}{kind}_draft": {"model_type": "llava", "text_config": {"model_type": kind}}
-                for kind in ("mamba", "mamba2")}
+# what the configs of the tiny: and embedded: state-space drafts say of their kind, known before they load
+KNOWN_CONFIGS = {f"{TINY_PREFIX}{kind}_draft": {"model_type": "llava", "text_config": {"model_type": kind}}
+                 for kind in ("mamba", "mamba2")} | {"embedded:ssm_draft": {"model_type": "mamba2"}}
 
 
 def readable_config(name: str) -> dict | None:
     """A model's config.json when it can be read here without a download: a local directory's,
-    or a hub id's from the local hub cache, or what a tiny: model's will say; None otherwise
-    (embedded:, not cached)."""
-    if name in TINY_CONFIGS:
-        return TINY_CONFIGS[name]
+    or a hub id's from the local hub cache, or what a tiny: or embedded: state-space draft's
+    says; None otherwise (other embedded: models, not cached)."""
+    if name in KNOWN_CONFIGS:
+        return KNOWN_CONFIGS[name]
     path = Path(name).expanduser() / "config.json"
     if not path.is_file() and HUB_ID.fullmatch(name):
         path = _cached_config(name) or path

@@ -68,6 +68,11 @@ class Calibration:
     load_before: float | None = None
     load_after: float | None = None
     cpu_cores: int | None = None
+    # one cached step of the target and of the draft (one row) after prompts of `context_tokens`
+    # tokens, medians over rounds: how each step's cost grows with the context
+    context_tokens: list[int] = field(default_factory=list)
+    context_target_s: list[float] = field(default_factory=list)
+    context_draft_s: list[float] = field(default_factory=list)
 
     @property
     def ratio_draft_target(self) -> float:
@@ -99,6 +104,25 @@ def _step_seconds(model: LVLM, rows: Rows, n_tokens: int, repeats: int, warmup: 
     return median(samples)
 
 
+def _prefilled_context(model: LVLM, tokens: int, engine: str) -> Rows:
+    """One row holding a text prompt of `tokens` tokens (words of the tokenizer, repeated)."""
+    words = model.tokenizer("describe the picture in detail, the colors and the shapes. " * 64,
+                            add_special_tokens=False)["input_ids"]
+    ids = (words * (tokens // len(words) + 1))[:tokens]
+    rows = new_rows(model, [model.embed_tokens(torch.tensor(ids[:-1]))], engine=engine, capacity=4, role="context", span=2)
+    rows.prefill()
+    rows.feed(ids[-1:])
+    return rows
+
+
+def _fits(model: LVLM, tokens: int) -> bool:
+    """Whether a prompt of `tokens` tokens fits the model's context (unknown: assume it does)."""
+    config = getattr(getattr(model, "model", None), "config", None)
+    config = getattr(config, "text_config", None) or config  # a LLaVA checkpoint's language model
+    limit = getattr(config, "max_position_embeddings", None)
+    return limit is None or tokens + 8 <= limit
+
+
 def _prefilled(model: LVLM, sample: Sample, n_rows: int, engine: str, gamma: int) -> Rows:
     ids = model.tokenize_prompt(sample.prompt)
     embeds = method_embeddings(model, "M", ids, sample.images)
@@ -113,13 +137,15 @@ def calibrate(
     target: LVLM, draft: LVLM, *, gammas: Sequence[int] = (DecodeConfig.gamma,), repeats: int = 10, rounds: int = 5,
     image: Image.Image | None = None, engine: str | None = None, verify_tokens: Sequence[int] = (),
     draft_rows: Sequence[int] = (), progress: Callable[[int, int, float], None] | None = None,
+    contexts: Sequence[int] = (),
 ) -> Calibration:
     """Measure Tp, Tp(n) for n = gamma + 1 of every gamma and every other of `verify_tokens`
     (a tree's nodes + 1: the verify-latency curve), and Tq with 1..4 rows and every other of
     `draft_rows` (a tree's draft batch) on an image prompt in `rounds` rounds, each the median
     of `repeats` steps after warm-up, with the steps of `engine` (None: the device's default,
     as decoding picks it). Times are medians over rounds; ratios are the medians of each
-    round's ratios. `progress(round, rounds, Tq/Tp of that round)` is called after each round."""
+    round's ratios; and one step of each after text prompts of `contexts` tokens (those that
+    fit both models). `progress(round, rounds, Tq/Tp of that round)` is called after each round."""
     load_before = machine_load()
     engine = engine or default_engine(target, draft)
     image = image or Image.new("RGB", (336, 336), (120, 80, 200))
@@ -129,11 +155,14 @@ def calibrate(
     counts = sorted(set(range(1, MAX_ROWS + 1)) | set(draft_rows))
     target_rows = _prefilled(target, sample, 1, engine, max(sizes))
     draft_batches = [_prefilled(draft, sample, n, engine, gamma) for n in counts]
-    token, verify, drafts = [], [], []
+    lengths = [n for n in sorted(set(contexts)) if _fits(target, n) and _fits(draft, n)]
+    long_prompts = [(_prefilled_context(target, n, engine), _prefilled_context(draft, n, engine)) for n in lengths]
+    token, verify, drafts, at_length = [], [], [], []
     for done in range(1, rounds + 1):
         token.append(_step_seconds(target, target_rows, 1, repeats))
         verify.append([_step_seconds(target, target_rows, n, repeats) for n in sizes])
         drafts.append([_step_seconds(draft, rows, 1, repeats) for rows in draft_batches])
+        at_length.append([(_step_seconds(target, t, 1, repeats), _step_seconds(draft, d, 1, repeats)) for t, d in long_prompts])
         if progress:
             progress(done, rounds, drafts[-1][0] / token[-1])
     rows_ratio = [[d[m] / t for d, t in zip(drafts, token)] for m in range(len(counts))]
@@ -166,4 +195,7 @@ def calibrate(
         load_before=load_before,
         load_after=machine_load(),
         cpu_cores=cpu_cores(),
+        context_tokens=lengths,
+        context_target_s=[median(r[i][0] for r in at_length) for i in range(len(lengths))],
+        context_draft_s=[median(r[i][1] for r in at_length) for i in range(len(lengths))],
     )

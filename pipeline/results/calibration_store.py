@@ -55,7 +55,7 @@ def stored_calibration(calibrations: pd.DataFrame, target: str, draft: str, dtyp
     return None if found.empty else found.iloc[-1]
 
 
-def _listed(value: Any) -> list:
+def listed(value: Any) -> list:
     """A stored list column as a list ([] where a file from before it holds a null)."""
     return [] if value is None or isinstance(value, float) else list(value)
 
@@ -64,22 +64,22 @@ def verify_ratio(calibration: pd.Series, tokens: int) -> float:
     """Tp(tokens)/Tp(1): one target forward over `tokens` tokens against one cached step, from
     the calibration's verify-latency curve; NaN when that token count was not measured (files
     from before the curve hold only gamma + 1)."""
-    measured = _listed(calibration.get("verify_tokens"))
+    measured = listed(calibration.get("verify_tokens"))
     if tokens in measured:
-        return float(_listed(calibration["verify_ratios"])[measured.index(tokens)])
+        return float(listed(calibration["verify_ratios"])[measured.index(tokens)])
     return float(calibration["ratio_verify"]) if tokens == int(calibration["gamma"]) + 1 else math.nan
 
 
 def measured_verify_tokens(calibration: pd.Series) -> set[int]:
     """The token counts whose verify cost a calibration measured."""
-    return set(_listed(calibration.get("verify_tokens"))) or {int(calibration["gamma"]) + 1}
+    return set(listed(calibration.get("verify_tokens"))) or {int(calibration["gamma"]) + 1}
 
 
 def draft_rows_ratio(calibration: pd.Series, rows: int) -> float:
     """Tq with `rows` rows in the draft batch over Tp (an m-method ensemble drafts m rows, a
     candidate tree one group of them per branch); NaN when that batch was not timed."""
-    ratios = _listed(calibration.get("draft_rows_ratio"))
-    counts = _listed(calibration.get("draft_row_counts")) or list(range(1, len(ratios) + 1))
+    ratios = listed(calibration.get("draft_rows_ratio"))
+    counts = listed(calibration.get("draft_row_counts")) or list(range(1, len(ratios) + 1))
     if ratios:
         return float(ratios[counts.index(rows)]) if rows in counts else math.nan
     times = list(calibration["draft_rows_token_s"])  # files from before rounds were kept
@@ -88,28 +88,41 @@ def draft_rows_ratio(calibration: pd.Series, rows: int) -> float:
 
 def draft_target_rounds(calibration: pd.Series) -> list[float]:
     """Tq/Tp of every round."""
-    return [float(r) for r in _listed(calibration.get("ratio_draft_target_rounds"))]
+    return [float(r) for r in listed(calibration.get("ratio_draft_target_rounds"))]
 
 
 def verify_rounds(calibration: pd.Series, tokens: int) -> list[float]:
     """Tp(tokens)/Tp of every round ([] when not kept: files from before every round was)."""
-    measured, rounds = _listed(calibration.get("verify_tokens")), _listed(calibration.get("verify_ratio_rounds"))
+    measured, rounds = listed(calibration.get("verify_tokens")), listed(calibration.get("verify_ratio_rounds"))
     if tokens in measured and rounds:
         return [float(r) for r in rounds[measured.index(tokens)]]
     at_gamma = tokens == int(calibration["gamma"]) + 1
-    return [float(r) for r in _listed(calibration.get("ratio_verify_rounds"))] if at_gamma else []
+    return [float(r) for r in listed(calibration.get("ratio_verify_rounds"))] if at_gamma else []
 
 
 def draft_rows_rounds(calibration: pd.Series, rows: int) -> list[float]:
     """Tq(rows)/Tp of every round ([] when not kept)."""
-    counts, rounds = _listed(calibration.get("draft_row_counts")), _listed(calibration.get("draft_rows_ratio_rounds"))
+    counts, rounds = listed(calibration.get("draft_row_counts")), listed(calibration.get("draft_rows_ratio_rounds"))
     return [float(r) for r in rounds[counts.index(rows)]] if rows in counts and rounds else []
 
 
 def measured_draft_rows(calibration: pd.Series) -> set[int]:
     """The draft batch sizes a calibration timed."""
-    ratios = _listed(calibration.get("draft_rows_ratio")) or _listed(calibration.get("draft_rows_token_s"))
-    return set(_listed(calibration.get("draft_row_counts")) or range(1, len(ratios) + 1))
+    ratios = listed(calibration.get("draft_rows_ratio")) or listed(calibration.get("draft_rows_token_s"))
+    return set(listed(calibration.get("draft_row_counts")) or range(1, len(ratios) + 1))
+
+
+def context_costs(calibrations: pd.DataFrame) -> pd.DataFrame:
+    """One draft and one target step after prompts of several lengths, per pair (the latest
+    calibration of each): how each model's step cost grows with the context."""
+    rows = []
+    for c in used_calibrations(calibrations):
+        for tokens, target_s, draft_s in zip(*(listed(c.get(k)) for k in ("context_tokens", "context_target_s",
+                                                                            "context_draft_s"))):
+            rows.append({"target": c["target"], "draft": c["draft"], "dtype": c["dtype"], "device": _device(c),
+                         "context": int(tokens), "Tp ms": round(1e3 * target_s, 3), "Tq ms": round(1e3 * draft_s, 3),
+                         "Tq/Tp": round(draft_s / target_s, 4)})
+    return pd.DataFrame(rows)
 
 
 def verify_curves(calibrations: pd.DataFrame) -> pd.DataFrame:

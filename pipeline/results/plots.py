@@ -232,6 +232,34 @@ def verify_cost_figure(curves: pd.DataFrame, width: str = "one-column") -> tuple
     return fig, caption
 
 
+def context_cost_figure(costs: pd.DataFrame, width: str = "one-column") -> tuple[Figure, str] | None:
+    """One cached draft step (and the target's, dashed) against the prompt's length, from
+    calibration (`calibration_store.context_costs`): an attention draft's grows with the
+    context, a state-space draft's should stay flat. None without two lengths."""
+    if costs.empty or costs["context"].nunique() < 2:
+        return None
+    fig = Figure(figsize=(WIDTHS[width], 2.6))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for (target, dtype), pairs in costs.groupby(["target", "dtype"], sort=True):
+        first = pairs[pairs["draft"] == pairs["draft"].iloc[0]].sort_values("context")
+        ax.plot(first["context"], first["Tp ms"], color="0.4", ls="--", marker=".", lw=1, label=f"target {target} ({dtype})")
+        for draft, curve in pairs.groupby("draft", sort=True):
+            curve = curve.sort_values("context")
+            ax.plot(curve["context"], curve["Tq ms"], marker="o", ms=3, lw=1.2, label=f"draft {draft}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("prompt tokens before the step", fontsize=6)
+    ax.set_ylabel("one cached step, ms", fontsize=6)
+    ax.tick_params(labelsize=6)
+    ax.legend(fontsize=5, frameon=False)
+    fig.tight_layout()
+    caption = ("One cached decoding step (one row, median over the calibration's rounds) after text prompts of "
+               "several lengths: an attention draft reads a KV cache as long as the prompt, a state-space draft a "
+               "state of fixed size. The target's step is dashed.")
+    return fig, caption
+
+
 def save(fig: Figure, stem: str | Path) -> list[Path]:
     """`stem`.png (200 dpi), .pdf and .svg."""
     stem = Path(stem)

@@ -13,13 +13,15 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.results.audit import GROUP_KEYS, lossless_table, lossless_text
-from pipeline.results.calibration_store import calibration_table, read_calibrations, used_calibrations, verify_curves
+from pipeline.results.calibration_store import (
+    calibration_table, context_costs, read_calibrations, used_calibrations, verify_curves,
+)
 from pipeline.results.completeness import completeness_table, completeness_text, grids_text
 from pipeline.results.fidelity import GROUP_KEYS as FIDELITY_KEYS, fidelity_table, fidelity_text
 from pipeline.results.latex import paper_tables
 from pipeline.results.manifest import expected_rows, run_grids
 from pipeline.results.noise import noise_section, shown
-from pipeline.results.plots import save, tau_figure, verify_cost_figure, weight_ratio_figure
+from pipeline.results.plots import context_cost_figure, save, tau_figure, verify_cost_figure, weight_ratio_figure
 from pipeline.results.report import category_table, error_counts, findings_text, markdown_table, method_findings, tau_table
 from pipeline.results.speedup import draft_size_table, speedup_table
 
@@ -155,6 +157,14 @@ def calibration_section(calibrations: pd.DataFrame, folder: Path) -> str:
         curves.to_csv(folder / "verify_cost.csv", index=False)
         save(made[0], folder / "verify_cost")
         text += f"\n\n![verify cost](verify_cost.png)\n\n> {made[1]}"
+    costs = context_costs(calibrations)
+    made = context_cost_figure(costs)
+    if made is not None:
+        costs.to_csv(folder / "context_cost.csv", index=False)
+        save(made[0], folder / "context_cost")
+        shown = costs.set_index(["target", "draft", "dtype", "device", "context"])
+        text += ("\n\n### Step cost against the prompt's length (calibration: one row, after a text prompt of each length)"
+                 f"\n\n{markdown_table(shown, mark_best=False)}\n\n![context cost](context_cost.png)\n\n> {made[1]}")
     return text
 
 

@@ -49,6 +49,13 @@ STORY_CAPTIONS = (
     "After that, a {color} {shape} shows up.",
 )
 STORY_LENGTH = len(STORY_CAPTIONS) + 1
+# A long prompt: twenty images (about 1000 prompt tokens on the embedded pair, 49 per image),
+# where a state-space draft's step, flat in the context, should gain on an attention draft's.
+GALLERY_LENGTH = 20
+GALLERY_PROMPTS = (
+    "Here is a gallery of shapes: {images} Describe the gallery: which colors and shapes appear, and how often?",
+    "{images} These are pictures from one collection. Which picture stands out, and why? Describe it in detail.",
+)
 
 
 @functools.cache
@@ -123,3 +130,15 @@ def story_rows() -> Iterator[dict]:
             parts.append(f"{IMG} Caption #{k + 1}: {caption}")
         parts.append(f"{IMG} Caption #{STORY_LENGTH}:")
         yield {"text": " ".join(parts), "images": [paths[image_id] for image_id in group]}
+
+
+def gallery_rows() -> Iterator[dict]:
+    """Consecutive groups of twenty test images with a request about the whole gallery; a
+    second pass over the images, shifted by half a gallery, doubles the rows."""
+    paths = list(image_paths().values())
+    per_pass = len(paths) // GALLERY_LENGTH
+    for i in range(2 * per_pass):
+        first = i * GALLERY_LENGTH + (i // per_pass) * (GALLERY_LENGTH // 2)
+        group = [paths[(first + k) % len(paths)] for k in range(GALLERY_LENGTH)]
+        text = GALLERY_PROMPTS[i % len(GALLERY_PROMPTS)].format(images=" ".join([IMG] * GALLERY_LENGTH))
+        yield {"text": text, "images": group}

@@ -10,6 +10,8 @@ about 9k of 49152. The head over the whole vocabulary was about two thirds of a 
 on a CPU; over the subset a step costs a third as much, and the logits of the kept tokens are
 the full head's, so proposals change only where the full head's choice lay outside the subset.
 `scripts/train_small_draft.py` distils it from the target; `pipeline.models.embedded` loads it.
+`--arch mamba2` trains its state-space sibling (`embedded:ssm_draft`, `ssm_draft_config`) the
+same way, with the same head and projector.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Iterable
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PretrainedConfig
+from transformers import LlamaConfig, LlamaForCausalLM, Mamba2Config, Mamba2ForCausalLM, PretrainedConfig, PreTrainedModel
 
 from pipeline.models.embedded_parts.projector import Projector
 
@@ -66,7 +68,7 @@ def small_draft_config(target: PretrainedConfig) -> LlamaConfig:
     )
 
 
-def save_small_draft(lm: LlamaForCausalLM, projector: Projector, directory: Path, vocabulary: list[int]) -> None:
+def save_small_draft(lm: PreTrainedModel, projector: Projector, directory: Path, vocabulary: list[int]) -> None:
     """The language model in fp16 (what ships, ~14 MB), the projector in fp32 (0.7 MB) and the
     output vocabulary (ids)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -79,11 +81,25 @@ def save_vocabulary(vocabulary: list[int], directory: Path) -> None:
     (directory / VOCABULARY_NAME).write_text(json.dumps(vocabulary) + "\n")
 
 
-def load_small_draft(directory: Path, dtype: torch.dtype) -> tuple[LlamaForCausalLM, Projector]:
-    """The shipped draft (eval mode, no gradients) and its projector."""
+def ssm_draft_config(target: PretrainedConfig) -> Mamba2Config:
+    """The state-space draft's config (`embedded:ssm_draft`): a Mamba2 of the small draft's
+    width and depth (state 64, 8 heads of 32), tied embeddings over the target's vocabulary:
+    about 6.8M parameters, the small Llama draft's 7.1M."""
+    return Mamba2Config(
+        vocab_size=target.vocab_size, hidden_size=HIDDEN, num_hidden_layers=LAYERS, state_size=64, expand=2,
+        head_dim=32, num_heads=2 * HIDDEN // 32, n_groups=1, chunk_size=64, tie_word_embeddings=True,
+        bos_token_id=target.bos_token_id, eos_token_id=target.eos_token_id, pad_token_id=target.pad_token_id,
+    )
+
+
+ARCHITECTURES = {"llama": (small_draft_config, LlamaForCausalLM), "mamba2": (ssm_draft_config, Mamba2ForCausalLM)}
+
+
+def load_small_draft(directory: Path, dtype: torch.dtype, arch: str = "llama") -> tuple[PreTrainedModel, Projector]:
+    """A shipped draft of `arch` (eval mode, no gradients) and its projector."""
     if not (directory / "model.safetensors").is_file():
-        raise FileNotFoundError(f"the small draft's weights {directory} are missing: run scripts/train_small_draft.py")
-    lm = LlamaForCausalLM.from_pretrained(directory, dtype=dtype).eval()
+        raise FileNotFoundError(f"the draft's weights {directory} are missing: run scripts/train_small_draft.py --arch {arch}")
+    lm = ARCHITECTURES[arch][1].from_pretrained(directory, dtype=dtype).eval()
     lm.requires_grad_(False)
     vocabulary = json.loads((directory / VOCABULARY_NAME).read_text())
     lm.lm_head = OutputVocabularyHead(lm.get_input_embeddings().weight, torch.tensor(vocabulary))

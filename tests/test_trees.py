@@ -205,3 +205,18 @@ def test_the_bandit_plays_each_shape_then_the_best_bound():
         bandit.update(0, -0.1)
     bandit.update(1, -0.9)
     assert bandit.choose() == 1  # rarely played: exploration wins at a large c
+
+
+def test_spec_llavas_own_tree_runs_as_a_dynamic_entry(tiny_pair):
+    """127 nodes by top-31 expansion: greedy it is the target's own output; sampled, it runs
+    (SpecExec's rule; the distribution is tested on smaller trees in test_sampling)."""
+    from pipeline.decoding.live import autoregressive_decode
+
+    target, draft = tiny_pair
+    sample = Sample("unit", "test", 0, "first", "USER: <image>\nDescribe the image. ASSISTANT:", (solid((90, 20, 160)),))
+    spec = make_verify({"kind": "dynamic", "nodes": 127, "top_k": 31})
+    greedy = speculative_decode(target, draft, sample, DecodeConfig(methods="MT", gamma=5, max_new_tokens=16, verify=spec))
+    assert greedy.output_ids == autoregressive_decode(target, sample, max_new_tokens=16).output_ids
+    sampled = speculative_decode(target, draft, sample, DecodeConfig(methods="MT", gamma=5, max_new_tokens=16, verify=spec,
+                                                                     temperature=1.0, seed=3))
+    assert len(sampled.output_ids) == 16 and sampled.error is None

@@ -19,12 +19,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline.results.calibration import Calibration, calibrate  # noqa: E402
+from pipeline.results.calibration import Calibration, calibrate_drafts  # noqa: E402
 from pipeline.results.calibration_store import (  # noqa: E402
     listed, measured_draft_rows, measured_verify_tokens, read_calibrations, stored_calibration, write_calibration,
 )
 from pipeline.decoding.config import DecodeConfig  # noqa: E402
-from pipeline.models.loading import default_device, load_pair  # noqa: E402
+from pipeline.models.loading import default_device, load_target_and_drafts  # noqa: E402
 from pipeline.planning.grid import GridSpec  # noqa: E402
 from pipeline.planning.grid_file import load_grid  # noqa: E402
 
@@ -59,10 +59,11 @@ def grid_shapes(spec: GridSpec) -> Shapes:
                   tuple(sorted({rows for _, _, rows in shapes})))
 
 
-def measure(target: str, draft: str, dtype: str, shapes: Shapes, repeats: int, rounds: int,
-            threads: int | None = None) -> Calibration:
-    """One pair's calibration, a line per round; `threads`: CPU threads to time with (those the
-    grid's timed decodes use)."""
+def measure(target: str, drafts: tuple[str, ...], dtype: str, shapes: Shapes, repeats: int, rounds: int,
+            threads: int | None = None) -> list[Calibration]:
+    """A target's calibration with each of its drafts (the target measured once per round for
+    all), a line per round; `threads`: CPU threads to time with (those the grid's timed
+    decodes use)."""
     import torch
 
     from actors.model_files import resolve_model
@@ -73,30 +74,45 @@ def measure(target: str, draft: str, dtype: str, shapes: Shapes, repeats: int, r
         torch.set_num_threads(threads)
     # allow_text: a pair named here passed the grid's checks, or was named by hand (multimodal
     # families outside pipeline.models.families are refused all the same)
-    pair = load_pair(resolve_model(target), resolve_model(draft), dtype=dtype, device=default_device(), allow_text=True)
-    def progress(done: int, total: int, ratio: float) -> None:
-        print(f"calibration {target} / {draft} ({dtype}): round {done}/{total} measured, Tq/Tp {ratio:.3f}", flush=True)
+    loaded, models = load_target_and_drafts(resolve_model(target), {d: resolve_model(d) for d in drafts}, dtype=dtype,
+                                            device=default_device(), allow_text=True)
 
-    result = calibrate(*pair, gammas=shapes.gammas, verify_tokens=shapes.verify_tokens, draft_rows=shapes.draft_rows,
-                       repeats=repeats, rounds=rounds, progress=progress, contexts=shapes.contexts)
-    result.target, result.draft, result.dtype = target, draft, dtype  # the grid's names, as in the results rows
-    return result
+    def progress(done: int, total: int, ratio: float) -> None:
+        print(f"calibration {target} ({dtype}) and {len(drafts)} draft(s): round {done}/{total} measured, "
+              f"Tq/Tp {ratio:.3f} ({drafts[0]})", flush=True)
+
+    results = calibrate_drafts(loaded, [models[d] for d in drafts], gammas=shapes.gammas, verify_tokens=shapes.verify_tokens,
+                               draft_rows=shapes.draft_rows, repeats=repeats, rounds=rounds, progress=progress,
+                               contexts=shapes.contexts)
+    for result, draft in zip(results, drafts):
+        result.target, result.draft, result.dtype = target, draft, dtype  # the grid's names, as in the results rows
+    return results
+
+
+def groups_of(pairs: list[tuple[str, str, str]]) -> dict[tuple[str, str], tuple[str, ...]]:
+    """(target, dtype) -> its drafts, in the pairs' order."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for target, draft, dtype in pairs:
+        groups.setdefault((target, dtype), []).append(draft)
+    return {key: tuple(dict.fromkeys(drafts)) for key, drafts in groups.items()}
 
 
 def calibrate_pairs(
     pairs: list[tuple[str, str, str]], out: str, *, shapes: Shapes, repeats: int = REPEATS,
     rounds: int = ROUNDS, ray_tasks: bool,
 ) -> list[Calibration]:
-    """Measure each (target, draft, dtype) and write it under OUT; with `ray_tasks`, each pair in
-    a Ray task holding one GPU when the cluster has GPUs, else a node's CPUs, so measurements
-    on a CPU never overlap (Ray must be initialised)."""
-    print(f"calibrating {len(pairs)} pair(s), {rounds} rounds of {repeats} timed steps per measurement "
-          f"(verify {', '.join(map(str, sorted({g + 1 for g in shapes.gammas} | set(shapes.verify_tokens))))} tokens)",
-          flush=True)
+    """Measure each (target, draft, dtype), each target once for all its drafts, and write them
+    under OUT; with `ray_tasks`, each target in a Ray task holding one GPU when the cluster
+    has GPUs, else a node's CPUs, so measurements on a CPU never overlap (Ray must be
+    initialised)."""
+    groups = groups_of(pairs)
+    print(f"calibrating {len(pairs)} pair(s) of {len(groups)} target(s), {rounds} rounds of {repeats} timed steps per "
+          f"measurement (verify {', '.join(map(str, sorted({g + 1 for g in shapes.gammas} | set(shapes.verify_tokens))))} "
+          "tokens)", flush=True)
     if ray_tasks:
-        results = _measured_on_ray(pairs, shapes, repeats, rounds)
+        results = _measured_on_ray(groups, shapes, repeats, rounds)
     else:
-        results = [measure(t, d, dt, shapes, repeats, rounds) for t, d, dt in pairs]
+        results = [c for (t, dt), drafts in groups.items() for c in measure(t, drafts, dt, shapes, repeats, rounds)]
     for result in results:
         path = write_calibration(out, result)
         spread = result.ratio_draft_target_rounds
@@ -110,9 +126,10 @@ def calibrate_pairs(
     return results
 
 
-def _measured_on_ray(pairs: list[tuple[str, str, str]], shapes: Shapes, repeats: int, rounds: int) -> list[Calibration]:
-    """Each pair in a Ray task, a line as each finishes (a task's own round lines reach this
-    console where the driver relays worker output)."""
+def _measured_on_ray(groups: dict[tuple[str, str], tuple[str, ...]], shapes: Shapes, repeats: int,
+                     rounds: int) -> list[Calibration]:
+    """Each target with its drafts in a Ray task, a line as each finishes (a task's own round
+    lines reach this console where the driver relays worker output)."""
     import ray
 
     from actors.ray_info import node_cpus
@@ -123,13 +140,13 @@ def _measured_on_ray(pairs: list[tuple[str, str, str]], shapes: Shapes, repeats:
     cpus = 1 if gpus else node_cpus()
     task = ray.remote(num_gpus=gpus, num_cpus=cpus)(measure)
     threads = None if gpus else max(1, int(cpus))
-    refs = {task.remote(t, d, dt, shapes, repeats, rounds, threads): (t, d, dt) for t, d, dt in pairs}
+    refs = {task.remote(t, drafts, dt, shapes, repeats, rounds, threads): t for (t, dt), drafts in groups.items()}
     waiting, results = list(refs), {}
     while waiting:
         (ready,), waiting = ray.wait(waiting, num_returns=1)
         results[ready] = ray.get(ready)
-        print(f"calibration {len(results)}/{len(refs)} pairs done ({' / '.join(refs[ready][:2])})", flush=True)
-    return [results[ref] for ref in refs]
+        print(f"calibration {len(results)}/{len(refs)} targets done ({refs[ready]})", flush=True)
+    return [c for ref in refs for c in results[ref]]
 
 
 def rewrite_reports(out: str, pairs: list[tuple[str, str, str]]) -> list[Path]:

@@ -38,7 +38,7 @@ def test_full_grid_job_writes_results_tables_and_plots(smoke_results):
         assert (report / name).stat().st_size > 0, name
     summary = (report / "summary.md").read_text()
     assert "## Lossless audit" in summary and "Every audited row" in summary  # fp32: exact
-    assert "## Images" in summary and "Complete: all 112 expected rows are present" in summary
+    assert "## Images" in summary and "Complete: all 336 expected rows are present" in summary
     assert "## Replay fidelity" in summary and "## Calibration used" in summary
     assert "Measured walltimes come from these first-turn samples" in summary
     assert list((out / "_calibration").glob("*.parquet"))
@@ -50,7 +50,8 @@ def test_full_grid_job_writes_results_tables_and_plots(smoke_results):
     fidelity = pd.read_csv(report / "fidelity.csv")
     assert fidelity["checked"].sum() == fidelity["live rows"].sum() > 0  # every live greedy SD row checked
     calibration = pd.read_csv(report / "calibration.csv")
-    assert calibration["rounds x repeats"].tolist() == ["5 x 10"] and calibration["Tq/Tp"].str.contains(r"\[").all()
+    assert calibration["rounds x repeats"].tolist() == ["5 x 10"] * 3 and calibration["Tq/Tp"].str.contains(r"\[").all()
+    assert set(calibration["draft"]) == {"tiny:draft", "tiny:mamba_draft", "tiny:mamba2_draft"}
 
 
 @pytest.mark.slow
@@ -70,7 +71,7 @@ def test_notebook_runs_headless_on_smoke_results(smoke_results):
     from tests.test_notebook import executed_notebook
 
     text, outputs = executed_notebook(smoke_results[0])
-    assert "matches pipeline.results.report.tau_table" in text and "run smoke, target tiny:target (fp32), drafts ['tiny:draft']" in text
+    assert "matches pipeline.results.report.tau_table" in text and "run smoke, target tiny:bigram_target (fp32), drafts ['tiny:mamba2_draft', 'tiny:mamba_draft']" in text
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 2  # both figures shown inline
 
 

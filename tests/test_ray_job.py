@@ -27,7 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 # other column each time; the `answer` column (null here) was added by hand. The timed
 # sample's AR row moved into its live shard (decoded once for every draft): shard ids only.
 # The `steps`, `fallback` and `verify` columns were added from runs whose other columns all matched,
-# and so were the structured verify columns (`verify_kind`, `verify_nodes`, `verify_top_k`, `verify_shapes`).
+# and so were the structured verify columns (`verify_kind`, `verify_nodes`, `verify_top_k`, `verify_shapes`) and
+# `shape_per_block`. The bigram target's rows with the Mamba and Mamba2 drafts were added when the smoke grid
+# gained them, the first pair's rows equal to those before.
 SMOKE_ROWS = REPO / "tests" / "fixtures" / "smoke_rows.json"
 # where it ran and how busy the machine was, not what it computed
 MACHINE = ("device_name", "torch_version", "transformers_version", "cpu_cores", "load_before", "load_after")

@@ -82,7 +82,13 @@ class BanditTree(VerifySpec, kind="bandit"):
 
     @property
     def label(self) -> str:
-        return f"bandit({','.join('-'.join(map(str, s)) for s in self.shapes)})"
+        """`bandit` for the paper's pool and default knobs, else the pool and what differs."""
+        default = type(self)()
+        if self == default:
+            return "bandit"
+        knobs = [f"{name}={getattr(self, name)}" for name in ("c", "lam") if getattr(self, name) != getattr(default, name)]
+        knobs += [] if self.costs is None else ["costs"]
+        return f"bandit({','.join(['-'.join(map(str, s)) for s in self.shapes] + knobs)})"
 
     def validate(self) -> None:
         if not isinstance(self.shapes, tuple) or not self.shapes:

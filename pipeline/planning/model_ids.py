@@ -119,17 +119,13 @@ def check_same_tokenizer(target: str, draft: str, where: str) -> None:
                         "speculative decoding needs the draft to share the target's vocabulary")
 
 
-# what the configs of the tiny: and embedded: state-space drafts say of their kind, known before they load
-KNOWN_CONFIGS = {f"{TINY_PREFIX}{kind}_draft": {"model_type": "llava", "text_config": {"model_type": kind}}
-                 for kind in ("mamba", "mamba2")} | {"embedded:ssm_draft": {"model_type": "mamba2"}}
+# the tiny: and embedded: state-space drafts, known as such before they are built or loaded
+RECURRENT_NAMES = (f"{TINY_PREFIX}mamba_draft", f"{TINY_PREFIX}mamba2_draft", "embedded:ssm_draft")
 
 
 def readable_config(name: str) -> dict | None:
     """A model's config.json when it can be read here without a download: a local directory's,
-    or a hub id's from the local hub cache, or what a tiny: or embedded: state-space draft's
-    says; None otherwise (other embedded: models, not cached)."""
-    if name in KNOWN_CONFIGS:
-        return KNOWN_CONFIGS[name]
+    or a hub id's from the local hub cache; None otherwise (tiny:, embedded:, not cached)."""
     path = Path(name).expanduser() / "config.json"
     if not path.is_file() and HUB_ID.fullmatch(name):
         path = _cached_config(name) or path
@@ -139,17 +135,20 @@ def readable_config(name: str) -> dict | None:
 def is_recurrent_model(name: str) -> bool:
     """Whether a model is known here, without loading it, to be a state-space (Mamba) model."""
     config = readable_config(name)
-    return config is not None and is_recurrent_config(config)
+    return name in RECURRENT_NAMES or (config is not None and is_recurrent_config(config))
 
 
 def check_family_here(name: str, where: str, *, allow_text: bool) -> None:
     """Refuse, by name, a model whose config (where readable here) is of no supported family
     (`pipeline.models.families`), or text-only where the pair does not say `text_only`."""
-    config = readable_config(name)
+    config, role = readable_config(name), where.rsplit(".", 1)[-1]
     if config is None:
+        if role == "target" and name in RECURRENT_NAMES:
+            raise GridError(f"{where}: {name} is a state-space model and can only be a draft: verifying needs a target "
+                            "that reads many tokens, or a token tree, in one forward")
         return
     try:
         check_family(config, name, allow_text=allow_text)
-        check_role(config, name, where.rsplit(".", 1)[-1])
+        check_role(config, name, role)
     except UnsupportedFamily as err:
         raise GridError(f"{where}: {err}") from None

@@ -133,69 +133,71 @@ def _prefilled(model: LVLM, sample: Sample, n_rows: int, engine: str, gamma: int
 
 
 @torch.inference_mode()
-def calibrate(
-    target: LVLM, draft: LVLM, *, gammas: Sequence[int] = (DecodeConfig.gamma,), repeats: int = 10, rounds: int = 5,
-    image: Image.Image | None = None, engine: str | None = None, verify_tokens: Sequence[int] = (),
+def calibrate(target: LVLM, draft: LVLM, **options) -> Calibration:
+    """One pair's calibration (`calibrate_drafts` with one draft)."""
+    return calibrate_drafts(target, [draft], **options)[0]
+
+
+@torch.inference_mode()
+def calibrate_drafts(
+    target: LVLM, drafts: Sequence[LVLM], *, gammas: Sequence[int] = (DecodeConfig.gamma,), repeats: int = 10,
+    rounds: int = 5, image: Image.Image | None = None, engine: str | None = None, verify_tokens: Sequence[int] = (),
     draft_rows: Sequence[int] = (), progress: Callable[[int, int, float], None] | None = None,
     contexts: Sequence[int] = (),
-) -> Calibration:
+) -> list[Calibration]:
     """Measure Tp, Tp(n) for n = gamma + 1 of every gamma and every other of `verify_tokens`
-    (a tree's nodes + 1: the verify-latency curve), and Tq with 1..4 rows and every other of
-    `draft_rows` (a tree's draft batch) on an image prompt in `rounds` rounds, each the median
-    of `repeats` steps after warm-up, with the steps of `engine` (None: the device's default,
-    as decoding picks it). Times are medians over rounds; ratios are the medians of each
-    round's ratios; and one step of each after text prompts of `contexts` tokens (those that
-    fit both models). `progress(round, rounds, Tq/Tp of that round)` is called after each round."""
+    (a tree's nodes + 1: the verify-latency curve), and for each draft Tq with 1..4 rows and
+    every other of `draft_rows` (a tree's draft batch) on an image prompt, in `rounds` rounds,
+    each the median of `repeats` steps after warm-up, with the steps of `engine` (None: the
+    device's default, as decoding picks it); and one step of each after text prompts of
+    `contexts` tokens (those that fit). The target is measured once per round for all its
+    drafts, each draft right after it, so every pair's ratios come from steps timed seconds
+    apart. Times are medians over rounds; ratios are the medians of each round's ratios.
+    `progress(round, rounds, the first draft's Tq/Tp that round)` is called after each round."""
     load_before = machine_load()
-    engine = engine or default_engine(target, draft)
+    engine = engine or default_engine(target, *drafts)
     image = image or Image.new("RGB", (336, 336), (120, 80, 200))
     sample = Sample("calibration", "none", 0, "first", PROMPT, (image,))
     gamma = max(gammas)
     sizes = sorted({g + 1 for g in gammas} | set(verify_tokens))
     counts = sorted(set(range(1, MAX_ROWS + 1)) | set(draft_rows))
     target_rows = _prefilled(target, sample, 1, engine, max(sizes))
-    draft_batches = [_prefilled(draft, sample, n, engine, gamma) for n in counts]
-    lengths = [n for n in sorted(set(contexts)) if _fits(target, n) and _fits(draft, n)]
-    long_prompts = [(_prefilled_context(target, n, engine), _prefilled_context(draft, n, engine)) for n in lengths]
-    token, verify, drafts, at_length = [], [], [], []
+    target_lengths = [n for n in sorted(set(contexts)) if _fits(target, n)]
+    target_long = {n: _prefilled_context(target, n, engine) for n in target_lengths}
+    batches = [[_prefilled(draft, sample, n, engine, gamma) for n in counts] for draft in drafts]
+    lengths = [[n for n in target_lengths if _fits(draft, n)] for draft in drafts]
+    long_prompts = [{n: _prefilled_context(draft, n, engine) for n in mine} for draft, mine in zip(drafts, lengths)]
+    token, verify, at_length = [], [], []
+    measured = [([], []) for _ in drafts]  # per draft: its step per batch, its step per context, each round
     for done in range(1, rounds + 1):
         token.append(_step_seconds(target, target_rows, 1, repeats))
         verify.append([_step_seconds(target, target_rows, n, repeats) for n in sizes])
-        drafts.append([_step_seconds(draft, rows, 1, repeats) for rows in draft_batches])
-        at_length.append([(_step_seconds(target, t, 1, repeats), _step_seconds(draft, d, 1, repeats)) for t, d in long_prompts])
+        at_length.append({n: _step_seconds(target, rows, 1, repeats) for n, rows in target_long.items()})
+        for draft, mine, long, (steps, context_steps) in zip(drafts, batches, long_prompts, measured):
+            steps.append([_step_seconds(draft, rows, 1, repeats) for rows in mine])
+            context_steps.append({n: _step_seconds(draft, rows, 1, repeats) for n, rows in long.items()})
         if progress:
-            progress(done, rounds, drafts[-1][0] / token[-1])
-    rows_ratio = [[d[m] / t for d, t in zip(drafts, token)] for m in range(len(counts))]
+            progress(done, rounds, measured[0][0][-1][0] / token[-1])
     curve = [[v[i] / t for v, t in zip(verify, token)] for i in range(len(sizes))]
     at_gamma = sizes.index(gamma + 1)
-    return Calibration(
-        target=target.name,
-        draft=draft.name,
-        device=str(target.device),
-        dtype=str(target.dtype).removeprefix("torch."),
-        gamma=gamma,
-        target_token_s=median(token),
-        target_verify_s=median(v[at_gamma] for v in verify),
-        draft_token_s=median(d[0] for d in drafts),
-        draft_rows_token_s=[median(d[m] for d in drafts) for m in range(len(counts))],
-        repeats=repeats,
-        engine=engine,
-        rounds=rounds,
-        ratio_draft_target_rounds=rows_ratio[0],
-        ratio_verify_rounds=curve[at_gamma],
-        draft_rows_ratio=[median(r) for r in rows_ratio],
-        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        device_name=device_name(target.device),
-        verify_tokens=sizes,
-        verify_s=[median(v[i] for v in verify) for i in range(len(sizes))],
-        verify_ratios=[median(r) for r in curve],
-        draft_row_counts=counts,
-        verify_ratio_rounds=curve,
-        draft_rows_ratio_rounds=rows_ratio,
-        load_before=load_before,
-        load_after=machine_load(),
-        cpu_cores=cpu_cores(),
-        context_tokens=lengths,
-        context_target_s=[median(r[i][0] for r in at_length) for i in range(len(lengths))],
-        context_draft_s=[median(r[i][1] for r in at_length) for i in range(len(lengths))],
+    shared = dict(
+        target=target.name, device=str(target.device), dtype=str(target.dtype).removeprefix("torch."), gamma=gamma,
+        target_token_s=median(token), target_verify_s=median(v[at_gamma] for v in verify), repeats=repeats,
+        engine=engine, rounds=rounds, ratio_verify_rounds=curve[at_gamma],
+        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), device_name=device_name(target.device),
+        verify_tokens=sizes, verify_s=[median(v[i] for v in verify) for i in range(len(sizes))],
+        verify_ratios=[median(r) for r in curve], draft_row_counts=counts, verify_ratio_rounds=curve,
+        load_before=load_before, load_after=machine_load(), cpu_cores=cpu_cores(),
     )
+    results = []
+    for draft, mine, (steps, context_steps) in zip(drafts, lengths, measured):
+        rows_ratio = [[d[m] / t for d, t in zip(steps, token)] for m in range(len(counts))]
+        results.append(Calibration(
+            draft=draft.name, draft_token_s=median(d[0] for d in steps),
+            draft_rows_token_s=[median(d[m] for d in steps) for m in range(len(counts))],
+            ratio_draft_target_rounds=rows_ratio[0], draft_rows_ratio=[median(r) for r in rows_ratio],
+            draft_rows_ratio_rounds=rows_ratio, context_tokens=mine,
+            context_target_s=[median(r[n] for r in at_length) for n in mine],
+            context_draft_s=[median(r[n] for r in context_steps) for n in mine], **shared,
+        ))
+    return results

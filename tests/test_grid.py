@@ -274,7 +274,7 @@ def test_dry_run_counts_without_loading_models_or_data(tmp_path, monkeypatch, ca
     out = capsys.readouterr().out
     spec = load_grid("configs/smoke.yaml")
     assert f"{len(spec.units())} work units" in out
-    assert "embedded_vqa: 14" in out and "MT: 8" in out and "tiny:target <- tiny:draft (fp32): 28" in out
+    assert "embedded_vqa: 42" in out and "MT: 24" in out and "tiny:target <- tiny:draft (fp32): 28" in out
     assert "\n".join(unit_counts(spec)) in out
 
 

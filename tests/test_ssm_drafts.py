@@ -49,7 +49,8 @@ def models(request, tiny_dirs):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_sd_with_a_state_space_draft_is_the_targets_own_greedy_output(models, kind):
-    """chain / candidates / shape / bandit x M, T, MT, MT* x gamma 1/3/5 x both engines, on two targets."""
+    """chain / candidates / shape / bandit x M, T, MT, MT* x both engines, on the bigram target at
+    gamma 1/3/5 and on the random tiny LLaVA (fp32, where its drafts seldom agree) at gamma 3."""
     dtype, loaded = models
     draft, accepted = loaded[kind], []
     targets = ("bigram_target", "target") if dtype == "fp32" else ("bigram_target",)
@@ -58,7 +59,7 @@ def test_greedy_sd_with_a_state_space_draft_is_the_targets_own_greedy_output(mod
         for engine in ("static", "eager"):
             reference = autoregressive_decode(target, sample(), max_new_tokens=MAX_NEW, engine=engine).output_ids
             for (name, config), verify in [(item, v) for item in METHODS.items() for v in VERIFY]:
-                for gamma in (1, 3, 5):
+                for gamma in (1, 3, 5) if target_name == "bigram_target" else (3,):
                     run = replace(config, gamma=gamma, max_new_tokens=MAX_NEW, verify=verify_at(verify, gamma))
                     record = speculative_decode(target, draft, sample(), run, FixedCaptioner(), engine=engine)
                     assert record.output_ids == reference, (dtype, kind, target_name, engine, name, verify, gamma)
@@ -83,7 +84,7 @@ def test_replay_gives_live_accepted_counts_exactly_with_a_state_space_draft(tiny
         case = sample(colour, question)
         traces = collect_traces(target, draft, case, "MT", FixedCaptioner(), max_new_tokens=MAX_NEW, engine="eager")
         for (name, config), verify in [(item, v) for item in METHODS.items() for v in VERIFY]:
-            for gamma in (1, 3, 5):
+            for gamma in (1, 5):
                 run = replace(config, gamma=gamma, max_new_tokens=MAX_NEW, verify=verify_at(verify, gamma))
                 live = speculative_decode(target, draft, case, run, FixedCaptioner(), engine="eager")
                 replayed = replay(traces, run)
@@ -91,4 +92,4 @@ def test_replay_gives_live_accepted_counts_exactly_with_a_state_space_draft(tiny
                 assert replayed.shape_per_block == live.shape_per_block, (kind, name, verify, gamma)
                 assert replayed.weights_per_block == live.weights_per_block, (kind, name, verify, gamma)
                 checked += 1
-    assert checked == 2 * len(METHODS) * len(VERIFY) * 3
+    assert checked == 2 * len(METHODS) * len(VERIFY) * 2

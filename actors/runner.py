@@ -26,7 +26,7 @@ from pipeline.planning.resume import reconcile, wanted_rows
 from pipeline.planning.shards import plan_shards
 from pipeline.results.run_lock import run_lock
 from pipeline.results.manifest import grid_record, record_grid
-from pipeline.results.store import drop_rows, first_turn_answers, write_shards, written_rows
+from pipeline.results.store import drop_rows, first_turn_answers, quarantine_unreadable, write_shards, written_rows
 
 IN_FLIGHT_PER_WORKER = 2  # one running, one queued behind it, so a worker never waits on the driver
 POLL_S = 10.0  # how often a waiting driver checks that the cluster can still run its workers
@@ -104,6 +104,10 @@ class GridRunner:
         if self.spec.second_turns:
             phases.append(("second turn", list(self.spec.second_turns)))
         with run_lock(self.out, self.run_name):
+            moved, folder = quarantine_unreadable(self.out, self.run_name)
+            if moved:
+                print(f"moved {len(moved)} unreadable shard file(s) aside to {folder}; their rows are computed again",
+                      file=self.stream, flush=True)
             record_grid(self.out, self.run_name, grid_record(self.spec, self.samples.first_turn_count))
             try:
                 for label, turns in phases:

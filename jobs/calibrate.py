@@ -152,7 +152,7 @@ def _measured_on_ray(groups: dict[tuple[str, str], tuple[str, ...]], shapes: Sha
 def rewrite_reports(out: str, pairs: list[tuple[str, str, str]]) -> list[Path]:
     """Write again the report of every run under OUT holding rows of a pair just calibrated:
     its speedup tables draw on the calibration."""
-    from pipeline.results.store import read_results, run_names
+    from pipeline.results.store import read_results, report_dir, run_names
     from pipeline.results.summary import write_summary
 
     written = []
@@ -160,7 +160,7 @@ def rewrite_reports(out: str, pairs: list[tuple[str, str, str]]) -> list[Path]:
         rows = read_results(out, run)
         if any(((rows["target"] == t) & (rows["draft"] == d) & (rows["dtype"] == dt)).any() for t, d, dt in pairs):
             write_summary(out, run, rows)
-            written.append(Path(out) / f"_report-{run}")
+            written.append(report_dir(out, run))
             print(f"report rewritten with the new calibration: {written[-1] / 'summary.md'}", flush=True)
     return written
 

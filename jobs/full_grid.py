@@ -10,20 +10,35 @@ Ray. Rerunning with the same --out skips every row already written.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 # `ray job submit` runs this file from the uploaded working directory: import the project
 # from there (not from wherever it happens to be installed on the head node).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.planning.grid import GridError, GridSpec  # noqa: E402  (light: no Ray, no transformers)
-from pipeline.planning.grid_file import load_grid  # noqa: E402
+from pipeline.planning.grid_file import check_name, load_grid  # noqa: E402
 from pipeline.planning.listing import KINDS  # noqa: E402
 from pipeline.planning.samples import RegistrySource, SampleSource  # noqa: E402
 
-EXIT_INVALID, EXIT_FAILED, EXIT_LOCKED, EXIT_INTERRUPTED = 2, 1, 3, 130
+if TYPE_CHECKING:
+    from actors.runner import GridRunner
+
+EXIT_INVALID, EXIT_FAILED, EXIT_LOCKED, EXIT_INTERRUPTED, EXIT_TERMINATED = 2, 1, 3, 130, 143
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`ray job stop`, Slurm, Kubernetes): the run ends as on Ctrl-C."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,6 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        if args.run is not None:
+            check_name(args.run, "--run")
         spec = load_grid(args.grid)
     except GridError as err:
         print(f"invalid grid {args.grid}: {err}", file=sys.stderr)
@@ -95,6 +112,12 @@ def run(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -> int:
     except RunLocked as err:
         print(f"not started: {err}", file=sys.stderr)
         return EXIT_LOCKED
+    except OSError as err:
+        if err.errno not in DISK_FULL:
+            raise
+        print(f"stopped: no space left on the disk of {Path(args.out).resolve()} (writing {err.filename or 'it'}); "
+              "free some space, then rerun the same command to resume (rows written so far are kept)", file=sys.stderr)
+        return EXIT_FAILED
 
 
 def run_locked(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -> int:
@@ -102,15 +125,13 @@ def run_locked(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -
     import ray
 
     from actors.runner import GridRunner, RunFailed
-    from jobs.calibrate import calibrate_pairs, grid_shapes, pairs_to_measure
-    from pipeline.results.store import read_results
-    from pipeline.results.summary import write_summary
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if os.environ.get("RAY_ADDRESS"):
         ray.init(log_to_driver=False)  # workers log to files: the driver prints one line per shard
     else:  # "local": a new Ray for this job, even when some `ray start` cluster is running
         ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    signal.signal(signal.SIGTERM, _terminate)  # after ray.init, whose own handler dumps a stack and aborts
     runner = GridRunner(
         spec, args.out, source=source, run=args.run, workers=args.workers,
         gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker,
@@ -120,13 +141,25 @@ def run_locked(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -
         return f"rerun the same command to resume ({runner.report.rows_written} rows written this time are kept)"
 
     try:
-        report = runner.run()
-    except KeyboardInterrupt:
-        print(f"\ninterrupted; {resume()}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        run_and_report(runner, spec, args)
+    except KeyboardInterrupt as stop:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
+        terminated = isinstance(stop, Terminated)
+        print(f"\n{'terminated' if terminated else 'interrupted'}; {resume()}", file=sys.stderr)
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     except RunFailed as err:
         print(f"run {runner.run_name} stopped: {err}\nonce that is fixed, {resume()}", file=sys.stderr)
         return EXIT_FAILED
+    return 0
+
+
+def run_and_report(runner: "GridRunner", spec: GridSpec, args: argparse.Namespace) -> None:
+    """The rows, then the latency calibration (grids with `calibrate: true`), then the report."""
+    from jobs.calibrate import calibrate_pairs, grid_shapes, pairs_to_measure
+    from pipeline.results.store import read_results, report_dir
+    from pipeline.results.summary import write_summary
+
+    report = runner.run()
     print(
         f"run {runner.run_name}: {report.rows_written} rows written in {report.shards_written} shards, "
         f"{report.rows_skipped} already present, {report.rows_recomputed} computed again, "
@@ -139,8 +172,7 @@ def run_locked(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -
         if pairs:
             calibrate_pairs(pairs, args.out, shapes=shapes, ray_tasks=True)
     print(write_summary(args.out, runner.run_name, read_results(args.out, runner.run_name)))
-    print(f"tables and plots: {Path(args.out).resolve() / f'_report-{runner.run_name}'}")
-    return 0
+    print(f"tables and plots: {report_dir(args.out, runner.run_name).resolve()}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 # Run from a checkout or a `ray job submit` working directory alike (see jobs/full_grid.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.results.store import read_results  # noqa: E402
+from pipeline.results.store import read_results, report_dir, unreadable_files  # noqa: E402
 from pipeline.results.summary import write_summary  # noqa: E402
 
 
@@ -23,13 +23,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", help="results directory written by jobs/full_grid.py")
     parser.add_argument("--run", help="only this run (default: every run under the directory)")
     args = parser.parse_args(argv)
+    for path in unreadable_files(args.out, args.run):
+        print(f"skipped {path}: not a readable Parquet file (a run of its grid moves it aside and computes "
+              "its rows again)", file=sys.stderr)
     df = read_results(args.out, args.run)
     if df.empty:
         print(f"no results under {args.out}", file=sys.stderr)
         return 1
     for run, rows in df.groupby("run", sort=False, observed=True):
         print(write_summary(args.out, str(run), rows))
-        print(f"reports written to {Path(args.out).resolve() / f'_report-{run}'}")
+        print(f"reports written to {report_dir(args.out, str(run)).resolve()}")
     return 0
 
 

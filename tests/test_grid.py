@@ -394,7 +394,7 @@ def test_validation_lists_every_problem_with_the_name_probably_meant():
         "methods[1] 'mt'", "(did you mean 'MT'?)", "methods[2] 'MX'", "(did you mean 'M'?)",
         "engine[0]: unknown engine 'statc'; choose one of auto, static, eager (did you mean 'static'?)",
         "policies[1]: unknown weight policy 'gird' (did you mean 'grid'?)",
-        "gamma[0]: expected an integer >= 1",
+        "gamma[0]: expected an integer from 1 to 64, got 0",
     ]
     assert message.startswith("8 problems:"), message
     for part in expected:

@@ -20,6 +20,17 @@ def test_cluster_config_is_valid_for_the_launcher():
     assert config["file_mounts"]["~/tabed"] == "."
 
 
+def test_the_cluster_keeps_authentication_on_and_its_job_api_on_loopback():
+    config = yaml.safe_load((REPO / "ray_cluster.yaml").read_text())
+    starts = config["head_start_ray_commands"] + config["worker_start_ray_commands"]
+    assert all("RAY_AUTH_MODE=token" in c for c in starts if "ray start" in c)
+    head = next(c for c in config["head_start_ray_commands"] if "ray start" in c)
+    assert "--dashboard-host=127.0.0.1" in head and "0.0.0.0" not in (REPO / "ray_cluster.yaml").read_text()
+    assert config["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"  # every node gets the token
+    for doc in ("README.md", "docs/cluster.md", "scripts/local_ray.sh"):
+        assert "RAY_AUTH_MODE=disabled" not in (REPO / doc).read_text(), doc  # never advised
+
+
 # GPU memory of the instance types a config may name (one GPU each), in GB
 GPU_MEMORY_GB = {"g5.2xlarge": 24, "g5.4xlarge": 24, "g6e.xlarge": 48, "g6e.2xlarge": 48, "p4d.24xlarge": 40}
 

@@ -48,12 +48,15 @@ def ray_head():
     and a stop that leaves any other Ray on this machine alone."""
     if shutil.which("ray") is None:
         pytest.skip("the ray CLI is not installed")
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_AUTH_MODE", None)
     script = ["bash", str(REPO / "scripts" / "local_ray.sh")]
     started = subprocess.run([*script, "start", "--num-cpus=2", "--num-gpus=1"], env=env, capture_output=True,
                              text=True, timeout=180)
     assert started.returncode == 0, started.stderr
-    exported = dict(re.findall(r"(RAY_HEAD_PID|RAY_DASHBOARD)=(\S+)", started.stdout))
+    exported = dict(re.findall(r"(RAY_HEAD_PID|RAY_DASHBOARD|RAY_AUTH_MODE)=(\S+)", started.stdout))
+    assert exported["RAY_AUTH_MODE"] == "token"  # authentication stays on
+    env["RAY_AUTH_MODE"] = "token"  # as the `eval` of the start line exports it
     try:
         yield exported["RAY_DASHBOARD"], env
     finally:
@@ -61,7 +64,7 @@ def ray_head():
         assert subprocess.run(["kill", "-0", exported["RAY_HEAD_PID"]], capture_output=True).returncode != 0
 
 
-def test_ray_job_submit_runs_the_smoke_grid(ray_head, tmp_path):
+def test_ray_job_submit_runs_the_smoke_grid_with_authentication_on(ray_head, tmp_path):
     address, env = ray_head
     out = tmp_path / "results"
     runtime_env = {"env_vars": {"TABED_TINY_DIR": str(tmp_path / "tiny"), "HF_HUB_OFFLINE": "1",
@@ -84,3 +87,6 @@ def test_ray_job_submit_runs_the_smoke_grid(ray_head, tmp_path):
     assert comparable_rows(df) == json.loads(SMOKE_ROWS.read_text())
     assert re.search(r"\[second turn\] (\d+)/\1 shards, (\d+)/\2 rows, [\d.]+ decodes/s, ETA 0:00:00", log), log[-3000:]
     assert "Loading weights" not in log and "it/s]" not in log  # no library progress bars in the job's log
+    stranger = subprocess.run(["ray", "job", "list", "--address", address], cwd=REPO, capture_output=True, text=True,
+                              env={**env, "RAY_AUTH_TOKEN": "not-the-clusters-token"}, timeout=60)
+    assert stranger.returncode != 0  # the job API refuses a client without the cluster's token

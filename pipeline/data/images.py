@@ -13,6 +13,19 @@ BACKGROUND = (255, 255, 255)  # what transparent pixels are composited on
 HIGH_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
 
 ROTATED, RESCALED, COMPOSITED = "exif-rotated", "scaled-to-8-bit", "alpha-on-white"
+# Images above this many pixels are refused before they are decoded: a 30000x30000 PNG of a few
+# kilobytes (a decompression bomb) would take gigabytes. 64 Mpx is twice a 8K frame; the grid
+# field `max_image_pixels` raises it.
+MAX_IMAGE_PIXELS = 64_000_000
+
+
+def pixel_budget_problem(size: tuple[int, int], budget: int) -> str | None:
+    """Why an image of `size` (width, height) is refused, or None when it is within `budget`."""
+    width, height = size
+    if width * height <= budget:
+        return None
+    return (f"is {width}x{height} ({width * height / 1e6:,.0f} Mpx), above the pixel budget of "
+            f"{budget / 1e6:,.0f} Mpx (grid field max_image_pixels)")
 
 
 def to_rgb(image: Image.Image) -> tuple[Image.Image, tuple[str, ...]]:

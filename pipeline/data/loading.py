@@ -22,7 +22,7 @@ import datasets
 import pyarrow.parquet as pq
 from PIL import Image
 
-from pipeline.data.images import to_rgb
+from pipeline.data.images import MAX_IMAGE_PIXELS, pixel_budget_problem, to_rgb
 from pipeline.data.prompts import PromptError
 from pipeline.data.registry import DatasetSpec, get_dataset
 from pipeline.data.sample import FIRST_TURN, Sample
@@ -34,13 +34,15 @@ class DataSourceError(RuntimeError):
 
 
 def load_samples(
-    dataset: str | DatasetSpec, *, limit: int | None = None, source: str | os.PathLike | None = None
+    dataset: str | DatasetSpec, *, limit: int | None = None, source: str | os.PathLike | None = None,
+    max_image_pixels: int = MAX_IMAGE_PIXELS,
 ) -> list[Sample]:
     """First-turn Samples of a registered dataset (by name) or of `dataset`'s spec (a user's
     file): its first `limit` rows (default: the paper's subset).
 
     `source` is a local copy overriding the hub id (see module doc). Rows that cannot become a
-    prompt come back with `error` set; a source that cannot be opened raises DataSourceError.
+    prompt (an image above `max_image_pixels` among them) come back with `error` set; a source
+    that cannot be opened raises DataSourceError.
     """
     spec = dataset if isinstance(dataset, DatasetSpec) else get_dataset(dataset)
     name = spec.name
@@ -57,16 +59,16 @@ def load_samples(
         rows = open_rows(name, spec.hub_id, spec.config, spec.split, source, spec.required_columns)
         if spec.sub_task:
             rows = (row for row in rows if row.get("sub_task") == spec.sub_task)
-    return [row_to_sample(spec, index, row) for index, row in enumerate(islice(rows, count))]
+    return [row_to_sample(spec, index, row, max_image_pixels) for index, row in enumerate(islice(rows, count))]
 
 
-def row_to_sample(spec: DatasetSpec, index: int, row: Mapping[str, Any]) -> Sample:
+def row_to_sample(spec: DatasetSpec, index: int, row: Mapping[str, Any], max_image_pixels: int = MAX_IMAGE_PIXELS) -> Sample:
     """One row as a first-turn Sample; a bad row gives a Sample whose `error` says why."""
     sample = Sample(dataset=spec.name, split=spec.split, row=index, turn=FIRST_TURN, prompt="", category=spec.category)
     try:
         prompt, raw_images = spec.format_row(row)
         sample = dataclasses.replace(sample, prompt=prompt)
-        decoded = [decode_image(value, k) for k, value in enumerate(raw_images)]
+        decoded = [decode_image(value, k, max_image_pixels) for k, value in enumerate(raw_images)]
         conversions = tuple(f"image {k}: {note}" for k, (_, notes) in enumerate(decoded) for note in notes)
         answer = row.get(spec.answer_column) if spec.answer_column else None
         sample = dataclasses.replace(sample, images=tuple(image for image, _ in decoded), image_conversions=conversions,
@@ -78,13 +80,15 @@ def row_to_sample(spec: DatasetSpec, index: int, row: Mapping[str, Any]) -> Samp
     return sample
 
 
-def decode_image(value: Any, position: int) -> tuple[Image.Image, tuple[str, ...]]:
+def decode_image(value: Any, position: int, max_pixels: int = MAX_IMAGE_PIXELS) -> tuple[Image.Image, tuple[str, ...]]:
     """An 8-bit RGB image from what a row holds (PIL image, {'bytes', 'path'} dict, or a file
-    path), and the conversions `pipeline.data.images.to_rgb` applied to it."""
+    path), and the conversions `pipeline.data.images.to_rgb` applied to it. Its size is read
+    from the header and checked against `max_pixels` before any pixel is decoded."""
     if value is None:
         raise PromptError(f"image {position} is missing")
     try:
         if isinstance(value, Image.Image):
+            _check_pixels(value, position, max_pixels)
             return to_rgb(value)
         if isinstance(value, Mapping):
             if value.get("bytes"):
@@ -98,9 +102,18 @@ def decode_image(value: Any, position: int) -> tuple[Image.Image, tuple[str, ...
         else:
             raise PromptError(f"image {position} is a {type(value).__name__}, not an image")
         with opened:
+            _check_pixels(opened, position, max_pixels)
             return to_rgb(opened)
+    except Image.DecompressionBombError as exc:  # Pillow's own guard, at twice its MAX_IMAGE_PIXELS
+        raise PromptError(f"image {position} is refused as a decompression bomb: {exc}") from exc
     except OSError as exc:  # PIL.UnidentifiedImageError, truncated data, missing file
         raise PromptError(f"image {position} cannot be read: {exc}") from exc
+
+
+def _check_pixels(image: Image.Image, position: int, max_pixels: int) -> None:
+    problem = pixel_budget_problem(image.size, max_pixels)
+    if problem:
+        raise PromptError(f"image {position} {problem}")
 
 
 def open_rows(

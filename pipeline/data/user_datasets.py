@@ -8,6 +8,7 @@
         images: [photo]              # column(s) with an image, a path (relative to the file) or a list of them
         answer: label                # optional: kept in each row's `answer` column
         category: benchmark          # benchmark | ood (where the tables put it)
+        allow_outside_paths: false   # image paths must stay inside the file's folder unless true
 
 A question with `<image>` placeholders is used as written (one per image, in order); otherwise
 the images come first, then the question, as for the built-in single-image datasets. Second
@@ -26,7 +27,7 @@ from pipeline.names import did_you_mean
 
 FILE_KINDS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 CATEGORIES = ("benchmark", "ood")
-FIELDS = ("name", "path", "question", "images", "answer", "category", "split")
+FIELDS = ("name", "path", "question", "images", "answer", "category", "split", "allow_outside_paths")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class MappedColumns:
     question: str = "question"
     images: tuple[str, ...] = ("image",)
     image_root: str = "."  # relative image paths are read from here (the data file's folder)
+    allow_outside_paths: bool = False  # else a path that resolves outside image_root is refused
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -51,11 +53,16 @@ class MappedColumns:
         return user_turn(f"{IMAGE_PLACEHOLDER}\n" * len(images) + question), images
 
     def _image(self, value: Any, column: str) -> Any:
-        """A path is resolved against the data file's folder and must exist; anything else
-        (an image, bytes) is decoded by the loader."""
+        """A path is resolved against the data file's folder, must stay inside it (checked
+        before anything is opened: a shared file must not read the rest of the disk) and must
+        exist; anything else (an image, bytes) is decoded by the loader."""
         if isinstance(value, str):
             path = Path(value).expanduser()
             path = path if path.is_absolute() else Path(self.image_root) / path
+            root = Path(self.image_root).resolve()
+            if not self.allow_outside_paths and not path.resolve().is_relative_to(root):
+                raise PromptError(f"column {column!r}: image path {value!r} leaves the dataset folder {root} "
+                                  "(allow_outside_paths: true on the dataset entry allows it)")
             if not path.is_file():
                 raise PromptError(f"column {column!r}: image file {value!r} does not exist (looked in {path.parent})")
             return str(path)
@@ -90,11 +97,13 @@ class UserDataset:
     answer: str | None = None
     category: str = "benchmark"
     split: str = "test"
+    allow_outside_paths: bool = False
 
     @property
     def columns(self) -> MappedColumns:
         data = Path(self.path).expanduser().resolve()
-        return MappedColumns(self.question, self.images, str(data if data.is_dir() else data.parent))
+        return MappedColumns(self.question, self.images, str(data if data.is_dir() else data.parent),
+                             self.allow_outside_paths)
 
     @property
     def required_columns(self) -> tuple[str, ...]:
@@ -133,5 +142,8 @@ def parse_user_dataset(entry: Mapping[str, Any], where: str, taken: set[str], ba
     if category not in CATEGORIES:
         raise ValueError(f"{where} ({name}): category must be one of {CATEGORIES}, got {category!r}"
                          f"{did_you_mean(category, CATEGORIES)}")
+    outside = entry.get("allow_outside_paths", False)
+    if not isinstance(outside, bool):
+        raise ValueError(f"{where} ({name}): `allow_outside_paths` must be true or false, got {outside!r}")
     return UserDataset(name, str(found.resolve()), text_fields["question"], tuple(images), text_fields["answer"], category,
-                       text_fields["split"])
+                       text_fields["split"], outside)

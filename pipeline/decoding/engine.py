@@ -76,6 +76,15 @@ def tokenize(model: LVLM, sample: Sample) -> Prompt:
     return Prompt(ids, sample.images)
 
 
+def check_fits(model: LVLM, positions: int, prompt: Prompt) -> None:
+    """A prompt and its continuation must fit the model's context: refused as input, not left
+    to fail (or to allocate a cache of terabytes) inside the model."""
+    limit = model.max_positions
+    if limit is not None and positions > limit:
+        raise ModelInputError(f"{model.name}: the prompt ({len(prompt.ids)} tokens before image features) and "
+                              f"its continuation need {positions} positions; the model's context holds {limit}")
+
+
 def prefilled_rows(
     model: LVLM,
     prompt: Prompt,
@@ -95,12 +104,14 @@ def prefilled_rows(
     fed between two roll-backs (a state-space draft keeps that many saved states; None:
     `capacity`); `compiled` overrides whether decode steps compile (None: `compiles(device)`);
     `step_log` collects how steps ran."""
+    check_fits(model, len(prompt.ids) + capacity, prompt)  # before anything is embedded or allocated
     captions = None
     if needs_captions(methods):
         if captioner is None:
             raise ModelInputError(f"caption drafting in {methods!r} needs a captioner")
         captions = [captioner.caption(image) for image in prompt.images]
     embeds = [method_embeddings(model, m, prompt.ids, prompt.images, captions)[:-1] for m in methods]
+    check_fits(model, max(len(e) for e in embeds) + 1 + capacity, prompt)  # with the image features spliced in
     rows = new_rows(model, embeds, engine=engine, capacity=capacity, role=role, compiled=compiled, step_log=step_log,
                     span=span)
     rows.prefill()

@@ -57,6 +57,11 @@ class LVLM(ABC):
         return self.image_token_id is not None
 
     @property
+    def max_positions(self) -> int | None:
+        """The most positions (prompt and continuation) the model takes; None: no limit."""
+        return None
+
+    @property
     def supports_pooling(self) -> bool:
         """Whether `image_features(..., pooled=True)` is available (drafting method P)."""
         return False

@@ -48,6 +48,11 @@ class HFModel(LVLM):
     def supports_static_cache(self) -> bool:
         return True
 
+    @property
+    def max_positions(self) -> int | None:
+        text = getattr(self.model.config, "text_config", None) or self.model.config
+        return getattr(text, "max_position_embeddings", None)  # state-space configs have none
+
     def static_cache(self, batch: int, slots: int, role: str) -> StaticCache:
         key = (batch, slots, role)
         cache = self._static_caches.pop(key, None)

@@ -243,6 +243,7 @@ class GridSpec:
     untimed_verify: tuple[VerifySpec, ...] = ()  # verify kinds marked `timed: false`, likewise
     #: import paths of the grid's own drafting methods (pipeline.planning.plugins); workers import them too
     drafting_methods: tuple[str, ...] = ()
+    max_image_pixels: int | None = None  # images above it are input errors (None: pipeline.data.images')
 
     @property
     def second_turns(self) -> tuple[str, ...]:

@@ -9,7 +9,6 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import yaml
 
 from pipeline.decoding.config import DecodeConfig
 from pipeline.data.user_datasets import local_path
@@ -24,14 +23,16 @@ from pipeline.planning.grid import (
 from pipeline.planning.grid_checks import AXES, check_combinations
 from pipeline.planning.model_ids import check_family_here, check_model_id, check_same_tokenizer
 from pipeline.planning.plugins import load_drafting_methods, parse_datasets, policy_kind, verify_kind
+from pipeline.planning.grid_yaml import read_grid_yaml
 from pipeline.planning.problems import Problems
 
 MODES = ("live", "replay", "auto")
+MAX_GAMMA = 64  # proposals per block: the paper uses 5; thousands only make every block slower
 
 FIELDS = {
     "name", "datasets", "turns", "pairs", "methods", "policies", *AXES,
     "max_new_tokens", "limit", "captioner", "shard_size", "mode", "live_samples", "live_seed", "sources", "calibrate",
-    "drafting_methods",
+    "drafting_methods", "max_image_pixels",
 }
 
 
@@ -39,15 +40,7 @@ def load_grid(path: str | Path, catalog: Catalog | None = None) -> GridSpec:
     """Read and validate a grid file; `catalog` defaults to the data registry. Relative data
     paths in it (datasets, sources) are read from the grid file's folder."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise GridError(f"cannot read grid file {path}: {err}") from err
-    except yaml.YAMLError as err:  # one line: what is wrong and where
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise GridError(f"grid file {path} is not valid YAML{where}: {problem}") from err
+    raw = read_grid_yaml(path)
     raw = raw if isinstance(raw, dict) else {}
     raw.setdefault("name", path.stem)
     return parse_grid(raw, catalog, base=path.resolve().parent)
@@ -75,7 +68,7 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None, base: Path |
     pairs = problems.each(problems.check(_list, raw["pairs"], "pairs", default=[]), _pair)
     verify = problems.check(_axis, raw, "verify", _verify, default=())
     fields = dict(
-        name=problems.check(_name, raw.get("name", "grid")),
+        name=problems.check(check_name, raw.get("name", "grid")),
         datasets=datasets,
         user_datasets=user_datasets,
         drafting_methods=drafting_methods,
@@ -88,7 +81,7 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None, base: Path |
                                      lambda entry, i: _policy(entry, i, methods))),
         window=problems.check(_axis, raw, "window", _window),
         distance=problems.check(_axis, raw, "distance", lambda d, where: _choice(d, DISTANCES, where)),
-        gamma=problems.check(_axis, raw, "gamma", lambda g, where: _int(g, where, minimum=1)),
+        gamma=problems.check(_axis, raw, "gamma", lambda g, where: _int(g, where, minimum=1, maximum=MAX_GAMMA)),
         temperature=problems.check(_axis, raw, "temperature", _float),
         seed=problems.check(_axis, raw, "seed", lambda s, where: _int(s, where, minimum=0)),
         engine=problems.check(_axis, raw, "engine", _engine),
@@ -103,6 +96,8 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None, base: Path |
         live_seed=problems.check(_int, raw.get("live_seed", GridSpec.live_seed), "live_seed", minimum=0),
         sources=problems.check(_sources, raw.get("sources") or {}, base),
         calibrate=problems.check(_bool, raw.get("calibrate", GridSpec.calibrate), "calibrate"),
+        max_image_pixels=None if raw.get("max_image_pixels") is None else problems.check(
+            _int, raw["max_image_pixels"], "max_image_pixels", minimum=1),
     )
     problems.raise_all()
     spec = GridSpec(**fields)
@@ -142,9 +137,10 @@ def _list(value: Any, where: str) -> list:
     return values
 
 
-def _name(value: Any) -> str:
-    if not isinstance(value, str) or not re.fullmatch(r"[\w.\-]+", value):
-        raise GridError(f"name {value!r}: use letters, digits, '.', '_' or '-' (it names a directory)")
+def check_name(value: Any, where: str = "name") -> str:
+    """A run's name (the grid's `name`, or `--run`): it names folders under OUT, so no path."""
+    if not isinstance(value, str) or not re.fullmatch(r"[\w.\-]+", value) or set(value) == {"."}:
+        raise GridError(f"{where} {value!r}: use letters, digits, '.', '_' or '-' (it names a directory)")
     return value
 
 
@@ -277,9 +273,10 @@ def _choice(value: Any, choices: Iterable[str], where: str) -> str:
     return value
 
 
-def _int(value: Any, where: str, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise GridError(f"{where}: expected an integer >= {minimum}, got {value!r}")
+def _int(value: Any, where: str, *, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
+        bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise GridError(f"{where}: expected an integer {bounds}, got {value!r}")
     return value
 
 

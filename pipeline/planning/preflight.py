@@ -2,33 +2,61 @@
 be read from this machine. `load_grid` has already checked the grid file itself; here the
 output directory must be writable, every dataset must yield samples (local copies opened,
 columns present, not empty), question copies for second turns must open, and hub ids must
-resolve (in the local cache, or answered by the hub within seconds). Each failure is a
-`GridError` line naming the entry.
+resolve (in the local cache, or answered by the hub within seconds), and the output folder's
+disk must take the run's rows and report (a real write, and the free space against a size
+estimated from the expected rows). Each failure is a `GridError` line naming the entry.
 """
 from __future__ import annotations
 
 import os
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pipeline.planning.grid import GridError, GridSpec
-from pipeline.planning.model_ids import check_hub_id_resolves
+from pipeline.planning.model_ids import check_hub_id_resolves, readable_config
 from pipeline.planning.problems import Problems
 from pipeline.planning.samples import SampleSource
 
 QUESTION_TASKS_NEED = 1  # one question proves a copy opens and has the column
+# A result row of 64 new tokens takes about 530 bytes of Parquet (the embedded default: 3780 rows,
+# 2.0 MB); four times that leaves room for longer answers. The report (tables, figures in three
+# formats, calibrations) took 2.3 MB there; 32 MiB is room for large grids' figures.
+BYTES_PER_ROW = 2048
+REPORT_BYTES = 32 << 20
+PROBE_BYTES = 64 << 10  # a probe with data in it: a zero-byte file is created even on a full disk
 
 
-def check_output_dir(out: str | Path) -> None:
-    """The results directory exists (or can be made) and takes a file."""
+def check_output_dir(out: str | Path, rows: int = 0) -> None:
+    """The results directory exists (or can be made), takes a file with data in it (flushed to
+    disk), and has room for `rows` result rows and a report."""
     path = Path(out).expanduser()
+    probe = path / f".write-test-{os.getpid()}"
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        try:
+            with open(probe, "wb") as f:
+                f.write(b"\0" * PROBE_BYTES)
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            probe.unlink(missing_ok=True)
+        free = shutil.disk_usage(path).free
     except OSError as err:
         raise GridError(f"--out {out}: cannot write results there: {err.strerror or err}") from err
+    needed = rows * BYTES_PER_ROW + REPORT_BYTES if rows else 0
+    if free < needed:
+        raise GridError(f"--out {out}: {_mib(free)} free on its disk; this run needs about {_mib(needed)} "
+                        f"({rows} rows x {BYTES_PER_ROW} bytes, and {_mib(REPORT_BYTES)} for the report)")
+
+
+def expected_rows(spec: GridSpec, source: SampleSource) -> int:
+    """The rows a run of `spec` writes: a row per sample of every work unit."""
+    return sum(len(source.first_turn(unit.dataset, spec.limit)) for unit in spec.units())
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):,.1f} MiB"
 
 
 def check_models(spec: GridSpec) -> None:
@@ -40,6 +68,21 @@ def check_models(spec: GridSpec) -> None:
     with ThreadPoolExecutor(max_workers=8) as pool:
         for done in [pool.submit(problems.check, check_hub_id_resolves, name, where) for name, where in named.items()]:
             done.result()
+    problems.raise_all()
+
+
+def check_context(spec: GridSpec) -> None:
+    """`max_new_tokens` (and a block's proposals past it) must fit every target's context, read
+    from its config where readable here (local dirs, cached hub ids) before any weight loads.
+    A prompt too long for it is caught per sample, as an input error row."""
+    problems = Problems()
+    for i, pair in enumerate(spec.pairs):
+        config = readable_config(pair.target) or {}
+        limit = (config.get("text_config") or config).get("max_position_embeddings")
+        needed = spec.max_new_tokens + max(spec.gamma) + 1
+        if isinstance(limit, int) and needed > limit:
+            problems.found.append(f"pairs[{i}].target: max_new_tokens {spec.max_new_tokens} (+ gamma {max(spec.gamma)} + 1) "
+                                  f"needs {needed} positions after the prompt; {pair.target} holds {limit}")
     problems.raise_all()
 
 
@@ -73,7 +116,9 @@ def check_samples(spec: GridSpec, source: SampleSource) -> None:
 def preflight(spec: GridSpec, out: str | Path, source: SampleSource) -> None:
     check_output_dir(out)
     check_models(spec)
+    check_context(spec)
     check_samples(spec, source)
+    check_output_dir(out, expected_rows(spec, source))
 
 
 def _first_line(err: BaseException) -> str:

@@ -27,14 +27,16 @@ class RegistrySource:
     in `sources` (dataset or question-task name -> path) where given, else the hub; and from
     the grid's own files (`user_datasets`)."""
 
-    def __init__(self, sources: dict[str, str] | None = None, user_datasets: Iterable[UserDataset] = ()) -> None:
+    def __init__(self, sources: dict[str, str] | None = None, user_datasets: Iterable[UserDataset] = (),
+                 max_image_pixels: int | None = None) -> None:
         self.sources = sources or {}
         self.user_datasets = {user.name: user for user in user_datasets}
+        self.max_image_pixels = max_image_pixels  # None: the data layer's default
         self._cache: dict[tuple[str, int | None], list[Sample]] = {}
 
     @classmethod
     def for_grid(cls, spec: GridSpec) -> "RegistrySource":
-        return cls(dict(spec.sources), spec.user_datasets)
+        return cls(dict(spec.sources), spec.user_datasets, spec.max_image_pixels)
 
     def first_turn(self, dataset: str, limit: int | None) -> list[Sample]:
         from pipeline.data import load_samples  # the data stack loads only when a run needs samples
@@ -43,7 +45,8 @@ class RegistrySource:
         if (dataset, limit) not in self._cache:
             user = self.user_datasets.get(dataset)
             named = user_dataset_spec(user) if user else dataset
-            self._cache[(dataset, limit)] = load_samples(named, limit=limit, source=self.sources.get(dataset))
+            budget = {} if self.max_image_pixels is None else {"max_image_pixels": self.max_image_pixels}
+            self._cache[(dataset, limit)] = load_samples(named, limit=limit, source=self.sources.get(dataset), **budget)
         return self._cache[(dataset, limit)]
 
     def second_turn(self, first_samples: list[Sample], first_outputs: dict[str, str], task: str) -> list[Sample]:

@@ -21,13 +21,18 @@ def completeness_table(rows: pd.DataFrame, expected: list[dict] | None) -> pd.Da
     return table[["expected", "present", "failed", "missing"]]
 
 
-def completeness_text(table: pd.DataFrame, expected: list[dict] | None) -> str:
+def completeness_text(table: pd.DataFrame, expected: list[dict] | None, writer: dict | None = None) -> str:
+    """`writer`: the lock holder ({host, pid, since}) when a driver is writing the run now."""
     if not expected:
         return "No run manifest was found, so the expected number of rows is unknown (a run written before manifests)."
     missing, total, failed = int(table["missing"].sum()), int(table["expected"].sum()), int(table["failed"].sum())
     beyond = int((table["present"] - table["expected"]).clip(lower=0).sum())
     extra = (f" **{beyond} rows present belong to no grid recorded for this run** (written before its manifest kept "
              "every grid, or by hand).") if beyond else ""
+    if missing and writer:
+        return (f"**INCOMPLETE: {missing} of {total} expected rows are missing.** A driver is writing this run now "
+                f"(pid {writer.get('pid')} on {writer.get('host')}, since {writer.get('since')}): summarize again "
+                f"once it ends; if it stops before finishing, {RESUME}.{extra}")
     if missing:
         return f"**INCOMPLETE: {missing} of {total} expected rows are missing.** To finish it, {RESUME}.{extra}"
     failures = f"{failed} of them record a failure, listed below" if failed else "none failed"

@@ -1,6 +1,8 @@
 """One driver per run directory: two drivers writing one run would compute rows twice and
-could keep both copies. The lock is a file created exclusively (atomic on local and network
-file systems alike); a lock left by a driver that died on this host is taken over.
+could keep both copies. The lock is written whole to a temporary file, then hard-linked into
+place (exclusive and atomic on local and network file systems alike), so it never exists
+half-written, even when the disk fills. A lock left by a driver that died on this host is
+taken over, and so is an empty or unparsable one (only a crash or an older version leaves one).
 """
 from __future__ import annotations
 
@@ -32,20 +34,22 @@ def run_lock(out: str | Path, run: str) -> Iterator[Path]:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     holder = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-    while True:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            break
-        except FileExistsError:
-            other = _holder(path)
-            if not _died_here(other):
+    written = path.with_name(f".lock.{os.getpid()}.tmp")
+    try:
+        with open(written, "w") as f:
+            json.dump(holder, f)
+            f.flush()
+            os.fsync(f.fileno())
+        while not _linked(written, path):
+            other = lock_holder(out, run)
+            if other is not None:
                 raise RunLocked(
                     f"run {run!r} in {out} is being written by pid {other.get('pid')} on {other.get('host')} "
                     f"since {other.get('since')}; wait for it to finish, or if that driver is gone, delete {path}"
-                ) from None
-            path.unlink(missing_ok=True)  # its driver is dead: take the run over
-    with os.fdopen(fd, "w") as f:
-        json.dump(holder, f)
+                )
+            path.unlink(missing_ok=True)  # its driver is dead, or it is no lock at all: take the run over
+    finally:
+        written.unlink(missing_ok=True)
     _HELD.add(path)
     try:
         yield path
@@ -54,11 +58,30 @@ def run_lock(out: str | Path, run: str) -> Iterator[Path]:
         path.unlink(missing_ok=True)
 
 
-def _holder(path: Path) -> dict:
+def lock_holder(out: str | Path, run: str) -> dict | None:
+    """Which other driver holds the run ({host, pid, since}), or None when none does: no lock,
+    this process's own, a lock of a driver that died on this host, or an empty or unparsable file."""
+    path = run_dir(out, run) / ".lock"
+    if path.resolve() in _HELD:
+        return None
     try:
-        return json.loads(path.read_text())
+        holder = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
     except (OSError, ValueError):
-        return {}  # being written this instant, or unreadable: treat as held
+        return None  # never a live lock: a lock is linked into place whole
+    if not isinstance(holder, dict) or _died_here(holder):
+        return None
+    return holder
+
+
+def _linked(written: Path, path: Path) -> bool:
+    """Put the finished lock file in place unless one is there."""
+    try:
+        os.link(written, path)
+    except FileExistsError:
+        return False
+    return True
 
 
 def _died_here(holder: dict) -> bool:

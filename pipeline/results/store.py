@@ -4,12 +4,17 @@ Layout: `OUT/run=<run>/target=<t>/draft=<d>/dataset=<ds>/part-<shard>.parquet` (
 values URI-encoded, so hub ids with '/' stay one directory level). The partition columns live
 in the directory names only, the way hive readers expect them: `pandas.read_parquet(OUT)`,
 `pyarrow.dataset.dataset(OUT, partitioning="hive")`, DuckDB's and polars' hive readers all
-read the dataset. A shard is written under a dot-prefixed temporary name and renamed: readers
-(which skip dot files) never see half a file, and a file that exists is complete.
+read the dataset. A shard is written under a dot-prefixed temporary name, flushed to disk and
+renamed (the folder flushed after): readers (which skip dot files) never see half a file, and
+after a crash a file that exists is complete. Only files in this layout are read, and a file
+whose Parquet footer cannot be read (truncated by a dying disk, or dropped there by hand) is
+skipped and named (`unreadable_files`) rather than ending every read: a run moves it aside
+(`quarantine_unreadable`) and computes its rows again.
 """
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Iterable
 from urllib.parse import quote, unquote
@@ -31,6 +36,11 @@ def rows_to_table(rows: list[dict]) -> pa.Table:
 
 def run_dir(out: str | Path, run: str) -> Path:
     return Path(out) / f"run={quote(run, safe='')}"
+
+
+def report_dir(out: str | Path, run: str) -> Path:
+    """`OUT/_report-<run>`, the run's name quoted as in `run=<run>` (it never leaves OUT)."""
+    return Path(out) / f"_report-{quote(run, safe='')}"
 
 
 def run_names(out: str | Path) -> list[str]:
@@ -68,16 +78,72 @@ def write_shards(out: str | Path, table: pa.Table) -> list[Path]:
 
 
 def _write_atomically(table: pa.Table, path: Path) -> None:
+    """Temporary file, fsync, rename, fsync of the folder: a crash leaves the old file or the
+    new one, never a complete-looking name over a partial file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(table.select(FILE_SCHEMA.names).cast(FILE_SCHEMA), tmp)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as sink:
+            pq.write_table(table.select(FILE_SCHEMA.names).cast(FILE_SCHEMA), sink)
+            sink.flush()
+            os.fsync(sink.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk or an interrupt leaves no stray temporary file
+        raise
+    fsync_folder(path.parent)
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make a rename in `folder` durable (a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems refuse fsync on a folder; the rename itself is still atomic
+    finally:
+        os.close(fd)
+
+
+def shard_files(out: str | Path, run: str | None = None) -> list[Path]:
+    """The shard files of the layout (`run=*/target=*/draft=*/dataset=*/part-*.parquet`), of one
+    run or all; a stray file anywhere else is not part of the results."""
+    layout = "target=*/draft=*/dataset=*/part-*.parquet"
+    base = Path(out) if run is None else run_dir(out, run)
+    pattern = layout if run is not None else f"run=*/{layout}"
+    return sorted(p for p in base.glob(pattern) if p.is_file()) if base.is_dir() else []
+
+
+def _readable(path: Path) -> bool:
+    try:
+        pq.read_metadata(path)
+    except (OSError, pa.ArrowException):  # truncated, empty, or not Parquet at all
+        return False
+    return True
+
+
+def unreadable_files(out: str | Path, run: str | None = None) -> list[Path]:
+    """Shard files whose Parquet footer cannot be read: every read skips them."""
+    return [p for p in shard_files(out, run) if not _readable(p)]
+
+
+def quarantine_unreadable(out: str | Path, run: str) -> tuple[list[Path], Path]:
+    """Move this run's unreadable shard files to `run=<run>/_quarantine/<time>/` (kept for a
+    look, out of every read), so a resume computes their rows again. Call it under the run lock."""
+    folder = run_dir(out, run) / "_quarantine" / time.strftime("%Y%m%dT%H%M%S")
+    moved = []
+    for path in unreadable_files(out, run):
+        target = folder / path.relative_to(run_dir(out, run))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+        moved.append(target)
+    return moved, folder
 
 
 def _dataset(out: str | Path, run: str | None) -> ds.Dataset | None:
-    path = Path(out) if run is None else run_dir(out, run)
-    if not path.is_dir():
-        return None
-    files = [str(p) for p in path.rglob("part-*.parquet")]
+    files = [str(p) for p in shard_files(out, run) if _readable(p)]
     if not files:
         return None
     return ds.dataset(files, schema=SCHEMA, format="parquet", partitioning=HIVE, partition_base_dir=str(out))
@@ -98,7 +164,7 @@ def drop_rows(out: str | Path, run: str, keys: set[str]) -> int:
     """Remove the rows with these keys from this run's files, each file rewritten atomically
     (removed when nothing is left); returns how many rows went. Call it under the run lock."""
     dropped, doomed = 0, pa.array(sorted(keys), pa.string())
-    for path in sorted(run_dir(out, run).rglob("part-*.parquet")):
+    for path in (p for p in shard_files(out, run) if _readable(p)):
         if not pc.any(pc.is_in(pq.read_table(path, columns=["key"])["key"], doomed)).as_py():
             continue  # only the key column is read from files that keep every row
         table = pq.read_table(path, schema=FILE_SCHEMA)

@@ -1,6 +1,6 @@
 """Write a run's reports next to its results: Markdown and CSV tables, PNG plots.
 
-`OUT/_report-<run>/` (underscore: Parquet readers of OUT skip it): `summary.md` (completeness,
+`OUT/_report-<run>/` (underscore: Parquet readers of OUT skip it; written whole or not at all): `summary.md` (completeness,
 tau per dataset, category averages, expected and measured speedup with the samples timed, each
 target's drafts side by side and the calibration used, M vs T and where MT* lands, the lossless audit, replay fidelity, image
 conversions, failed samples), one CSV per table, the paper's Table 1/2 as LaTeX
@@ -8,6 +8,8 @@ conversions, failed samples), one CSV per table, the paper's Table 1/2 as LaTeX
 """
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -24,12 +26,30 @@ from pipeline.results.noise import noise_section, shown
 from pipeline.results.plots import context_cost_figure, save, tau_figure, verify_cost_figure, weight_ratio_figure
 from pipeline.results.report import category_table, error_counts, findings_text, markdown_table, method_findings, tau_table
 from pipeline.results.speedup import draft_size_table, speedup_table
+from pipeline.results.run_lock import lock_holder
+from pipeline.results.store import report_dir
 
 
 def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
-    """Write every table and plot of one run; return the Markdown that was written."""
-    folder = Path(out) / f"_report-{run}"
-    folder.mkdir(parents=True, exist_ok=True)
+    """Write every table and plot of one run; return the Markdown that was written. The report
+    is built in a temporary folder and swapped in whole: a full disk or a crash midway leaves
+    the previous report as it was, never new tables beside an old summary."""
+    final = report_dir(out, run)
+    folder, old = (final.with_name(f".{final.name}.{os.getpid()}.{end}") for end in ("tmp", "old"))
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    try:
+        text = _write_report(out, run, rows, folder)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(folder, final)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+    return text
+
+
+def _write_report(out: str | Path, run: str, rows: pd.DataFrame, folder: Path) -> str:
     calibrations = read_calibrations(out)
     tables = {
         "tau": ("Block efficiency tau per dataset (pooled over blocks; Avg. = benchmark datasets)", tau_table(rows)),
@@ -76,7 +96,8 @@ def completeness_section(out: str | Path, run: str, rows: pd.DataFrame, folder: 
     expected = expected_rows(grids)
     table = completeness_table(rows, expected)
     table.to_csv(folder / "completeness.csv")
-    return (f"## Completeness\n\n{completeness_text(table, expected)}{grids_text(grids)}\n\n"
+    text = completeness_text(table, expected, lock_holder(out, run))
+    return (f"## Completeness\n\n{text}{grids_text(grids)}\n\n"
             f"{markdown_table(table, mark_best=False)}")
 
 

@@ -153,3 +153,15 @@ def test_preflight_checks_free_space_with_a_real_write(tmp_path, monkeypatch):
     with pytest.raises(GridError, match=r"5.0 MiB free on its disk; this run needs about 34.0 MiB \(1000 rows"):
         check_output_dir(tmp_path, rows=1000)
     assert not list(tmp_path.iterdir())  # the probe is gone
+
+
+def test_the_lock_works_where_files_cannot_be_hard_linked(tmp_path, monkeypatch):
+    import pipeline.results.run_lock as run_lock_module
+
+    def no_links(*args):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(run_lock_module.os, "link", no_links)
+    with run_lock(tmp_path, "r") as held:
+        assert json.loads(held.read_text())["pid"] == os.getpid()
+    assert not list(run_dir(tmp_path, "r").iterdir())

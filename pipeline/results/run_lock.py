@@ -6,6 +6,7 @@ taken over, and so is an empty or unparsable one (only a crash or an older versi
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -81,6 +82,15 @@ def _linked(written: Path, path: Path) -> bool:
         os.link(written, path)
     except FileExistsError:
         return False
+    except OSError as err:
+        if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        try:  # a file system without hard links (some FUSE and SMB mounts): create exclusively, then fill
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(written.read_bytes())
     return True
 
 

@@ -34,3 +34,21 @@ def test_bf16_divergence_is_explained_and_full_agreement_said_plainly():
     assert BF16_NOTE in lossless_text(lossless_table(bf16))
     exact = pd.DataFrame([row("AR", [1, 2]), row("M", [1, 2]), row("MT", [1, 2])])
     assert lossless_text(lossless_table(exact)) == "Every audited row (2) equals the target's own greedy output."
+
+
+def test_each_differing_row_says_where_it_first_left_the_targets_output():
+    from pipeline.results.audit import divergences
+
+    rows = pd.DataFrame([
+        {**row("AR", [1, 2, 3, 4], dtype="bf16"), "method_label": "AR", "verify": None},
+        {**row("M", [1, 2, 9, 4], dtype="bf16"), "method_label": "M", "verify": "chain"},
+        {**row("MT", [1, 2], dtype="bf16"), "method_label": "MT", "verify": "chain"},  # stopped early (EOS)
+        {**row("T", [1, 2, 3, 4], dtype="bf16"), "method_label": "T", "verify": "chain"},
+    ])
+    audited = with_lossless_column(rows)
+    assert audited["first_divergence"].tolist() == [None, 2, 2, None]
+    assert audited["divergent_tokens"].tolist() == [None, "9 / 3", "end / 3", None]
+    differ = divergences(rows)
+    assert differ["method_label"].tolist() == ["M", "MT"]
+    text = lossless_text(lossless_table(rows), differ)
+    assert "first leave it at new token 2 (median; earliest 2, latest 2)" in text and BF16_NOTE in text

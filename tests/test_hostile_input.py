@@ -140,3 +140,25 @@ def test_a_prompt_longer_than_the_context_is_an_input_error(tiny_pair):
     with pytest.raises(ModelInputError, match="the model's context holds 4096") as refused:
         speculative_decode(target, draft, long, DecodeConfig(methods="M", max_new_tokens=8))
     assert error_category(refused.value) == "input"
+
+
+@pytest.mark.parametrize("verify", ["chain", "candidates", {"kind": "shape", "shape": [2, 2, 1, 1, 1, 1, 1, 1]}])
+def test_the_draft_never_runs_more_steps_than_the_tokens_left(tiny_pair, monkeypatch, verify):
+    """gamma 8 and 5 new tokens: a block drafts at most the tokens the sample may still produce
+    (a block keeps no more), and the output is still the target's own."""
+    from pipeline.decoding.live import autoregressive_decode
+    from pipeline.decoding.verify_spec import make_verify
+
+    target, draft = tiny_pair
+    calls = []
+    real = type(draft).logits
+    monkeypatch.setattr(type(draft), "logits", lambda self, **kw: calls.append(self is draft) or real(self, **kw))
+    case = Sample("unit", "test", 0, "first", "USER: <image>\nDescribe it. ASSISTANT:", (solid((200, 30, 30)),))
+    config = DecodeConfig(methods="MT", gamma=8, max_new_tokens=5, verify=make_verify(verify))
+    record = speculative_decode(target, draft, case, config, None)
+    assert record.output_ids == autoregressive_decode(target, case, max_new_tokens=5).output_ids
+    produced, allowed = 0, 0
+    for accepted in record.accepted_per_block:
+        allowed += min(8, 5 - produced)  # forwards the block may run: never past the budget
+        produced += accepted + 1
+    assert 0 < sum(calls) - 1 <= allowed < 8 * len(record.accepted_per_block)  # less the prefill

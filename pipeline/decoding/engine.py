@@ -12,6 +12,8 @@ so CPU runs are eager forwards (`TABED_COMPILE=1` forces compiling, e.g. to test
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import os
 import time
 from collections import defaultdict
@@ -97,20 +99,23 @@ def prefilled_rows(
     compiled: bool | None = None,
     step_log: StepLog | None = None,
     span: int | None = None,
+    timer: PhaseTimer | None = None,
 ) -> Rows:
     """One row per method holding `prompt[:-1]` in the cache; the last token is fed later.
 
     `capacity`: continuation tokens the rows must hold (static engine); `span`: the most tokens
     fed between two roll-backs (a state-space draft keeps that many saved states; None:
     `capacity`); `compiled` overrides whether decode steps compile (None: `compiles(device)`);
-    `step_log` collects how steps ran."""
+    `step_log` collects how steps ran; `timer` times image features and captions as
+    `<role>_vision`."""
     check_fits(model, len(prompt.ids) + capacity, prompt)  # before anything is embedded or allocated
     captions = None
-    if needs_captions(methods):
-        if captioner is None:
-            raise ModelInputError(f"caption drafting in {methods!r} needs a captioner")
-        captions = [captioner.caption(image) for image in prompt.images]
-    embeds = [method_embeddings(model, m, prompt.ids, prompt.images, captions)[:-1] for m in methods]
+    with timer.phase(f"{role}_vision") if timer else nullcontext():
+        if needs_captions(methods):
+            if captioner is None:
+                raise ModelInputError(f"caption drafting in {methods!r} needs a captioner")
+            captions = [captioner.caption(image) for image in prompt.images]
+        embeds = [method_embeddings(model, m, prompt.ids, prompt.images, captions)[:-1] for m in methods]
     check_fits(model, max(len(e) for e in embeds) + 1 + capacity, prompt)  # with the image features spliced in
     rows = new_rows(model, embeds, engine=engine, capacity=capacity, role=role, compiled=compiled, step_log=step_log,
                     span=span)
@@ -140,6 +145,7 @@ class PhaseTimer:
     per proposal, and its cost lands in the very overhead it measures."""
 
     def __init__(self, device: torch.device) -> None:
+        self.started = time.perf_counter()  # the decode's wall clock starts with its timer
         self.cuda = device.type == "cuda"
         self.seconds: dict[str, float] = defaultdict(float)
         self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []

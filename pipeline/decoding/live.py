@@ -15,6 +15,7 @@ chains and trees, and the one trace replay uses.
 """
 from __future__ import annotations
 
+import time
 import zlib
 
 import torch
@@ -67,11 +68,12 @@ class SpeculativeDecoder:
         config, depth, timer, learns = self.config, self.proposer.depth, self.timer, self.weights.learns
         arm = getattr(self.proposer, "arm", None)
         with timer.phase("draft"):
-            with timer.phase("tabed"):
+            with timer.phase("tabed_draft"):
                 weights = self.weights.choose()
                 mixing = mixing_weights(weights) if len(config.methods) > 1 else weights
             uniforms = None if self.uniforms is None else self.uniforms[self.blocks]
             self.blocks += 1
+            self.proposer.budget = config.max_new_tokens - len(self.output)
             proposal = self.proposer.propose(self.draft_pending, mixing, uniforms, learns)
         with timer.phase("verify"):
             checks = None if uniforms is None else uniforms[self.proposer.draws_per_block:]
@@ -125,12 +127,14 @@ def speculative_decode(
     (target_capacity, draft_capacity), steps = capacities(config), StepLog()
     with timer.phase("prefill"):
         target_prompt, draft_prompt = tokenize(target, sample), tokenize(draft, sample)
-        target_rows = prefilled_rows(target, target_prompt, "M", None, engine=engine, capacity=target_capacity,
-                                     role="target", step_log=steps)
+        with timer.phase("target_prefill"):
+            target_rows = prefilled_rows(target, target_prompt, "M", None, engine=engine, capacity=target_capacity,
+                                         role="target", step_log=steps, timer=timer)
         copies = config.verify.copies_per_method(len(config.methods))  # a candidate tree's branches: a row each
-        draft_rows = prefilled_rows(draft, draft_prompt, config.methods * copies, captioner, engine=engine,
-                                    capacity=draft_capacity, role="draft", step_log=steps,
-                                    span=config.verify.draft_capacity(config.gamma) + 2)
+        with timer.phase("draft_prefill"):
+            draft_rows = prefilled_rows(draft, draft_prompt, config.methods * copies, captioner, engine=engine,
+                                        capacity=draft_capacity, role="draft", step_log=steps,
+                                        span=config.verify.draft_capacity(config.gamma) + 2, timer=timer)
     proposer = proposer_class(config.verify)(draft_rows, config)
     decoder = SpeculativeDecoder(target_rows, proposer, target_prompt.ids[-1], config,
                                  sample_generator(config, sample.sample_id), target.eos_token_ids, timer)
@@ -158,10 +162,10 @@ def autoregressive_decode(
     timer = PhaseTimer(target.device)
     record = SampleRecord(sample_id=sample.sample_id, mode="ar", engine=engine)
     generator, steps = sample_generator(config, sample.sample_id), StepLog()
-    with timer.phase("prefill"):
+    with timer.phase("prefill"), timer.phase("target_prefill"):
         prompt = tokenize(target, sample)
         rows = prefilled_rows(target, prompt, "M", None, engine=engine, capacity=max_new_tokens + 1, role="target",
-                              step_log=steps)
+                              step_log=steps, timer=timer)
     pending = torch.tensor([prompt.ids[-1]], device=target.device)
     output: list[int] = []
     while True:
@@ -190,6 +194,10 @@ def _finish(record: SampleRecord, output: list[int], target: LVLM, timer: PhaseT
     record.time_prefill_s = seconds["prefill"]
     record.time_draft_s = seconds["draft"]
     record.time_verify_s = seconds["verify"]
-    record.time_tabed_s = seconds["tabed"]
+    record.time_tabed_draft_s = seconds["tabed_draft"]
+    record.time_tabed_s = seconds["tabed_draft"] + seconds["tabed"]
+    record.time_vision_s = seconds["target_vision"] + seconds["draft_vision"]
+    record.time_target_prefill_s, record.time_draft_prefill_s = seconds["target_prefill"], seconds["draft_prefill"]
     record.time_total_s = seconds["prefill"] + seconds["draft"] + seconds["verify"]
+    record.time_wall_s = time.perf_counter() - timer.started
     return record

@@ -76,6 +76,10 @@ class ChainProposer:
     def __init__(self, rows: Rows, config: DecodeConfig) -> None:
         self.rows, self.config = rows, config
         self.depth = config.gamma
+        # tokens the sample may still produce, set by the decoder before each block: the draft
+        # runs at most that many forwards (a block keeps no more tokens); deeper proposals are
+        # the last real one repeated, so shapes, outputs and accepted counts stay as they were
+        self.budget = config.max_new_tokens
         # sampling's uniforms per block: one per proposal, then the target's acceptance tests
         # and its emitted token (`pipeline.decoding.verification.check`)
         self.draws_per_block, self.checks_per_block = config.gamma, config.gamma + 1
@@ -94,7 +98,7 @@ class ChainProposer:
             proposals.append(token)
             method_probs.append(q)
             mixed_probs.append(mixed)
-            if i < config.gamma - 1:
+            if i < min(config.gamma, self.budget) - 1:
                 logits = self.rows.feed(token)[:, -1]
         methods = torch.stack(method_probs) if keep_methods else None
         return Proposal(torch.cat(proposals), None, torch.stack(mixed_probs), {"methods": methods})
@@ -166,7 +170,7 @@ class CandidateProposer(ChainProposer, kind="candidates"):
             tokens.append(token)
             method_probs.append(q)
             draws.append(dists)
-            if i < config.gamma - 1:
+            if i < min(config.gamma, self.budget) - 1:
                 logits = self.rows.feed(token.repeat_interleave(m)[:, None])[:, -1]
         tree = candidate_tree(torch.stack(tokens, 1), merge=config.greedy)
         methods = torch.stack(method_probs, 1) if keep_methods else None  # [B, gamma, m, V]

@@ -36,6 +36,11 @@ class SampleRecord:
     time_verify_s: float = 0.0
     time_total_s: float = 0.0
     time_tabed_s: float = 0.0  # choosing weights, mixing and scoring history (inside draft/verify)
+    time_tabed_draft_s: float = 0.0  # the part of it inside draft (choosing and mixing weights)
+    time_vision_s: float = 0.0  # image features and captions, inside the prefills
+    time_target_prefill_s: float = 0.0
+    time_draft_prefill_s: float = 0.0
+    time_wall_s: float = 0.0  # the whole decode on the host's clock: the phases plus host overhead
     # a live greedy row's accepted counts as trace replay scores the same sample (None elsewhere):
     # the replay-fidelity check of pipeline.results.fidelity
     replay_accepted_per_block: list[int] | None = None

@@ -100,8 +100,10 @@ class ShapeTreeProposer(ChainProposer, kind="shape"):
         for k, children in enumerate(layout.shape):
             top = mix(levels_q[-1].transpose(0, 1), weights).topk(children).indices  # [nodes above, children]
             tokens.append(top.flatten())
-            if k < len(layout.shape) - 1:
+            if k < min(len(layout.shape), self.budget) - 1:
                 levels_q.append(self._read_level(tokens[-1], k, saved))
+            elif k < len(layout.shape) - 1:  # past the budget: each node reuses its parent's, no forward
+                levels_q.append(levels_q[-1].repeat_interleave(children, dim=1))
         tree = Tree(torch.cat(tokens), layout.parents, layout.depths, torch.ones_like(layout.depths, dtype=torch.bool),
                     self.depth)
         return Proposal(tree.tokens, tree, None, {"levels_q": levels_q, "saved": saved, "layout": layout})

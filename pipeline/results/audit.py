@@ -3,8 +3,9 @@
 Greedy SD is lossless in exact arithmetic, and fp32/fp16 runs measure it exact. In bf16 a
 `gamma + 1`-token verify forward rounds differently from one-token steps, so a run can drift
 from the target's own greedy output after a near-tie; the audit measures how often instead of
-assuming it never happens. The reference for a row is the AR row of the same pair, dtype,
-engine, sample, turn and token budget.
+assuming it never happens, and names where each differing row first left the target's output
+(`first_divergence`, the two tokens there). The reference for a row is the AR row of the same
+pair, dtype, engine, sample, turn and token budget.
 """
 from __future__ import annotations
 
@@ -29,11 +30,31 @@ def with_lossless_column(rows: pd.DataFrame) -> pd.DataFrame:
         for key, ids in zip(reference_rows[REFERENCE_KEYS].itertuples(index=False), reference_rows["output_ids"])
     }
     audited = (rows["methods"] != "AR") & (rows["temperature"] == 0) & rows["error"].isna()
-    matches = []
+    matches, positions, tokens = [], [], []
     for is_audited, key, ids in zip(audited, rows[REFERENCE_KEYS].itertuples(index=False), rows["output_ids"]):
         expected = reference.get(tuple(key)) if is_audited else None
         matches.append(None if expected is None else list(ids) == expected)
-    return rows.assign(matches_ar=pd.Series(matches, index=rows.index, dtype="object"))
+        position, pair = first_divergence(list(ids), expected) if matches[-1] is False else (None, None)
+        positions.append(position)
+        tokens.append(pair)
+    return rows.assign(matches_ar=pd.Series(matches, index=rows.index, dtype="object"),
+                       first_divergence=pd.Series(positions, index=rows.index, dtype="object"),
+                       divergent_tokens=pd.Series(tokens, index=rows.index, dtype="object"))
+
+
+def first_divergence(ids: list[int], expected: list[int]) -> tuple[int, str]:
+    """Where a speculative output first leaves the target's own (0-based new-token position)
+    and the two tokens there, `SD token / AR token` (`end` where one output stopped)."""
+    position = next((i for i, (a, b) in enumerate(zip(ids, expected)) if a != b), min(len(ids), len(expected)))
+    ours, theirs = (str(seq[position]) if position < len(seq) else "end" for seq in (ids, expected))
+    return position, f"{ours} / {theirs}"
+
+
+def divergences(rows: pd.DataFrame) -> pd.DataFrame:
+    """The greedy speculative rows that differ from the target's own greedy output, with where."""
+    audited = with_lossless_column(rows)
+    differ = audited[audited["matches_ar"] == False]  # noqa: E712  (object column: True, False or None)
+    return differ[REFERENCE_KEYS + ["method_label", "verify", "first_divergence", "divergent_tokens"]]
 
 
 def lossless_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -48,14 +69,18 @@ def lossless_table(rows: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def lossless_text(table: pd.DataFrame) -> str:
-    """One or two sentences under the audit table."""
+def lossless_text(table: pd.DataFrame, differ: pd.DataFrame | None = None) -> str:
+    """One or two sentences under the audit table; `differ`: the rows that differ (`divergences`)."""
     if table.empty:
         return "No greedy speculative row had an AR row to compare with."
     below = table[table["equal to AR"] < table["rows"]]
     if below.empty:
         return f"Every audited row ({int(table['rows'].sum())}) equals the target's own greedy output."
     text = f"{len(below)} of {len(table)} pair/dtype/engine groups have rows that differ from the target's greedy output."
+    if differ is not None and len(differ):
+        where = differ["first_divergence"].astype(int)
+        text += (f" The {len(differ)} differing rows first leave it at new token {int(where.median())} (median; "
+                 f"earliest {where.min()}, latest {where.max()}); each row, position and token pair: `divergences.csv`.")
     if set(below["dtype"]) <= {"bf16"}:
         return f"{text} {BF16_NOTE}"
     return f"{text} WARNING: differences outside bf16 mean speculative decoding was not lossless here."

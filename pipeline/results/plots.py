@@ -69,7 +69,7 @@ def tau_cells(rows: pd.DataFrame) -> pd.DataFrame:
     return cells.join(grouped["sample_id"].nunique().rename("samples")).reset_index()
 
 
-def _turns(cells: pd.DataFrame) -> list[str]:
+def ordered_turns(cells: pd.DataFrame) -> list[str]:
     return sorted(cells["turn"].unique(), key=lambda turn: (turn != "first", turn))
 
 
@@ -83,7 +83,7 @@ def tau_figure(rows: pd.DataFrame, width: str = "two-column") -> tuple[Figure, s
     if cells.empty:
         return None
     pairs = list(dict.fromkeys(zip(cells["target"], cells["draft"], cells["dtype"])))
-    turns = _turns(cells)
+    turns = ordered_turns(cells)
     labels = sorted(set(cells["method_label"]) - {"AR"}, key=method_order)  # AR is the line at tau = 1
     fig, axes = panels(len(pairs), len(turns), width, panel_height=2.1)
     for (pair, turn), ax in zip([(p, t) for p in pairs for t in turns], axes.flat):

@@ -135,6 +135,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("shape_per_block", pa.list_(pa.int32()), _outcome("shape_per_block")),
     Column("blocks", pa.int32(), _outcome("blocks")),
     Column("tau", pa.float64(), _tau),  # per sample; aggregates pool blocks (pipeline.results.report)
+    # tau - 1: accepted drafts per block, the convention of EAGLE and ViSpec (pipeline.results.acceptance)
+    Column("tau0", pa.float64(), lambda src: None if _tau(src) is None else _tau(src) - 1),
     Column("new_tokens", pa.int32(), _outcome("new_tokens")),
     Column("output_ids", pa.list_(pa.int32()), _outcome("output_ids")),
     Column("output_text", pa.string(), _outcome("output_text")),
@@ -144,6 +146,12 @@ COLUMNS: tuple[Column, ...] = (
     Column("time_total_s", pa.float64(), _outcome("time_total_s")),
     # weights, mixing, history scoring: part of draft + verify
     Column("time_tabed_s", pa.float64(), _outcome("time_tabed_s")),
+    Column("time_tabed_draft_s", pa.float64(), _outcome("time_tabed_draft_s")),  # the part inside draft
+    # inside prefill: each model's prefill, and image features and captions inside those
+    Column("time_vision_s", pa.float64(), _outcome("time_vision_s")),
+    Column("time_target_prefill_s", pa.float64(), _outcome("time_target_prefill_s")),
+    Column("time_draft_prefill_s", pa.float64(), _outcome("time_draft_prefill_s")),
+    Column("time_wall_s", pa.float64(), _outcome("time_wall_s")),  # the whole decode, host overhead included
     Column("error", pa.string(), _outcome("error")),  # null when the sample decoded fine
     Column("error_category", pa.string(), _outcome("error_category")),  # input | model | resource (records.py)
 )

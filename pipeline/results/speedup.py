@@ -14,6 +14,7 @@ from pipeline.decoding.verify_spec import VerifySpec, verify_of_row
 from pipeline.results.calibration_store import draft_rows_ratio, stored_calibration, verify_ratio
 from pipeline.results.noise import noise_parts, noise_text, ratio_spreads, rows_load
 from pipeline.results.report import method_order, pooled_tau, with_tree_labels
+from pipeline.results.time_split import time_split_text
 
 # Walltimes of different engines, gammas, devices, step modes or library versions are never
 # pooled or compared: `timed_on` names what a row's walltime was measured on, and comes before
@@ -89,10 +90,12 @@ def speedup_table(df: pd.DataFrame, calibrations: pd.DataFrame) -> pd.DataFrame:
             live = mine[mine["mode"] == "live"]
             load = rows_load(pd.concat([live, ar[ar["sample_id"].isin(live["sample_id"])]]))
             measured_flags = [load] if label != "AR" and load is not None and load.noisy else []
+            split = time_split_text(ar if label == "AR" else live)
             rows.append(row | {"timed_on": machine, "tau timed": pooled_tau(live) if len(live) else float("nan"),
-                               "measured": _measured_speedup(mine, ar, label),
+                               "measured": _measured_speedup(mine, ar, label), "time split %": split,
                                "noise": noise_text(flags | {"measured": measured_flags})})
-    table = pd.DataFrame(rows).reindex(columns=SPEEDUP_INDEX + ["tau", "tau timed", "eq1", "corrected", "measured", "noise"])
+    table = pd.DataFrame(rows).reindex(columns=SPEEDUP_INDEX + ["tau", "tau timed", "eq1", "corrected", "measured",
+                                                                "time split %", "noise"])
     table = table.set_index(SPEEDUP_INDEX)
 
     def order(i: int) -> tuple:

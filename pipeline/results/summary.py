@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.results.audit import GROUP_KEYS, lossless_table, lossless_text
+from pipeline.results.acceptance import CONFIG, acceptance_table, per_position_table, request_taus
+from pipeline.results.acceptance_plots import per_position_figure, request_tau_figure
+from pipeline.results.audit import GROUP_KEYS, divergences, lossless_table, lossless_text
 from pipeline.results.calibration_store import (
     calibration_table, context_costs, read_calibrations, used_calibrations, verify_curves,
 )
@@ -23,6 +25,7 @@ from pipeline.results.fidelity import GROUP_KEYS as FIDELITY_KEYS, fidelity_tabl
 from pipeline.results.latex import paper_tables
 from pipeline.results.manifest import expected_rows, run_grids
 from pipeline.results.noise import noise_section, shown
+from pipeline.results.paper_check import paper_check
 from pipeline.results.plots import context_cost_figure, save, tau_figure, verify_cost_figure, weight_ratio_figure
 from pipeline.results.report import category_table, error_counts, findings_text, markdown_table, method_findings, tau_table
 from pipeline.results.speedup import draft_size_table, speedup_table
@@ -52,7 +55,8 @@ def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
 def _write_report(out: str | Path, run: str, rows: pd.DataFrame, folder: Path) -> str:
     calibrations = read_calibrations(out)
     tables = {
-        "tau": ("Block efficiency tau per dataset (pooled over blocks; Avg. = benchmark datasets)", tau_table(rows)),
+        "tau": ("Block efficiency tau per dataset (tau = accepted proposals + 1 per block, the paper's convention; "
+                "tau0 = tau - 1 below; pooled over blocks; Avg. = benchmark datasets)", tau_table(rows)),
         "categories": ("Category averages (paper Table 2)", category_table(rows)),
         "speedup": (
             "Speedup: expected from tau and measured latency ratios (Eq. 1 and its CPU-corrected form, at each "
@@ -77,7 +81,8 @@ def _write_report(out: str | Path, run: str, rows: pd.DataFrame, folder: Path) -
         "## M vs T, and where TABED lands (pooled tau; rank among the SD configurations run, 1 = best)\n\n"
         f"{findings_text(findings)}\n\n{markdown_table(findings, mark_best=False)}"
     )
-    sections += [audit_section(rows, folder), fidelity_section(rows, folder), image_conversions_text(rows)]
+    sections += [acceptance_section(rows, folder), paper_section(rows, folder), audit_section(rows, folder), fidelity_section(rows, folder),
+                 image_conversions_text(rows)]
     errors = error_counts(rows)
     if not errors.empty:
         lines = [f"| {r.dataset} | {r.turn} | {r.errors} |" for r in errors.itertuples()]
@@ -109,9 +114,51 @@ def checked_section(folder: Path, name: str, title: str, text: str, table: pd.Da
 
 def audit_section(rows: pd.DataFrame, folder: Path) -> str:
     """Greedy speculative rows equal to the target's own greedy output, per pair, dtype, engine."""
-    audit = lossless_table(rows)
+    audit, differ = lossless_table(rows), divergences(rows)
+    differ.to_csv(folder / "divergences.csv", index=False)
     return checked_section(folder, "lossless", "Lossless audit: greedy speculative output vs the target's own greedy output",
-                           lossless_text(audit), audit, GROUP_KEYS)
+                           lossless_text(audit, differ), audit, GROUP_KEYS)
+
+
+def acceptance_section(rows: pd.DataFrame, folder: Path) -> str:
+    """Both tau conventions, the acceptance rate, tau per request and acceptance by draft
+    position (`pipeline.results.acceptance`): what other tools and papers report."""
+    table, positions = acceptance_table(rows), per_position_table(rows)
+    if table.empty:
+        return ""
+    table.to_csv(folder / "acceptance.csv", index=False)
+    positions.to_csv(folder / "per_position.csv", index=False)
+    shown_columns = ["requests", "tau", "tau0", "acceptance_rate", "tau_request_median", "tau_request_q1",
+                     "tau_request_q3"]
+    lines = ["## Acceptance in other tools' conventions (per configuration, every dataset pooled)\n\n"
+             "`tau` = accepted proposals + 1 per block (block efficiency, the TABED paper's); `tau0` = tau - 1, "
+             "accepted drafts per block (EAGLE's and ViSpec's acceptance length); `acceptance_rate` = accepted "
+             "drafts / drafted positions; `tau_request_*` = median and quartiles of each request's own tau "
+             "(pooling weighs long answers more). Acceptance by draft position: `per_position.csv`.",
+             markdown_table(table.set_index(CONFIG)[shown_columns], mark_best=False)]
+    for stem, draw, data in (("per_position", per_position_figure, positions),
+                             ("tau_per_request", request_tau_figure, request_taus(rows))):
+        made = draw(data)
+        if made is not None:
+            save(made[0], folder / stem)
+            lines.append(f"![{stem}]({stem}.png)\n\n> {made[1]}")
+    return "\n\n".join(lines)
+
+
+def paper_section(rows: pd.DataFrame, folder: Path) -> str:
+    """Our tau beside the TABED paper's published cells, for pairs it published (`paper_check`)."""
+    both, missing = paper_check(rows)
+    both.to_csv(folder / "paper_check.csv", index=False)
+    lines = ["## Beside the paper (TABED's Tables 1 and 10-14, block efficiency tau)"]
+    if missing:
+        lines.append("No published reference for " + "; ".join(f"{d} -> {t}" for t, d in missing) + ": the paper "
+                     "reports mjbooo/lvlm68m, lvlm68m-ov and lvlm160m-bf16 drafts with LLaVA-1.5 7B and LLaVA-NeXT "
+                     "7B/13B targets.")
+    if len(both):
+        averages = both[both["dataset"] == "Avg."].set_index(["table", "target", "draft", "turn", "method"])
+        lines += ["Benchmark averages (every cell in `paper_check.csv`; `difference` = ours - paper):",
+                  markdown_table(averages[["paper", "ours", "difference"]], mark_best=False)]
+    return "\n\n".join(lines)
 
 
 def image_conversions_text(rows: pd.DataFrame) -> str:

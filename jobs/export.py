@@ -1,0 +1,42 @@
+"""Write a run's rows in another tool's format (pipeline.results.export).
+
+    python jobs/export.py results --format spec-bench [--run embedded] [--to DIR]
+
+Spec-Bench: one `model_answer` JSONL per pair and drafting configuration, and one of the
+target alone (AR) for the baseline, under `OUT/_export-<run>/spec-bench/` by default; then
+`python evaluation/speed.py --file-path <config>.jsonl --base-path <AR>.jsonl ...` in Spec-Bench.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from urllib.parse import quote
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.results.export import FORMATS, export  # noqa: E402
+from pipeline.results.store import read_results, run_names  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", help="results directory written by jobs/full_grid.py")
+    parser.add_argument("--format", choices=FORMATS, default="spec-bench")
+    parser.add_argument("--run", help="only this run (default: every run under the directory)")
+    parser.add_argument("--to", help="folder to write (default: OUT/_export-<run>/<format>)")
+    args = parser.parse_args(argv)
+    runs = [args.run] if args.run else run_names(args.out)
+    if not runs:
+        print(f"no results under {args.out}", file=sys.stderr)
+        return 1
+    for run in runs:
+        folder = Path(args.to) if args.to else Path(args.out) / f"_export-{quote(run, safe='')}" / args.format
+        written = export(read_results(args.out, run), folder, args.format)
+        print(f"run {run}: {len(written)} file(s) in {folder.resolve()}"
+              + ("" if written else " (no live rows: only decodes with a walltime are exported)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The TABED paper's published block-efficiency tables, as data (README.md)."""

@@ -11,12 +11,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.results.export import FORMATS, export  # noqa: E402
-from pipeline.results.store import read_results, run_names  # noqa: E402
+from pipeline.results.store import export_dir, read_results, run_names  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no results under {args.out}", file=sys.stderr)
         return 1
     for run in runs:
-        folder = Path(args.to) if args.to else Path(args.out) / f"_export-{quote(run, safe='')}" / args.format
+        folder = Path(args.to) if args.to else export_dir(args.out, run, args.format)
         written = export(read_results(args.out, run), folder, args.format)
         print(f"run {run}: {len(written)} file(s) in {folder.resolve()}"
               + ("" if written else " (no live rows: only decodes with a walltime are exported)"))

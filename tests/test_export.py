@@ -68,3 +68,9 @@ def test_the_export_job_writes_beside_the_run(tmp_path):
     assert done.returncode == 0 and "run r: 1 file(s)" in done.stdout, done.stderr
     (exported,) = (tmp_path / "_export-r" / "spec-bench").iterdir()
     assert json.loads(exported.read_text())["choices"][0]["accept_lengths"] == [3, 1]
+
+
+def test_a_row_written_before_the_wall_clock_exports_its_phase_total(tmp_path):
+    old = {**row("live", "M", 0, [1], 0.0), "time_wall_s": float("nan"), "time_total_s": 0.4}
+    (written,) = export(pd.DataFrame([old]), tmp_path)
+    assert json.loads(written.read_text())["choices"][0]["wall_time"] == [0.4]  # never NaN, which is not JSON

@@ -30,7 +30,8 @@ def spec_bench_lines(rows: pd.DataFrame) -> dict[str, list[dict]]:
         label = "AR" if row["mode"] == "ar" else row["method_label"]
         parts = [row["target"]] + ([] if label == "AR" else [row["draft"]]) + [row["dtype"], label]
         model_id = "__".join(quote(str(part), safe="") for part in parts)
-        wall = row.get("time_wall_s") or row["time_total_s"]
+        wall = row.get("time_wall_s")
+        wall = row["time_total_s"] if wall is None or pd.isna(wall) else wall  # rows from before the wall clock
         accepted = [int(a) for a in row["accepted_per_block"]]
         files.setdefault(f"{model_id}.jsonl", []).append({
             "question_id": f"{row['sample_id']}", "category": row["dataset"], "model_id": model_id,

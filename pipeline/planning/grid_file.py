@@ -274,7 +274,8 @@ def _choice(value: Any, choices: Iterable[str], where: str) -> str:
 
 
 def _int(value: Any, where: str, *, minimum: int, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
+    too_big = maximum is not None and isinstance(value, int) and value > maximum
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or too_big:
         bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
         raise GridError(f"{where}: expected an integer {bounds}, got {value!r}")
     return value

@@ -76,7 +76,7 @@ def acceptance_table(rows: pd.DataFrame) -> pd.DataFrame:
         accepted = group["accepted_per_block"].map(sum)
         blocks = group["accepted_per_block"].map(len)
         drafted = group.apply(lambda row: sum(block_depths(row)), axis=1)
-        per_request = 1 + accepted / blocks
+        per_request = _request_tau(group)
         quartiles = per_request.quantile([0.25, 0.5, 0.75])
         tau = 1 + accepted.sum() / blocks.sum()
         out.append(dict(zip(CONFIG, config)) | {
@@ -90,7 +90,12 @@ def acceptance_table(rows: pd.DataFrame) -> pd.DataFrame:
 def request_taus(rows: pd.DataFrame) -> pd.DataFrame:
     """tau of each request (sample) per configuration, for a distribution figure."""
     sd = _sd_rows(rows)
-    return sd[CONFIG + ["sample_id"]].assign(tau=1 + sd["accepted_per_block"].map(sum) / sd["accepted_per_block"].map(len))
+    return sd[CONFIG + ["sample_id"]].assign(tau=_request_tau(sd))
+
+
+def _request_tau(rows: pd.DataFrame) -> pd.Series:
+    """Each row's own tau: 1 + its accepted proposals over its blocks."""
+    return 1 + rows["accepted_per_block"].map(sum) / rows["accepted_per_block"].map(len)
 
 
 def _ordered(table: pd.DataFrame) -> pd.DataFrame:

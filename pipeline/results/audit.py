@@ -52,21 +52,27 @@ def first_divergence(ids: list[int], expected: list[int]) -> tuple[int, str]:
 
 def divergences(rows: pd.DataFrame) -> pd.DataFrame:
     """The greedy speculative rows that differ from the target's own greedy output, with where."""
-    audited = with_lossless_column(rows)
-    differ = audited[audited["matches_ar"] == False]  # noqa: E712  (object column: True, False or None)
-    return differ[REFERENCE_KEYS + ["method_label", "verify", "first_divergence", "divergent_tokens"]]
+    return audit(rows)[1]
 
 
 def lossless_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Per pair, dtype and engine: audited rows, rows equal to AR, and the rate in percent."""
+    return audit(rows)[0]
+
+
+def audit(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(`lossless_table`, `divergences`) from one comparison of every row with its AR row."""
     audited = with_lossless_column(rows)
+    differ = audited[audited["matches_ar"] == False]  # noqa: E712  (object column: True, False or None)
+    shown = REFERENCE_KEYS + ["method_label", "verify", "first_divergence", "divergent_tokens"]
+    differ = differ[[column for column in shown if column in differ]]  # hand-made rows may lack the labels
     audited = audited[audited["matches_ar"].notna()]
     if audited.empty:
-        return pd.DataFrame(columns=GROUP_KEYS + ["rows", "equal to AR", "rate %"])
+        return pd.DataFrame(columns=GROUP_KEYS + ["rows", "equal to AR", "rate %"]), differ
     table = audited.groupby(GROUP_KEYS)["matches_ar"].agg(rows="size", equal=lambda s: int(s.sum())).reset_index()
     table = table.rename(columns={"equal": "equal to AR"})
     table["rate %"] = (100.0 * table["equal to AR"] / table["rows"]).round(1)
-    return table
+    return table, differ
 
 
 def lossless_text(table: pd.DataFrame, differ: pd.DataFrame | None = None) -> str:

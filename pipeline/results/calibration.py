@@ -116,11 +116,8 @@ def _prefilled_context(model: LVLM, tokens: int, engine: str) -> Rows:
 
 
 def _fits(model: LVLM, tokens: int) -> bool:
-    """Whether a prompt of `tokens` tokens fits the model's context (unknown: assume it does)."""
-    config = getattr(getattr(model, "model", None), "config", None)
-    config = getattr(config, "text_config", None) or config  # a LLaVA checkpoint's language model
-    limit = getattr(config, "max_position_embeddings", None)
-    return limit is None or tokens + 8 <= limit
+    """Whether a prompt of `tokens` tokens and a few steps fit the model's context (no limit: yes)."""
+    return model.max_positions is None or tokens + 8 <= model.max_positions
 
 
 def _prefilled(model: LVLM, sample: Sample, n_rows: int, engine: str, gamma: int) -> Rows:

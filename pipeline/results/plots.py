@@ -221,11 +221,7 @@ def verify_cost_figure(curves: pd.DataFrame, width: str = "one-column") -> tuple
         ax.errorbar(curve["tokens"], curve["ratio"], yerr=spread, marker="o", ms=3, lw=1.2, capsize=2,
                     label=f"{target} ({dtype}), {device}")
     ax.axhline(1.0, color="0.5", lw=0.8, ls="--", label="one step (what Eq. 1 assumes)")
-    ax.set_xlabel("tokens in one target forward (chain: gamma + 1; tree: nodes + 1)", fontsize=6)
-    ax.set_ylabel("Tp(n) / Tp(1)", fontsize=6)
-    ax.tick_params(labelsize=6)
-    ax.legend(fontsize=5, frameon=False)
-    fig.tight_layout()
+    _label_single(fig, ax, "tokens in one target forward (chain: gamma + 1; tree: nodes + 1)", "Tp(n) / Tp(1)")
     caption = ("Verify cost against tokens verified in one target forward, measured by calibration (median over "
                "rounds; bars: the lowest and highest round): what a chain of gamma proposals or a tree of n nodes costs "
                "the target, relative to one step. Where the bars are long, the machine was busy and the curve is noise.")
@@ -249,15 +245,20 @@ def context_cost_figure(costs: pd.DataFrame, width: str = "one-column") -> tuple
             ax.plot(curve["context"], curve["Tq ms"], marker="o", ms=3, lw=1.2, label=f"draft {draft}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("prompt tokens before the step", fontsize=6)
-    ax.set_ylabel("one cached step, ms", fontsize=6)
-    ax.tick_params(labelsize=6)
-    ax.legend(fontsize=5, frameon=False)
-    fig.tight_layout()
+    _label_single(fig, ax, "prompt tokens before the step", "one cached step, ms")
     caption = ("One cached decoding step (one row, median over the calibration's rounds) after text prompts of "
                "several lengths: an attention draft reads a KV cache as long as the prompt, a state-space draft a "
                "state of fixed size. The target's step is dashed.")
     return fig, caption
+
+
+def _label_single(fig: Figure, ax, xlabel: str, ylabel: str) -> None:
+    """Axis labels, small ticks and a frameless legend for a one-panel calibration figure; lay out."""
+    ax.set_xlabel(xlabel, fontsize=6)
+    ax.set_ylabel(ylabel, fontsize=6)
+    ax.tick_params(labelsize=6)
+    ax.legend(fontsize=5, frameon=False)
+    fig.tight_layout()
 
 
 def save(fig: Figure, stem: str | Path) -> list[Path]:

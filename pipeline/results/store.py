@@ -43,6 +43,11 @@ def report_dir(out: str | Path, run: str) -> Path:
     return Path(out) / f"_report-{quote(run, safe='')}"
 
 
+def export_dir(out: str | Path, run: str, fmt: str) -> Path:
+    """`OUT/_export-<run>/<format>`, quoted like `report_dir` (underscore: readers skip it)."""
+    return Path(out) / f"_export-{quote(run, safe='')}" / fmt
+
+
 def run_names(out: str | Path) -> list[str]:
     """The runs under OUT (their `run=<name>` folders)."""
     return sorted(unquote(p.name.removeprefix("run=")) for p in Path(out).glob("run=*") if p.is_dir())
@@ -142,11 +147,12 @@ def quarantine_unreadable(out: str | Path, run: str) -> tuple[list[Path], Path]:
     return moved, folder
 
 
-def _dataset(out: str | Path, run: str | None) -> ds.Dataset | None:
-    files = [str(p) for p in shard_files(out, run) if _readable(p)]
+def _read_files(out: str | Path, files: list[Path], columns: list[str] | None) -> pa.Table:
     if not files:
-        return None
-    return ds.dataset(files, schema=SCHEMA, format="parquet", partitioning=HIVE, partition_base_dir=str(out))
+        return SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(columns)
+    dataset = ds.dataset([str(p) for p in files], schema=SCHEMA, format="parquet", partitioning=HIVE,
+                         partition_base_dir=str(out))
+    return dataset.to_table(columns=columns)
 
 
 def stored_config_keys(out: str | Path, run: str) -> set[str]:
@@ -178,11 +184,14 @@ def drop_rows(out: str | Path, run: str, keys: set[str]) -> int:
 
 
 def read_table(out: str | Path, run: str | None = None, columns: Iterable[str] | None = None) -> pa.Table:
-    """Every row under OUT (or of one run) as an Arrow table with the documented schema."""
-    dataset = _dataset(out, run)
-    if dataset is None:
-        return SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(list(columns))
-    return dataset.to_table(columns=None if columns is None else list(columns))
+    """Every row under OUT (or of one run) as an Arrow table with the documented schema. The
+    files are read as they are; only when that fails is each footer checked and the unreadable
+    ones left out (checking them on every read cost as much as a key-column read)."""
+    files, columns = shard_files(out, run), None if columns is None else list(columns)
+    try:
+        return _read_files(out, files, columns)
+    except (OSError, pa.ArrowException):
+        return _read_files(out, [p for p in files if _readable(p)], columns)
 
 
 def read_results(out: str | Path, run: str | None = None) -> pd.DataFrame:

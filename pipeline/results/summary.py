@@ -16,7 +16,7 @@ import pandas as pd
 
 from pipeline.results.acceptance import CONFIG, acceptance_table, per_position_table, request_taus
 from pipeline.results.acceptance_plots import per_position_figure, request_tau_figure
-from pipeline.results.audit import GROUP_KEYS, divergences, lossless_table, lossless_text
+from pipeline.results.audit import GROUP_KEYS, audit, lossless_text
 from pipeline.results.calibration_store import (
     calibration_table, context_costs, read_calibrations, used_calibrations, verify_curves,
 )
@@ -28,8 +28,8 @@ from pipeline.results.noise import noise_section, shown
 from pipeline.results.paper_check import paper_check
 from pipeline.results.plots import context_cost_figure, save, tau_figure, verify_cost_figure, weight_ratio_figure
 from pipeline.results.report import category_table, error_counts, findings_text, markdown_table, method_findings, tau_table
-from pipeline.results.speedup import draft_size_table, speedup_table
 from pipeline.results.run_lock import lock_holder
+from pipeline.results.speedup import draft_size_table, speedup_table
 from pipeline.results.store import report_dir
 
 
@@ -114,10 +114,10 @@ def checked_section(folder: Path, name: str, title: str, text: str, table: pd.Da
 
 def audit_section(rows: pd.DataFrame, folder: Path) -> str:
     """Greedy speculative rows equal to the target's own greedy output, per pair, dtype, engine."""
-    audit, differ = lossless_table(rows), divergences(rows)
+    table, differ = audit(rows)
     differ.to_csv(folder / "divergences.csv", index=False)
     return checked_section(folder, "lossless", "Lossless audit: greedy speculative output vs the target's own greedy output",
-                           lossless_text(audit, differ), audit, GROUP_KEYS)
+                           lossless_text(table, differ), table, GROUP_KEYS)
 
 
 def acceptance_section(rows: pd.DataFrame, folder: Path) -> str:
@@ -230,9 +230,9 @@ def calibration_section(calibrations: pd.DataFrame, folder: Path) -> str:
     if made is not None:
         costs.to_csv(folder / "context_cost.csv", index=False)
         save(made[0], folder / "context_cost")
-        shown = costs.set_index(["target", "draft", "dtype", "device", "context"])
+        by_context = costs.set_index(["target", "draft", "dtype", "device", "context"])
         text += ("\n\n### Step cost against the prompt's length (calibration: one row, after a text prompt of each length)"
-                 f"\n\n{markdown_table(shown, mark_best=False)}\n\n![context cost](context_cost.png)\n\n> {made[1]}")
+                 f"\n\n{markdown_table(by_context, mark_best=False)}\n\n![context cost](context_cost.png)\n\n> {made[1]}")
     return text
 
 

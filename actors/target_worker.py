@@ -20,7 +20,7 @@ from PIL import Image
 from actors.model_files import resolve_model
 from pipeline.data.sample import Sample
 from pipeline.decoding.engine import default_engine
-from pipeline.decoding.live import autoregressive_decode, speculative_decode
+from pipeline.decoding.loop import autoregressive_decode, speculative_decode
 from pipeline.decoding.records import SampleRecord
 from pipeline.drafting.captioner import load_captioner
 from pipeline.drafting.methods import METHODS
@@ -212,7 +212,8 @@ class TargetWorker:
         walltime belongs to the engine that collected; `decoded`: greedy AR records already
         decoded, by (sample id, engine, max_new_tokens), to use as y. AR rows this leaves out
         (no SD configuration of their sample here) are decoded live by `run_shard`."""
-        from pipeline.decoding.replay import TargetTrace, collect_traces, replay, trace_target
+        from pipeline.decoding.traces import TargetTrace, collect_traces, trace_target
+        from pipeline.decoding.replay import replay
 
         by_sample: dict[str, list[RunConfig]] = defaultdict(list)
         for config, sample_id in items:

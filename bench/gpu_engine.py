@@ -56,8 +56,9 @@ from bench.real_shapes import build_pair, pair_shape, step_weight_bytes  # noqa:
 from pipeline.data.sample import Sample  # noqa: E402
 from pipeline.decoding.config import DecodeConfig  # noqa: E402
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy, StaticPolicy  # noqa: E402
-from pipeline.decoding.engine import ENGINES, prefilled_rows, tokenize  # noqa: E402
-from pipeline.decoding.live import autoregressive_decode, speculative_decode  # noqa: E402
+from pipeline.decoding.engine import ENGINES, prefilled_rows  # noqa: E402
+from pipeline.decoding.prompts import tokenize
+from pipeline.decoding.loop import autoregressive_decode, speculative_decode  # noqa: E402
 from pipeline.decoding.records import SampleRecord  # noqa: E402
 from pipeline.models.dtypes import DTYPES, resolve_dtype  # noqa: E402
 from pipeline.models.hf import HFLlava  # noqa: E402

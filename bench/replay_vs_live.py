@@ -21,8 +21,9 @@ from PIL import Image
 from pipeline.data.loading import load_samples
 from pipeline.decoding.config import DecodeConfig
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
-from pipeline.decoding.live import speculative_decode
-from pipeline.decoding.replay import ForwardCounter, collect_traces, replay
+from pipeline.decoding.loop import speculative_decode
+from pipeline.decoding.traces import ForwardCounter, collect_traces
+from pipeline.decoding.replay import replay
 from pipeline.drafting.captioner import CachedCaptioner, load_captioner
 from pipeline.models.loading import load_pair
 from pipeline.models.tiny import build_tiny_pair

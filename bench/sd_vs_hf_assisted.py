@@ -15,7 +15,7 @@ from statistics import median
 
 import torch
 
-import pipeline.decoding.live as live
+import pipeline.decoding.loop as live
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy

@@ -28,8 +28,8 @@ import transformers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain copy of the repo
 
 from pipeline.decoding.config import DecodeConfig  # noqa: E402
-from pipeline.decoding.live import autoregressive_decode, speculative_decode  # noqa: E402
-from pipeline.decoding.verify_spec import make_verify  # noqa: E402
+from pipeline.decoding.loop import autoregressive_decode, speculative_decode  # noqa: E402
+from pipeline.planning.verify_entries import make_verify  # noqa: E402
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy, StaticPolicy  # noqa: E402
 
 VERIFY = {"chain": "chain", "candidates": "candidates", "dynamic": {"kind": "dynamic", "nodes": 16, "top_k": 4}}

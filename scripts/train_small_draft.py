@@ -47,7 +47,8 @@ from pipeline.data.loading import load_samples  # noqa: E402
 from pipeline.data.prompts import REASONING_INSTRUCTION, continue_conversation, image_question, user_turn  # noqa: E402
 from pipeline.data.turns import QUESTION_SETS, load_questions  # noqa: E402
 from pipeline.decoding.config import DecodeConfig  # noqa: E402
-from pipeline.decoding.replay import collect_traces, replay  # noqa: E402
+from pipeline.decoding.traces import collect_traces  # noqa: E402
+from pipeline.decoding.replay import replay
 from pipeline.drafting.methods import method_embeddings, splice  # noqa: E402
 from pipeline.models.embedded import (  # noqa: E402
     SMALL_DRAFT_DIR, SSM_DRAFT_DIR, EmbeddedLVLM, EmbeddedSSM, load_embedded, load_embedded_captioner,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pipeline.data.sample import Sample
 from pipeline.decoding.records import SampleRecord
-from pipeline.decoding.verify_spec import CandidateTree
+from pipeline.decoding.verify_kinds import CandidateTree
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.planning.grid import Pair, RunConfig
 from pipeline.results.calibration import Calibration

@@ -6,7 +6,7 @@ import pytest
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy, make_policy
-from pipeline.decoding.live import speculative_decode
+from pipeline.decoding.loop import speculative_decode
 from pipeline.models.base import ModelInputError
 from pipeline.models.loading import ModelLoadError, load_model, load_pair
 from pipeline.models.tiny import build_llava, build_tokenizer, llava_processor

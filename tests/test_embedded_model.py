@@ -7,7 +7,7 @@ from PIL import Image
 
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.live import autoregressive_decode, speculative_decode
+from pipeline.decoding.loop import autoregressive_decode, speculative_decode
 from pipeline.decoding.rows import DynamicCacheRows
 from pipeline.drafting.methods import method_embeddings
 from pipeline.models.base import ModelInputError

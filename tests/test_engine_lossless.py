@@ -6,7 +6,7 @@ import pytest
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
-from pipeline.decoding.live import autoregressive_decode, speculative_decode
+from pipeline.decoding.loop import autoregressive_decode, speculative_decode
 from pipeline.models.loading import load_model
 from tests.conftest import FixedCaptioner, solid
 

@@ -9,11 +9,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-import pipeline.decoding.live as live
+import pipeline.decoding.loop as live
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.verify_spec import make_verify
+from pipeline.planning.verify_entries import make_verify
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
-from pipeline.decoding.live import autoregressive_decode, speculative_decode
+from pipeline.decoding.loop import autoregressive_decode, speculative_decode
 from tests.conftest import FixedCaptioner
 from tests.test_engine_lossless import CONFIGS, PROMPTS, sample_of
 
@@ -121,7 +121,7 @@ def test_one_host_transfer_per_block(monkeypatch, tiny_pair, config, engine):
 
 def test_the_counter_sees_a_host_read(monkeypatch, tiny_pair):
     """Guard against a vacuous count: an `.item()` slipped into the block is caught."""
-    import pipeline.decoding.verification as verification
+    import pipeline.decoding.target as verification
 
     verify = verification.verify_greedy
 

@@ -17,7 +17,7 @@ from transformers import CompileConfig
 
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.live import autoregressive_decode, speculative_decode
+from pipeline.decoding.loop import autoregressive_decode, speculative_decode
 from pipeline.drafting.policies import GridSearchPolicy
 from pipeline.planning.grid import ModelGroup, RunConfig, Shard
 

@@ -17,7 +17,7 @@ import pytest
 from pipeline.data import load_samples
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.live import speculative_decode
+from pipeline.decoding.loop import speculative_decode
 from pipeline.models.base import ModelInputError
 from pipeline.planning.grid import GridError
 from pipeline.planning.grid_file import load_grid
@@ -146,8 +146,8 @@ def test_a_prompt_longer_than_the_context_is_an_input_error(tiny_pair):
 def test_the_draft_never_runs_more_steps_than_the_tokens_left(tiny_pair, monkeypatch, verify):
     """gamma 8 and 5 new tokens: a block drafts at most the tokens the sample may still produce
     (a block keeps no more), and the output is still the target's own."""
-    from pipeline.decoding.live import autoregressive_decode
-    from pipeline.decoding.verify_spec import make_verify
+    from pipeline.decoding.loop import autoregressive_decode
+    from pipeline.planning.verify_entries import make_verify
 
     target, draft = tiny_pair
     calls = []

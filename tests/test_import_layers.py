@@ -85,8 +85,8 @@ def test_no_import_cycles():
 
 def test_the_checker_sees_an_upward_import():
     """Guard against a vacuous check: the core importing the grid would be caught."""
-    assert layer("pipeline.grid") > layer("pipeline.decoding.live") > layer("pipeline.drafting.policies")
-    assert layer("pipeline.data.loading") > layer("pipeline.decoding.live") == layer("pipeline.decoding.config")
+    assert layer("pipeline.grid") > layer("pipeline.decoding.loop") > layer("pipeline.drafting.policies")
+    assert layer("pipeline.data.loading") > layer("pipeline.decoding.loop") == layer("pipeline.decoding.config")
     assert layer("pipeline.results.schema") > layer("pipeline.planning.grid") > layer("pipeline.data.turns")
     assert "pipeline.planning.grid" in import_graph()["actors.runner"]  # function-level or not, edges are seen
 
@@ -95,3 +95,15 @@ def test_no_library_file_outgrows_one_reading():
     """Largest library module <= 300 lines: past that a file is doing more than one job."""
     sizes = {name: len(path.read_text().splitlines()) for name, path in module_files().items()}
     assert max(sizes.values()) <= 300, sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
+
+
+def test_replay_scores_without_the_loop():
+    """Replay runs the loop's block rule (`acceptance.settle_block`), never the loop itself: it
+    must not import `pipeline.decoding.loop`, directly or through another module."""
+    graph, seen, todo = import_graph(), set(), ["pipeline.decoding.replay"]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph[module])
+    assert "pipeline.decoding.acceptance" in seen and "pipeline.decoding.loop" not in seen

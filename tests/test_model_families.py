@@ -9,7 +9,7 @@ import torch
 
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.live import autoregressive_decode, speculative_decode
+from pipeline.decoding.loop import autoregressive_decode, speculative_decode
 from pipeline.drafting.policies import GridSearchPolicy
 from pipeline.models.families import FAMILIES
 from pipeline.models.loading import ModelLoadError, load_model

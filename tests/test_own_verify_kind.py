@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.decoding.proposers import ChainProposer, Proposal
-from pipeline.decoding.verify import probabilities
-from pipeline.decoding.verify_spec import VerifySpec
+from pipeline.decoding.draft import ChainProposal, ChainProposer
+from pipeline.decoding.acceptance import probabilities
+from pipeline.decoding.verify_kinds import VerifySpec
 
 ROOT = Path(__file__).resolve().parents[1]
 KIND = "tests.test_own_verify_kind:FirstMethodChain"  # as the job imports this module
@@ -31,7 +31,7 @@ class FirstMethodChain(VerifySpec):
 
 
 class FirstMethodProposer(ChainProposer, kind=FirstMethodChain.kind):
-    def propose(self, pending: torch.Tensor, weights: torch.Tensor, uniforms, keep_methods: bool) -> Proposal:
+    def propose(self, pending: torch.Tensor, weights: torch.Tensor, uniforms, keep_methods: bool) -> ChainProposal:
         logits = self.rows.feed(pending)[:, -1]
         proposals, methods = [], []
         for i in range(self.config.gamma):
@@ -40,7 +40,7 @@ class FirstMethodProposer(ChainProposer, kind=FirstMethodChain.kind):
             methods.append(q)
             if i < self.config.gamma - 1:
                 logits = self.rows.feed(proposals[-1])[:, -1]
-        return Proposal(torch.cat(proposals), None, torch.stack([m[0] for m in methods]), {"methods": torch.stack(methods)})
+        return ChainProposal(torch.cat(proposals), None, torch.stack([m[0] for m in methods]), torch.stack(methods))
 
     @staticmethod
     def replay_accepted(q: torch.Tensor, y: list[int], t: int, gamma: int, mixing: torch.Tensor) -> int:

@@ -16,7 +16,7 @@ from PIL import Image
 
 from actors.runner import GridRunner
 from pipeline.data.sample import Sample
-from pipeline.decoding.live import autoregressive_decode, speculative_decode
+from pipeline.decoding.loop import autoregressive_decode, speculative_decode
 from pipeline.planning.grid import Catalog, ModelGroup, Pair, RunConfig, Shard
 from pipeline.planning.grid_file import parse_grid
 from pipeline.results.store import read_results

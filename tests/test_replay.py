@@ -18,8 +18,9 @@ from PIL import Image
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
-from pipeline.decoding.live import speculative_decode
-from pipeline.decoding.replay import ForwardCounter, collect_traces, replay
+from pipeline.decoding.loop import speculative_decode
+from pipeline.decoding.traces import ForwardCounter, collect_traces
+from pipeline.decoding.replay import replay
 from pipeline.models.base import LVLM
 from pipeline.models.tiny import build_tokenizer
 from tests.conftest import FixedCaptioner

@@ -19,11 +19,12 @@ from PIL import Image
 
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.verify_spec import make_verify
+from pipeline.planning.verify_entries import make_verify
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
-from pipeline.decoding.live import speculative_decode
+from pipeline.decoding.loop import speculative_decode
 from pipeline.decoding.records import SampleRecord
-from pipeline.decoding.replay import Traces, collect_traces, replay
+from pipeline.decoding.replay import Traces, replay
+from pipeline.decoding.traces import collect_traces
 from pipeline.drafting.scoring import DISTANCE_FUNCTIONS, mix
 from pipeline.models.loading import load_pair
 from tests.conftest import FixedCaptioner, solid

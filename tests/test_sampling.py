@@ -10,9 +10,9 @@ from transformers import PreTrainedTokenizerFast
 
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.verify_spec import make_verify
+from pipeline.planning.verify_entries import make_verify
 from pipeline.drafting.policies import make_policy
-from pipeline.decoding.live import speculative_decode
+from pipeline.decoding.loop import speculative_decode
 from pipeline.decoding.rows import DynamicCacheRows
 from pipeline.drafting.methods import method_embeddings
 from pipeline.models.hf import HFLlava

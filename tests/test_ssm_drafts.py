@@ -13,9 +13,10 @@ import torch
 
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.live import autoregressive_decode, speculative_decode
-from pipeline.decoding.replay import collect_traces, replay
-from pipeline.decoding.verify_spec import make_verify
+from pipeline.decoding.loop import autoregressive_decode, speculative_decode
+from pipeline.decoding.traces import collect_traces
+from pipeline.decoding.replay import replay
+from pipeline.planning.verify_entries import make_verify
 from pipeline.drafting.policies import GridSearchPolicy
 from pipeline.models.loading import load_model
 from tests.conftest import FixedCaptioner, solid

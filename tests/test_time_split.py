@@ -8,7 +8,7 @@ import pandas as pd
 
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.live import autoregressive_decode, speculative_decode
+from pipeline.decoding.loop import autoregressive_decode, speculative_decode
 from pipeline.drafting.policies import GridSearchPolicy
 from pipeline.results.time_split import time_shares, time_split_text
 from tests.conftest import solid

@@ -10,9 +10,11 @@ import torch
 
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.live import speculative_decode
-from pipeline.decoding.trees import Tree, candidate_tree, verify_tree_greedy
-from pipeline.decoding.verify_spec import Chain, DynamicTree, make_verify
+from pipeline.decoding.loop import speculative_decode
+from pipeline.decoding.trees import Tree, candidate_tree
+from pipeline.decoding.acceptance import verify_tree_greedy
+from pipeline.decoding.verify_kinds import Chain, DynamicTree
+from pipeline.planning.verify_entries import make_verify
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.models.families import FAMILIES
 from pipeline.models.loading import load_model
@@ -83,7 +85,7 @@ def test_a_candidate_tree_merges_equal_prefixes():
 def test_greedy_tree_verification_follows_the_targets_choice():
     """root -> 5 -> {6 -> 7, 9}, and a second branch 8; the target wants 5, 9, then 4."""
     tree = Tree(tokens=torch.tensor([5, 6, 7, 9, 8]), parents=torch.tensor([0, 1, 2, 1, 0]),
-                depths=torch.tensor([1, 2, 3, 2, 1]), valid=torch.ones(5, dtype=torch.bool), depth=3)
+                depths=torch.tensor([1, 2, 3, 2, 1]), valid=torch.ones(5, dtype=torch.bool), gamma=3)
     wanted = torch.tensor([5, 9, 0, 0, 4, 0])  # the target's argmax at each fed position (root first)
     logits = torch.nn.functional.one_hot(wanted, 10).float()
     outcome = verify_tree_greedy(tree, logits)
@@ -135,7 +137,7 @@ def test_the_verify_axis_in_grids_keys_and_modes():
 @pytest.mark.slow
 def test_greedy_trees_are_lossless_in_fp16(tiny_dirs):
     """fp16 forwards (on the CPU here): trees still give the target's own greedy output."""
-    from pipeline.decoding.live import autoregressive_decode
+    from pipeline.decoding.loop import autoregressive_decode
     from pipeline.models.loading import load_pair
     from tests.test_engine_lossless import PROMPTS, sample_of
 
@@ -173,7 +175,8 @@ def test_greedy_shape_and_bandit_trees_equal_the_targets_own_greedy_output(famil
 def test_shape_and_bandit_trees_replay_exactly(tiny_dirs):
     """fp64 KV rows: greedy replay from the ranks of the target's tokens gives live decoding's
     accepted counts and the bandit's choices, block by block."""
-    from pipeline.decoding.replay import collect_traces, replay
+    from pipeline.decoding.traces import collect_traces
+    from pipeline.decoding.replay import replay
 
     target, draft = load_model(tiny_dirs["target"]), load_model(tiny_dirs["draft"])
     for model in (target, draft):
@@ -193,7 +196,7 @@ def test_shape_and_bandit_trees_replay_exactly(tiny_dirs):
 
 
 def test_the_bandit_plays_each_shape_then_the_best_bound():
-    from pipeline.decoding.shape_trees import UCB1
+    from pipeline.decoding.draft_shapes import UCB1
 
     bandit = UCB1(3, c=1.0)
     for arm, reward in ((0, -1.0), (1, -0.2), (2, -0.5)):
@@ -210,7 +213,7 @@ def test_the_bandit_plays_each_shape_then_the_best_bound():
 def test_spec_llavas_own_tree_runs_as_a_dynamic_entry(tiny_pair):
     """127 nodes by top-31 expansion: greedy it is the target's own output; sampled, it runs
     (SpecExec's rule; the distribution is tested on smaller trees in test_sampling)."""
-    from pipeline.decoding.live import autoregressive_decode
+    from pipeline.decoding.loop import autoregressive_decode
 
     target, draft = tiny_pair
     sample = Sample("unit", "test", 0, "first", "USER: <image>\nDescribe the image. ASSISTANT:", (solid((90, 20, 160)),))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.decoding.verify_spec import Chain, VerifySpec
+from pipeline.decoding.verify_kinds import Chain, VerifySpec
 from pipeline.drafting.methods import check_methods
 from pipeline.drafting.policies import StaticPolicy, WeightPolicy
 

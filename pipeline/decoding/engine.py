@@ -1,4 +1,4 @@
-"""Which engine runs the decode loop, and the pieces the loops share: rows, timers, prompts.
+"""Which engine runs the decode loop, and the rows it decodes with, prefilled from a prompt.
 
 Engines (the grid's `engine` axis; outputs are the same, walltimes are not):
 - `static`: transformers' `StaticCache`, fixed-shape masks and positions, rollback by moving
@@ -12,20 +12,15 @@ so CPU runs are eager forwards (`TABED_COMPILE=1` forces compiling, e.g. to test
 """
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 
-import os
-import time
-from collections import defaultdict
-from dataclasses import dataclass
-from typing import Sequence
-
 import torch
-from PIL import Image
 
-from pipeline.data.sample import Sample
+from pipeline.decoding.prompts import Prompt, check_fits
 from pipeline.decoding.rows import DynamicCacheRows, Rows, StaticCacheRows
 from pipeline.decoding.state_rows import StateRows
+from pipeline.decoding.timing import PhaseTimer
 from pipeline.drafting.captioner import Captioner
 from pipeline.drafting.methods import method_embeddings, needs_captions
 from pipeline.models.base import LVLM, ModelInputError, StepLog
@@ -58,33 +53,6 @@ def compiles(device: torch.device) -> bool:
     if wanted:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     return wanted
-
-
-@dataclass
-class Prompt:
-    """A tokenized prompt checked for decoding: ids with one placeholder per image."""
-
-    ids: list[int]
-    images: Sequence[Image.Image]
-
-
-def tokenize(model: LVLM, sample: Sample) -> Prompt:
-    if sample.error:
-        raise ModelInputError(sample.error)
-    sample.check()
-    ids = model.tokenize_prompt(sample.prompt)
-    if model.image_token_id is not None and ids[-1] == model.image_token_id:
-        raise ModelInputError(f"sample {sample.sample_id}: a prompt must end with text, not an image")
-    return Prompt(ids, sample.images)
-
-
-def check_fits(model: LVLM, positions: int, prompt: Prompt) -> None:
-    """A prompt and its continuation must fit the model's context: refused as input, not left
-    to fail (or to allocate a cache of terabytes) inside the model."""
-    limit = model.max_positions
-    if limit is not None and positions > limit:
-        raise ModelInputError(f"{model.name}: the prompt ({len(prompt.ids)} tokens before image features) and "
-                              f"its continuation need {positions} positions; the model's context holds {limit}")
 
 
 def prefilled_rows(
@@ -136,51 +104,3 @@ def new_rows(
         return DynamicCacheRows(model, prompts, step_log)
     compiled = compiles(model.device) if compiled is None else compiled
     return StaticCacheRows(model, prompts, capacity=capacity, compiled=compiled, role=role, step_log=step_log)
-
-
-class PhaseTimer:
-    """Seconds per phase without waiting for the device inside a block: CUDA events on a GPU
-    (read once, in `totals`), the wall clock on a CPU. Phases may nest (`tabed` inside `draft`).
-    A phase is a plain object, not a generator context manager: the drafting loop opens one
-    per proposal, and its cost lands in the very overhead it measures."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.started = time.perf_counter()  # the decode's wall clock starts with its timer
-        self.cuda = device.type == "cuda"
-        self.seconds: dict[str, float] = defaultdict(float)
-        self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
-
-    def phase(self, name: str) -> _Phase:
-        return _Phase(self, name)
-
-    def totals(self) -> dict[str, float]:
-        if self._events:
-            torch.cuda.synchronize()
-            for name, start, end in self._events:
-                self.seconds[name] += start.elapsed_time(end) / 1000
-            self._events.clear()
-        return self.seconds
-
-
-class _Phase:
-    """One timed stretch of a `PhaseTimer` (`with timer.phase(name):`)."""
-
-    __slots__ = ("timer", "name", "begin")
-
-    def __init__(self, timer: PhaseTimer, name: str) -> None:
-        self.timer, self.name = timer, name
-
-    def __enter__(self) -> None:
-        if self.timer.cuda:
-            self.begin = torch.cuda.Event(enable_timing=True)
-            self.begin.record()
-        else:
-            self.begin = time.perf_counter()
-
-    def __exit__(self, *exc) -> None:
-        if self.timer.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self.timer._events.append((self.name, self.begin, end))
-        else:
-            self.timer.seconds[self.name] += time.perf_counter() - self.begin

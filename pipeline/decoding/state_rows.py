@@ -1,8 +1,8 @@
 """Prompt rows of a state-space (Mamba, Mamba2) draft as ONE batch: the `Rows` of a model whose
 cache is a state per row, updated in place, that cannot be cropped (`pipeline.models.recurrent`).
 
-Rolling back is restoring: after every forward the state is copied into a ring of `depth`
-saved states (slot `fed % depth`), and `keep_shared(n)` copies slot n back, bitwise the state a
+Rolling back is restoring: after every forward the state is copied into a ring of `slots`
+saved states (slot `fed % slots`), and `keep_shared(n)` copies slot n back, bitwise the state a
 run that never went past n would hold. A block never rolls back further than the tokens it fed,
 so a ring as deep as one block's feeding (`span` + 2) is enough; a deeper restore is refused
 rather than guessed. Continuation tokens go in one per forward: Mamba (v1)'s multi-token cached
@@ -30,19 +30,19 @@ class StateRows:
         self.width = padding.shape[1]
         self._padding = None if bool(padding.all()) else padding.long().to(model.device)  # the 2-D 0/1 mask
         self.cache = model.new_cache()
-        self.depth = span + 2
+        self.slots = span + 2
         self.fed = 0
         self.tree_start = 0
         self._state: list[torch.Tensor] = []
         self._ring: list[list[torch.Tensor]] = []
-        self._ring_fed = [-1] * self.depth
+        self._ring_fed = [-1] * self.slots
 
     def prefill(self) -> None:
         """Run the padded prompts once; the state after them is saved as continuation slot 0."""
         self.model.logits(cache=self.cache, attention_mask=self._padding, inputs_embeds=self._prompt_embeds, keep=1)
         self._prompt_embeds = None
         self._state = self.model.state_tensors(self.cache)
-        self._ring = [[torch.empty_like(t) for t in self._state] for _ in range(self.depth)]
+        self._ring = [[torch.empty_like(t) for t in self._state] for _ in range(self.slots)]
         self._save()
 
     def feed(self, token_ids: list[int] | torch.Tensor, keep: int = 1) -> torch.Tensor:
@@ -68,10 +68,10 @@ class StateRows:
             raise ValueError(f"cannot keep {n} continuation tokens: only {self.fed} were fed")
         if n == self.fed:
             return
-        slot = n % self.depth
+        slot = n % self.slots
         if self._ring_fed[slot] != n:
-            raise ValueError(f"cannot roll back to {n} continuation tokens: the last {self.depth} saved states reach back "
-                             f"to {self.fed - self.depth + 1} only")
+            raise ValueError(f"cannot roll back to {n} continuation tokens: the last {self.slots} saved states reach back "
+                             f"to {self.fed - self.slots + 1} only")
         torch._foreach_copy_(self._state, self._ring[slot])
         self.fed = n
 
@@ -79,7 +79,7 @@ class StateRows:
         """Give every one of `groups` equal groups of rows group `source`'s state (0-d device
         tensor), now and in every state saved after continuation slot `start`: after a
         candidate tree, every branch's rows continue the accepted branch."""
-        saved = [self._ring[slot] for slot in range(self.depth) if self._ring_fed[slot] > start]
+        saved = [self._ring[slot] for slot in range(self.slots) if self._ring_fed[slot] > start]
         for states in [self._state, *saved]:
             for state in states:
                 grouped = state.view(groups, self.rows // groups, *state.shape[1:])
@@ -101,8 +101,8 @@ class StateRows:
         self.model.replace_states(self.cache, states)
         self._state = self.model.state_tensors(self.cache)
         self.rows, self.fed = self._state[0].shape[0], fed
-        self._ring = [[torch.empty_like(t) for t in self._state] for _ in range(self.depth)]
-        self._ring_fed = [-1] * self.depth
+        self._ring = [[torch.empty_like(t) for t in self._state] for _ in range(self.slots)]
+        self._ring_fed = [-1] * self.slots
         self._save()
 
     def begin_tree(self) -> None:
@@ -116,6 +116,6 @@ class StateRows:
         self.begin_tree()
 
     def _save(self) -> None:
-        slot = self.fed % self.depth
+        slot = self.fed % self.slots
         torch._foreach_copy_(self._ring[slot], self._state)
         self._ring_fed[slot] = self.fed

@@ -18,7 +18,7 @@ from typing import Collection, Iterable
 from pipeline.data.sample import FIRST_TURN
 from pipeline.data.user_datasets import UserDataset
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.verify_spec import Chain, VerifySpec
+from pipeline.decoding.verify_kinds import Chain, VerifySpec
 from pipeline.drafting.methods import needs_captions
 from pipeline.drafting.policies import StaticPolicy, WeightPolicy
 

@@ -12,7 +12,8 @@ from typing import Any, Callable, Iterable
 
 from pipeline.decoding.config import DecodeConfig
 from pipeline.data.user_datasets import local_path
-from pipeline.decoding.verify_spec import VerifySpec, make_verify
+from pipeline.decoding.verify_kinds import VerifySpec
+from pipeline.planning.verify_entries import make_verify
 from pipeline.drafting.methods import METHODS
 from pipeline.drafting.policies import DISTANCES, POLICIES, make_policy, policy_class
 from pipeline.models.dtypes import DTYPES

@@ -2,7 +2,7 @@
 built-in and the grid's own, one line each. Nothing heavy is imported: no torch, no models."""
 from __future__ import annotations
 
-from pipeline.decoding.verify_spec import VERIFY_KINDS
+from pipeline.decoding.verify_kinds import VERIFY_KINDS
 from pipeline.drafting.methods import METHODS
 from pipeline.drafting.policies import POLICIES
 from pipeline.models.families import FAMILIES, RECURRENT_TYPES, TEXT_ONLY

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.data.user_datasets import UserDataset, parse_user_dataset
-from pipeline.decoding.verify_spec import VerifySpec
+from pipeline.decoding.verify_kinds import VerifySpec
 from pipeline.drafting.methods import DraftingMethod
 from pipeline.drafting.policies import POLICIES, WeightPolicy
 from pipeline.names import did_you_mean

@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from typing import Callable, Iterable, Sequence
 
 from pipeline.data.sample import Sample
-from pipeline.decoding.verify_spec import VerifySpec
+from pipeline.decoding.verify_kinds import VerifySpec
 from pipeline.planning.grid import FIRST_TURN, GridSpec, ModelGroup, Pair, RunConfig, Shard, WorkUnit, model_groups, row_key
 from pipeline.planning.timed_samples import choose_timed
 

@@ -104,7 +104,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("gamma", pa.int32(), _config("gamma")),  # null for AR
     # chain | candidates | dynamic(n=..,k=..): how the target verified (null for AR and rows from before trees)
     Column("verify", pa.string(), lambda src: None if src.config.is_ar else src.config.verify.label),
-    # the same as structured columns, which reports read (pipeline.decoding.verify_spec.verify_of_row)
+    # the same as structured columns, which reports read (pipeline.planning.verify_entries.verify_of_row)
     Column("verify_kind", pa.string(), lambda src: _verify_column(src, "verify_kind")),
     Column("verify_nodes", pa.int32(), lambda src: _verify_column(src, "verify_nodes")),
     Column("verify_top_k", pa.int32(), lambda src: _verify_column(src, "verify_top_k")),

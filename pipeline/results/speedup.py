@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.decoding.verify_spec import VerifySpec, verify_of_row
+from pipeline.decoding.verify_kinds import VerifySpec
+from pipeline.planning.verify_entries import verify_of_row
 
 from pipeline.results.calibration_store import draft_rows_ratio, stored_calibration, verify_ratio
 from pipeline.results.noise import noise_parts, noise_text, ratio_spreads, rows_load

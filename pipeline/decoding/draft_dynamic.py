@@ -3,13 +3,15 @@ nodes by path probability under the mixture, fed level by level with a tree mask
 `nodes` most probable nodes."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from pipeline.decoding.acceptance import probabilities, verify_tree_sampled
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.proposers import ChainProposer, Proposal
+from pipeline.decoding.draft import ChainProposer, Proposal
 from pipeline.decoding.rows import Rows
-from pipeline.decoding.trees import Tree, verify_tree_sampled
-from pipeline.decoding.verify import probabilities
+from pipeline.decoding.trees import Tree
 from pipeline.drafting.scoring import mix
 
 
@@ -17,6 +19,15 @@ def log_probability(probs: torch.Tensor) -> torch.Tensor:
     """float64 log of probabilities floored at 1e-30: path scores stay finite, so a child's
     always falls below its parent's (a draft head that rules tokens out gives them 0)."""
     return torch.log(probs.double().clamp_min(1e-30))
+
+
+@dataclass
+class DynamicProposal(Proposal):
+    """`kept`: the generated node behind each tree node; `levels_q`: the draft's distributions
+    `[m, nodes, V]` at each level (the root's first)."""
+
+    kept: torch.Tensor
+    levels_q: list[torch.Tensor]
 
 
 class DynamicTreeProposer(ChainProposer, kind="dynamic"):
@@ -34,7 +45,7 @@ class DynamicTreeProposer(ChainProposer, kind="dynamic"):
         self.width, self.nodes = spec.top_k, spec.nodes
         # children by rank, never drawn; sampling draws the target's token at every fed position
         self.draws_per_block, self.checks_per_block = 0, self.nodes + 1
-        width, levels = self.width, self.depth
+        width, levels = self.width, self.gamma
         device = rows.model.device
         # generated node g = (level - 1) * width + k: its depth, and its place in the draft's tree
         self._depths = torch.arange(1, levels + 1, device=device).repeat_interleave(width)
@@ -48,7 +59,7 @@ class DynamicTreeProposer(ChainProposer, kind="dynamic"):
         scores, token = log_probability(mix(q, weights)).topk(width)
         levels_q, tokens, parents, all_scores = [q[:, None]], [token], [torch.full_like(token, -1)], [scores]
         sees = None  # [fed tree nodes, fed tree nodes]: who sees whom in the draft's tree
-        for level in range(1, self.depth):
+        for level in range(1, self.gamma):
             parent = parents[-1] - (level - 2) * width if level > 1 else None
             sees = self._grow(sees, parent)
             logits = rows.feed_tree(token, torch.full_like(token, level - 1), sees[-width:], keep=width)
@@ -79,15 +90,15 @@ class DynamicTreeProposer(ChainProposer, kind="dynamic"):
         fed = torch.zeros(tokens.shape[0] + 1, dtype=torch.long, device=tokens.device)
         fed[kept + 1] = torch.arange(1, self.nodes + 1, device=tokens.device)  # generated node -> fed position
         tree = Tree(tokens[kept], fed[parents[kept] + 1], self._depths[kept],
-                    torch.ones_like(kept, dtype=torch.bool), self.depth)
-        return Proposal(tree.tokens, tree, None, {"kept": kept, "levels_q": levels_q})
+                    torch.ones_like(kept, dtype=torch.bool), self.gamma)
+        return DynamicProposal(tree.tokens, tree, None, kept, levels_q)
 
-    def _generated(self, proposal: Proposal, path: torch.Tensor, upto: int) -> torch.Tensor:
+    def _generated(self, proposal: DynamicProposal, path: torch.Tensor, upto: int) -> torch.Tensor:
         """Generated indices of the accepted path's nodes at depths 1..upto."""
-        return proposal.state["kept"][path[1 : upto + 1] - 1]
+        return proposal.kept[path[1 : upto + 1] - 1]
 
-    def history(self, proposal: Proposal, path: torch.Tensor, accepted: int, positions: int) -> torch.Tensor:
-        levels_q = proposal.state["levels_q"]
+    def history(self, proposal: DynamicProposal, path: torch.Tensor, accepted: int, positions: int) -> torch.Tensor:
+        levels_q = proposal.levels_q
         generated = self._generated(proposal, path, positions - 1)
         rows = [levels_q[0][:, 0]] + [levels_q[d].index_select(1, generated[d - 1:d] - (d - 1) * self.width)[:, 0]
                                       for d in range(1, positions)]
@@ -95,12 +106,13 @@ class DynamicTreeProposer(ChainProposer, kind="dynamic"):
 
     def accept_sampled(self, proposal: Proposal, target_probs: torch.Tensor,
                        uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """SpecExec's rule (`trees.verify_tree_sampled`): lossless whatever ranked the children."""
+        """SpecExec's rule (`acceptance.verify_tree_sampled`): lossless whatever ranked the children."""
         outcome = verify_tree_sampled(proposal.tree, target_probs, uniforms)
         return outcome.accepted, outcome.next_token, outcome.path
 
-    def keep(self, proposal: Proposal, path: torch.Tensor, accepted: int, before: int, block: torch.Tensor) -> torch.Tensor:
-        kept = min(accepted, self.depth - 1)
+    def keep(self, proposal: DynamicProposal, path: torch.Tensor, accepted: int, before: int,
+             block: torch.Tensor) -> torch.Tensor:
+        kept = min(accepted, self.gamma - 1)
         if kept:  # the draft fed generated node g at tree slot g: move the path up behind the root
             self.rows.keep_path(before + self._generated(proposal, path, kept), before)
         return super().keep(proposal, path, accepted, before, block)

@@ -7,29 +7,29 @@ method's distributions along the accepted path, for the TABED weights) and `keep
 return the tokens the rows have not seen yet). It also owns its kind's two rules that depend
 on what it proposes: `accept_sampled` (lossless acceptance of a sampled block) and
 `replay_accepted` (greedy acceptance along the target's output, for trace replay). Each is
-registered under the verify kind it drafts (`pipeline.decoding.verify_spec`): `PROPOSERS`
-(`pipeline.decoding.proposer_kinds` finds the one for a spec).
+registered under the verify kind it drafts (`pipeline.decoding.verify_kinds`): `PROPOSERS`
+(`pipeline.decoding.draft_kinds` finds the one for a spec). What a proposer needs back from its
+own proposal is a small dataclass of its kind (`ChainProposal`, `CandidateProposal`, ...).
 Every proposer mixes the methods with the block's weights w* exactly as the chain does; they
 differ in what they propose:
 - `ChainProposer`: gamma tokens, each the mixture's choice, fed to every method's row.
 - `CandidateProposer`: the ensembled chain and each method's own chain, each in its own group
   of method rows (B branches x m rows in one batch), so every method's distribution is known
   at every node and the TABED history is exactly a chain's.
-- `DynamicTreeProposer` (`pipeline.decoding.dynamic_tree`), `ShapeTreeProposer` and
-  `BanditTreeProposer` (`pipeline.decoding.shape_trees`): trees whose children are ranked.
+- `DynamicTreeProposer` (`pipeline.decoding.draft_dynamic`), `ShapeTreeProposer` and
+  `BanditTreeProposer` (`pipeline.decoding.draft_shapes`): trees whose children are ranked.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
+from pipeline.decoding.acceptance import probabilities, sample_token, verify_branches_sampling, verify_sampling
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.rows import Rows
-from pipeline.decoding.trees import Tree, candidate_tree, verify_branches_sampling
-from pipeline.decoding.verify import probabilities, sample_token, verify_sampling
-from pipeline.decoding.verify_spec import candidate_branches
+from pipeline.decoding.trees import Tree, candidate_tree
+from pipeline.decoding.verify_kinds import candidate_branches
 from pipeline.drafting.scoring import mix
 
 PROPOSERS: dict[str, type["ChainProposer"]] = {}  # verify kind -> the proposer that drafts it
@@ -38,27 +38,44 @@ PROPOSERS: dict[str, type["ChainProposer"]] = {}  # verify kind -> the proposer 
 @dataclass
 class Proposal:
     """A block's proposals on the device: `tokens` `[N]` (a chain's in order, or a tree's
-    nodes), `tree` (None for a chain), `draws` `[N, V]` (the distribution each token was
-    drawn from: sampling's q) and what the proposer needs back for `history` and `keep`."""
+    nodes), `tree` (None for a chain) and `draws` `[N, V]` (the distribution each token was
+    drawn from: sampling's q). Each kind's subclass adds what its proposer needs back for
+    `history` and `keep`."""
 
     tokens: torch.Tensor
     tree: Tree | None
     draws: torch.Tensor | None
-    state: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ChainProposal(Proposal):
+    """`methods` `[gamma, m, V]`: each method's distributions at the root and the proposals
+    (None when the weights learn nothing)."""
+
+    methods: torch.Tensor | None
+
+
+@dataclass
+class CandidateProposal(Proposal):
+    """`methods` `[B, gamma, m, V]` per branch (None when the weights learn nothing); `start`:
+    continuation tokens the rows held before the block (where branches are copied from)."""
+
+    methods: torch.Tensor | None
+    start: int
 
 
 class StaticRule:
     """Greedy trace replay of a proposer whose block shape never changes: `accepted(q, y, t,
-    depth, mixing)` is its `replay_accepted`; `observe` learns nothing; `arm` is None (a
+    gamma, mixing)` is its `replay_accepted`; `observe` learns nothing; `arm` is None (a
     bandit's rule says which shape each block used)."""
 
     arm = None
 
-    def __init__(self, depth: int, accepted) -> None:
-        self.depth, self._accepted = depth, accepted
+    def __init__(self, gamma: int, accepted) -> None:
+        self.gamma, self._accepted = gamma, accepted
 
-    def accepted(self, q: torch.Tensor, y: list[int], t: int, depth: int, mixing: torch.Tensor) -> int:
-        return self._accepted(q, y, t, depth, mixing)
+    def accepted(self, q: torch.Tensor, y: list[int], t: int, gamma: int, mixing: torch.Tensor) -> int:
+        return self._accepted(q, y, t, gamma, mixing)
 
     def observe(self, accepted: int) -> None:
         """What the block accepted (a bandit learns from it)."""
@@ -75,13 +92,13 @@ class ChainProposer:
 
     def __init__(self, rows: Rows, config: DecodeConfig) -> None:
         self.rows, self.config = rows, config
-        self.depth = config.gamma
+        self.gamma = config.gamma  # this block's draft steps (a bandit's changes per block)
         # tokens the sample may still produce, set by the decoder before each block: the draft
         # runs at most that many forwards (a block keeps no more tokens); deeper proposals are
         # the last real one repeated, so shapes, outputs and accepted counts stay as they were
         self.budget = config.max_new_tokens
         # sampling's uniforms per block: one per proposal, then the target's acceptance tests
-        # and its emitted token (`pipeline.decoding.verification.check`)
+        # and its emitted token (`pipeline.decoding.target.check`)
         self.draws_per_block, self.checks_per_block = config.gamma, config.gamma + 1
 
     def propose(self, pending: torch.Tensor, weights: torch.Tensor, uniforms: torch.Tensor | None,
@@ -101,16 +118,16 @@ class ChainProposer:
             if i < min(config.gamma, self.budget) - 1:
                 logits = self.rows.feed(token)[:, -1]
         methods = torch.stack(method_probs) if keep_methods else None
-        return Proposal(torch.cat(proposals), None, torch.stack(mixed_probs), {"methods": methods})
+        return ChainProposal(torch.cat(proposals), None, torch.stack(mixed_probs), methods)
 
-    def history(self, proposal: Proposal, path: torch.Tensor, accepted: int, positions: int) -> torch.Tensor:
+    def history(self, proposal: ChainProposal, path: torch.Tensor, accepted: int, positions: int) -> torch.Tensor:
         """Each method's distributions `[positions, m, V]` at the root and the accepted proposals."""
-        return proposal.state["methods"][:positions]
+        return proposal.methods[:positions]
 
     def keep(self, proposal: Proposal, path: torch.Tensor, accepted: int, before: int, block: torch.Tensor) -> torch.Tensor:
         """Keep the accepted proposals the rows fed (never the last one); `block`: the accepted
         proposals and the target's token, on the device. Returns the next pending tokens."""
-        kept = min(accepted, self.depth - 1)
+        kept = min(accepted, self.gamma - 1)
         self.rows.keep_shared(before + kept)
         return block[kept : accepted + 1]
 
@@ -174,25 +191,26 @@ class CandidateProposer(ChainProposer, kind="candidates"):
                 logits = self.rows.feed(token.repeat_interleave(m)[:, None])[:, -1]
         tree = candidate_tree(torch.stack(tokens, 1), merge=config.greedy)
         methods = torch.stack(method_probs, 1) if keep_methods else None  # [B, gamma, m, V]
-        return Proposal(tree.tokens, tree, torch.stack(draws, 1).flatten(0, 1), {"methods": methods, "start": start})
+        return CandidateProposal(tree.tokens, tree, torch.stack(draws, 1).flatten(0, 1), methods, start)
 
     def _branch(self, path: torch.Tensor, accepted: int) -> torch.Tensor:
         """The branch (0-d) whose rows drafted the accepted path: the first holding its deepest
         node; the ensembled branch when nothing was accepted (every branch shares the root)."""
-        return (path[accepted] - 1).clamp_min(0) // self.depth
+        return (path[accepted] - 1).clamp_min(0) // self.gamma
 
-    def history(self, proposal: Proposal, path: torch.Tensor, accepted: int, positions: int) -> torch.Tensor:
-        methods = proposal.state["methods"].index_select(0, self._branch(path, accepted).view(1))[0]
+    def history(self, proposal: CandidateProposal, path: torch.Tensor, accepted: int, positions: int) -> torch.Tensor:
+        methods = proposal.methods.index_select(0, self._branch(path, accepted).view(1))[0]
         return methods[:positions]
 
-    def keep(self, proposal: Proposal, path: torch.Tensor, accepted: int, before: int, block: torch.Tensor) -> torch.Tensor:
+    def keep(self, proposal: CandidateProposal, path: torch.Tensor, accepted: int, before: int,
+             block: torch.Tensor) -> torch.Tensor:
         if self.branches > 1:
-            self.rows.copy_rows(self.branches, self._branch(path, accepted), proposal.state["start"])
+            self.rows.copy_rows(self.branches, self._branch(path, accepted), proposal.start)
         return super().keep(proposal, path, accepted, before, block)
 
     def accept_sampled(self, proposal: Proposal, target_probs: torch.Tensor,
                        uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """SpecInfer's multi-candidate rule over the branches (`trees.verify_branches_sampling`)."""
+        """SpecInfer's multi-candidate rule over the branches (`acceptance.verify_branches_sampling`)."""
         outcome = verify_branches_sampling(proposal.tree, self.branches, target_probs, proposal.draws, uniforms)
         return outcome.accepted, outcome.next_token, outcome.path
 

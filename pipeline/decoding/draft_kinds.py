@@ -1,12 +1,12 @@
-"""Every built-in proposer, registered by the verify kind it drafts, and the lookup the decoding
-loop and replay use. A kind of your own registers its proposer when its module is imported (the
-grid file names it by import path)."""
+"""Every built-in proposer, registered by the verify kind it drafts, and the lookup the loop and
+replay use. A kind of your own registers its proposer when its module is imported (the grid file
+names it by import path)."""
 from __future__ import annotations
 
-from pipeline.decoding.dynamic_tree import DynamicTreeProposer
-from pipeline.decoding.proposers import PROPOSERS, CandidateProposer, ChainProposer
-from pipeline.decoding.shape_trees import BanditTreeProposer, ShapeTreeProposer
-from pipeline.decoding.verify_spec import VerifySpec
+from pipeline.decoding.draft import PROPOSERS, CandidateProposer, ChainProposer
+from pipeline.decoding.draft_dynamic import DynamicTreeProposer
+from pipeline.decoding.draft_shapes import BanditTreeProposer, ShapeTreeProposer
+from pipeline.decoding.verify_kinds import VerifySpec
 
 BUILT_IN = (ChainProposer, CandidateProposer, DynamicTreeProposer, ShapeTreeProposer, BanditTreeProposer)
 

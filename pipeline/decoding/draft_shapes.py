@@ -1,5 +1,5 @@
 """The draft's side of static-shape trees and of the bandit that picks one shape per block
-(`pipeline.decoding.tree_shapes` holds their specs).
+(`pipeline.decoding.shape_kinds` holds their specs).
 
 A shape `(N1, ..., Nd)` gives every node at depth k - 1 the top N_k tokens of the mixed draft
 distribution at it. The draft reads levels 1 .. d - 1 to know those distributions: KV rows as a
@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.decoding.acceptance import probabilities, verify_tree_sampled
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.proposers import ChainProposer, Proposal, StaticRule
+from pipeline.decoding.draft import ChainProposer, Proposal, StaticRule
 from pipeline.decoding.rows import Rows
+from pipeline.decoding.shape_kinds import shape_levels
 from pipeline.decoding.state_rows import StateRows
-from pipeline.decoding.trees import Tree, verify_tree_sampled
-from pipeline.decoding.verify import probabilities
-from pipeline.decoding.tree_shapes import shape_levels
+from pipeline.decoding.trees import Tree
 from pipeline.drafting.scoring import mix
 
 
@@ -59,6 +59,16 @@ class Layout:
         return Layout(shape, as_tensor(parents), as_tensor(depths), starts, sees.to(device))
 
 
+@dataclass
+class ShapeProposal(Proposal):
+    """`levels_q`: the draft's distributions `[m, nodes, V]` at each level (the root's first);
+    `saved`: a state-space draft's states after each level; `layout`: the block's shape."""
+
+    levels_q: list[torch.Tensor]
+    saved: list
+    layout: Layout
+
+
 def shape_accepted(q: torch.Tensor, y: list[int], t: int, shape: tuple[int, ...], mixing: torch.Tensor) -> int:
     """Greedy replay of a shape tree: the path goes on while the target's token y[t + k] is among
     the top N_{k+1} tokens of the mixture at the path's node at depth k, which is the position
@@ -86,7 +96,7 @@ class ShapeTreeProposer(ChainProposer, kind="shape"):
     def use_shape(self, shape: tuple[int, ...]) -> None:
         if shape not in self._layouts:
             self._layouts[shape] = Layout.of(shape, self.rows.model.device)
-        self.layout, self.depth = self._layouts[shape], len(shape)
+        self.layout, self.gamma = self._layouts[shape], len(shape)
 
     def propose(self, pending: torch.Tensor, weights: torch.Tensor, uniforms: torch.Tensor | None,
                 keep_methods: bool) -> Proposal:
@@ -105,8 +115,8 @@ class ShapeTreeProposer(ChainProposer, kind="shape"):
             elif k < len(layout.shape) - 1:  # past the budget: each node reuses its parent's, no forward
                 levels_q.append(levels_q[-1].repeat_interleave(children, dim=1))
         tree = Tree(torch.cat(tokens), layout.parents, layout.depths, torch.ones_like(layout.depths, dtype=torch.bool),
-                    self.depth)
-        return Proposal(tree.tokens, tree, None, {"levels_q": levels_q, "saved": saved, "layout": layout})
+                    self.gamma)
+        return ShapeProposal(tree.tokens, tree, None, levels_q, saved, layout)
 
     def _read_level(self, tokens: torch.Tensor, k: int, saved: list) -> torch.Tensor:
         """The draft's distributions `[m, nodes, V]` at level k + 1's nodes."""
@@ -122,21 +132,22 @@ class ShapeTreeProposer(ChainProposer, kind="shape"):
                                     keep=width)
         return probabilities(logits, self.config.temperature)
 
-    def _within_level(self, proposal: Proposal, path: torch.Tensor, depth: int) -> torch.Tensor:
+    def _within_level(self, proposal: ShapeProposal, path: torch.Tensor, depth: int) -> torch.Tensor:
         """The path's node at `depth` as an index within its level (1-element device tensor)."""
-        return (path[depth : depth + 1] - 1 - proposal.state["layout"].starts[depth - 1])
+        return (path[depth : depth + 1] - 1 - proposal.layout.starts[depth - 1])
 
-    def history(self, proposal: Proposal, path: torch.Tensor, accepted: int, positions: int) -> torch.Tensor:
-        levels_q = proposal.state["levels_q"]
+    def history(self, proposal: ShapeProposal, path: torch.Tensor, accepted: int, positions: int) -> torch.Tensor:
+        levels_q = proposal.levels_q
         return torch.stack([levels_q[0][:, 0]] + [levels_q[d].index_select(1, self._within_level(proposal, path, d))[:, 0]
                                                   for d in range(1, positions)])
 
-    def keep(self, proposal: Proposal, path: torch.Tensor, accepted: int, before: int, block: torch.Tensor) -> torch.Tensor:
-        kept = min(accepted, self.depth - 1)
+    def keep(self, proposal: ShapeProposal, path: torch.Tensor, accepted: int, before: int,
+             block: torch.Tensor) -> torch.Tensor:
+        kept = min(accepted, self.gamma - 1)
         if isinstance(self.rows, StateRows):  # the accepted node's method rows, as saved after its level
             node = self._within_level(proposal, path, kept) if kept else torch.zeros(1, dtype=torch.long, device=path.device)
             index = node * self.methods + torch.arange(self.methods, device=path.device)
-            self.rows.restore([state.index_select(0, index) for state in proposal.state["saved"][kept]], before + kept)
+            self.rows.restore([state.index_select(0, index) for state in proposal.saved[kept]], before + kept)
         elif kept:  # the draft fed the tree's nodes in level order: node i at tree slot i - 1
             self.rows.keep_path(before + path[1 : kept + 1] - 1, before)
         return super().keep(proposal, path, accepted, before, block)
@@ -149,7 +160,7 @@ class ShapeTreeProposer(ChainProposer, kind="shape"):
     @classmethod
     def replay_rule(cls, config: DecodeConfig) -> StaticRule:
         shape = config.verify.shape
-        return StaticRule(len(shape), lambda q, y, t, depth, mixing: shape_accepted(q, y, t, shape, mixing))
+        return StaticRule(len(shape), lambda q, y, t, gamma, mixing: shape_accepted(q, y, t, shape, mixing))
 
 
 class UCB1:
@@ -182,10 +193,10 @@ class BanditRule:
         self.arm = self.bandit.choose()
 
     @property
-    def depth(self) -> int:
+    def gamma(self) -> int:
         return len(self.shapes[self.arm])
 
-    def accepted(self, q: torch.Tensor, y: list[int], t: int, depth: int, mixing: torch.Tensor) -> int:
+    def accepted(self, q: torch.Tensor, y: list[int], t: int, gamma: int, mixing: torch.Tensor) -> int:
         return shape_accepted(q, y, t, self.shapes[self.arm], mixing)
 
     def observe(self, accepted: int) -> None:
@@ -206,7 +217,8 @@ class BanditTreeProposer(ShapeTreeProposer, kind="bandit"):
     def arm(self) -> int:
         return self.rule.arm
 
-    def keep(self, proposal: Proposal, path: torch.Tensor, accepted: int, before: int, block: torch.Tensor) -> torch.Tensor:
+    def keep(self, proposal: ShapeProposal, path: torch.Tensor, accepted: int, before: int,
+             block: torch.Tensor) -> torch.Tensor:
         pending = super().keep(proposal, path, accepted, before, block)
         self.rule.observe(accepted)
         self.use_shape(self.rule.shapes[self.rule.arm])

@@ -9,19 +9,18 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.decoding.acceptance import probabilities, verify_greedy, verify_tree_greedy
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.proposers import ChainProposer, Proposal
+from pipeline.decoding.draft import ChainProposer, Proposal
 from pipeline.decoding.rows import Rows
-from pipeline.decoding.trees import verify_tree_greedy
-from pipeline.decoding.verify import probabilities, verify_greedy
 
 
 @dataclass
 class Checked:
     """A verified block on the device: `accepted` proposals and the target's `next_token`
-    (0-d), the accepted path's tokens `path_tokens` `[depth]` (entries past `accepted` are
-    filler), its fed positions `path` (`[depth + 1]`, root first; None for a chain) and the
-    target's distributions at the root and along the path `path_probs` `[depth, V]` (the TABED
+    (0-d), the accepted path's tokens `path_tokens` `[gamma]` (entries past `accepted` are
+    filler), its fed positions `path` (`[gamma + 1]`, root first; None for a chain) and the
+    target's distributions at the root and along the path `path_probs` `[gamma, V]` (the TABED
     history's p; None when nothing needs them)."""
 
     accepted: torch.Tensor

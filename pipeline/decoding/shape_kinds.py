@@ -1,12 +1,12 @@
 """Static-shape token trees and the bandit that picks one per block (the Mamba drafters paper's
-test-time tree search), as verify kinds. Torch-free; their proposer is
-`pipeline.decoding.shape_trees`."""
+test-time tree search), as verify kinds. Torch-free; their proposers are in
+`pipeline.decoding.draft_shapes`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pipeline.decoding.verify_base import VerifySpec
+from pipeline.decoding.verify_kinds import VerifySpec
 
 MAX_TREE_NODES = 512  # a shape tree's nodes: each is a token of the target's verify forward
 

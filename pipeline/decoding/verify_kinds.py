@@ -3,7 +3,8 @@ axis). Each kind is a registered class, like the weight policies: its knobs, its
 what a block of it costs (nodes the target reads, rows the draft runs), whether greedy trace
 replay scores it and whether it samples. Torch-free, so grid files validate without torch; the
 draft's side of each kind (how it proposes, accepts sampled blocks and replays) is a proposer
-registered under the same kind (`pipeline.decoding.proposers`).
+registered under the same kind (`pipeline.decoding.draft`); `pipeline.planning.verify_entries`
+makes specs from grid entries and result rows.
 
 - `chain`: `gamma` proposals in a row, the mixture's choice at each step (what TABED does).
 - `candidates`: each drafting method's own chain and the ensembled chain, `gamma` deep, as
@@ -14,7 +15,7 @@ registered under the same kind (`pipeline.decoding.proposers`).
   highest path probability, then the `nodes` most probable nodes of all levels. Its shape
   depends on draft distributions off the target's path, so it runs live; sampled, it is
   verified by SpecExec's rule (the target samples at every node, the walk follows the match).
-- `shape` and `bandit` (`pipeline.decoding.tree_shapes`): a static-shape tree `(N1, ..., Nd)`,
+- `shape` and `bandit` (`pipeline.decoding.shape_kinds`): a static-shape tree `(N1, ..., Nd)`,
   or one such shape per block picked by a UCB1 bandit (the Mamba drafters paper's trees).
 
 A kind of your own is a subclass and its proposer, named by import path in a grid
@@ -22,16 +23,79 @@ A kind of your own is a subclass and its proposer, named by import path in a gri
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, ClassVar
 
-from pipeline.decoding.tree_shapes import BanditTree, ShapeTree
-from pipeline.decoding.verify_base import VERIFY_KINDS, VerifySpec
-from pipeline.names import did_you_mean
-
-__all__ = ["VERIFY_KINDS", "VerifySpec", "Chain", "CandidateTree", "DynamicTree", "ShapeTree", "BanditTree",
-           "candidate_branches", "verify_class", "make_verify", "verify_of_row"]
 DYNAMIC_NODES, DYNAMIC_TOP_K = 16, 4
+VERIFY_KINDS: dict[str, type["VerifySpec"]] = {}  # kind -> class, filled as kinds are defined
+
+
+@dataclass(frozen=True)
+class VerifySpec:
+    """Base of every verify kind: a chain of `gamma` proposals. A subclass registers under
+    `kind=` (else under its import path `module:Class`, when a grid names it) and overrides
+    what differs: its knobs (dataclass fields) and its shape arithmetic."""
+
+    kind: ClassVar[str] = ""
+    replayable: ClassVar[bool] = True  # greedy trace replay scores it exactly (its path depends on y only)
+    samples: ClassVar[bool] = True  # temperature > 0 keeps the target's distribution
+    # the draft reads the tree with a tree mask: a state-space draft (one state per row) cannot
+    feeds_draft_a_tree: ClassVar[bool] = False
+
+    def __init_subclass__(cls, kind: str = "", **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.kind = kind or f"{cls.__module__}:{cls.__qualname__}"
+        known = VERIFY_KINDS.get(cls.kind)
+        if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise ValueError(f"verify kind {cls.kind!r} is defined twice ({known.__qualname__}, {cls.__qualname__})")
+        VERIFY_KINDS[cls.kind] = cls
+
+    @property
+    def is_chain(self) -> bool:
+        return self.kind == "chain"
+
+    @property
+    def label(self) -> str:
+        """Its name in tables: `chain`, `candidates`, `dynamic(n=16,k=4)`."""
+        return self.kind
+
+    def validate(self) -> None:
+        """ValueError naming a bad knob."""
+
+    def settled(self, methods: int, gamma: int) -> tuple[VerifySpec, int]:
+        """The spec and gamma a configuration of `methods` drafting methods runs (normalised:
+        equivalent grid points collapse into one)."""
+        return self, gamma
+
+    def tree_nodes(self, gamma: int, methods: int) -> int:
+        """Nodes a block feeds the target besides its pending token (a chain: gamma)."""
+        return gamma
+
+    def draft_rows(self, methods: int) -> int:
+        """Tokens in one draft step: a row per method (calibration times that many one-token rows)."""
+        return methods
+
+    def block_shapes(self, gamma: int, methods: int) -> list[tuple[int, int, int]]:
+        """(draft steps, nodes, draft rows) of every block shape this kind may use: what
+        calibration times and the speedup table costs (a bandit has one per shape)."""
+        return [(gamma, self.tree_nodes(gamma, methods), self.draft_rows(methods))]
+
+    def copies_per_method(self, methods: int) -> int:
+        """How many rows of each drafting method the draft prefills (a candidate tree's branches)."""
+        return 1
+
+    def draft_capacity(self, gamma: int) -> int:
+        """Continuation tokens one block feeds the draft's rows."""
+        return gamma
+
+    def key_fields(self) -> dict | None:
+        """What a configuration key hashes for this kind (None: nothing, as for chains, whose
+        keys are those from before trees existed)."""
+        return {"kind": self.kind, **asdict(self)}
+
+    def columns(self) -> dict[str, Any]:
+        """The row's structured verify columns (tables never parse the label back)."""
+        return {"verify_kind": self.kind, "verify_nodes": None, "verify_top_k": None, "verify_shapes": None}
 
 
 @dataclass(frozen=True)
@@ -113,65 +177,3 @@ class DynamicTree(VerifySpec, kind="dynamic"):
 def candidate_branches(methods: int) -> int:
     """Branches of a candidate tree: the ensembled chain and each method's own (one method: one)."""
     return 1 if methods == 1 else methods + 1
-
-
-def verify_class(kind: str) -> type[VerifySpec]:
-    if kind not in VERIFY_KINDS:
-        raise ValueError(f"unknown verify kind {kind!r}{did_you_mean(kind, VERIFY_KINDS)}; choose one of "
-                         f"{', '.join(VERIFY_KINDS)} (or an import path 'package.module:Class')")
-    return VERIFY_KINDS[kind]
-
-
-def make_verify(entry: Any) -> VerifySpec:
-    """A grid entry (`chain`, `candidates`, `{kind: dynamic, nodes: 16, top_k: 4, depth: 6}`, a
-    registered kind of your own) as a validated spec; ValueError names what is wrong."""
-    if isinstance(entry, VerifySpec):
-        entry.validate()
-        return entry
-    if isinstance(entry, str):
-        entry = {"kind": entry}
-    if not isinstance(entry, dict) or "kind" not in entry:
-        raise ValueError(f"expected a kind ({', '.join(VERIFY_KINDS)}) or a mapping with 'kind', got {entry!r}")
-    knobs = dict(entry)
-    cls = verify_class(str(knobs.pop("kind")))
-    knobs = {getattr(cls, "ALIASES", {}).get(name, name): value for name, value in knobs.items()}
-    knobs = {name: _tupled(value) for name, value in knobs.items()}  # YAML lists, hashable
-    known = [f.name for f in fields(cls)]
-    unknown = sorted(set(knobs) - set(known))
-    if unknown:
-        raise ValueError(f"{unknown} not a field of a {cls.kind!r} verify entry{did_you_mean(unknown[0], known)}; "
-                         f"its fields: kind{''.join(', ' + name for name in known)}")
-    spec = cls(**knobs)
-    spec.validate()
-    return spec
-
-
-def verify_of_row(row: dict) -> VerifySpec:
-    """The spec a result row was verified with: from its structured columns, or, for rows from
-    before them, its label (`chain`, `candidates`, `dynamic(n=16,k=4)`; null: a chain)."""
-    kind = row.get("verify_kind")
-    if isinstance(kind, str) and kind:
-        shapes = _plain(row.get("verify_shapes"))
-        knobs = {"nodes": row.get("verify_nodes"), "top_k": row.get("verify_top_k"), "shapes": shapes,
-                 "shape": shapes[0] if shapes else None}
-        cls = verify_class(kind)
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: _plain(v) for k, v in knobs.items() if k in known and v is not None})
-    label = row.get("verify")
-    if not isinstance(label, str) or label == "chain":
-        return Chain()
-    if label == "candidates":
-        return CandidateTree()
-    nodes, top_k = (int(part.split("=")[1]) for part in label.removeprefix("dynamic(").rstrip(")").split(","))
-    return DynamicTree(nodes, top_k)
-
-
-def _tupled(value: Any) -> Any:
-    return tuple(_tupled(v) for v in value) if isinstance(value, list) else value
-
-
-def _plain(value: Any) -> Any:
-    """A stored column value as the dataclass field wants it (numpy numbers and arrays as Python)."""
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    return tuple(tuple(v) if isinstance(v, list) else v for v in value) if isinstance(value, list) else value

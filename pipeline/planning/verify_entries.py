@@ -1,0 +1,75 @@
+"""Verify specs from what users and files hold: a grid entry (`chain`, `{kind: dynamic, ...}`, a kind
+of your own by import path) or a result row's structured columns (or, for rows from before them,
+its label). Every built-in kind is imported here, so each is registered before a lookup."""
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+from pipeline.decoding.shape_kinds import BanditTree, ShapeTree
+from pipeline.decoding.verify_kinds import VERIFY_KINDS, CandidateTree, Chain, DynamicTree, VerifySpec
+from pipeline.names import did_you_mean
+
+__all__ = ["verify_class", "make_verify", "verify_of_row", "ShapeTree", "BanditTree"]
+
+
+def verify_class(kind: str) -> type[VerifySpec]:
+    if kind not in VERIFY_KINDS:
+        raise ValueError(f"unknown verify kind {kind!r}{did_you_mean(kind, VERIFY_KINDS)}; choose one of "
+                         f"{', '.join(VERIFY_KINDS)} (or an import path 'package.module:Class')")
+    return VERIFY_KINDS[kind]
+
+
+def make_verify(entry: Any) -> VerifySpec:
+    """A grid entry (`chain`, `candidates`, `{kind: dynamic, nodes: 16, top_k: 4, depth: 6}`, a
+    registered kind of your own) as a validated spec; ValueError names what is wrong."""
+    if isinstance(entry, VerifySpec):
+        entry.validate()
+        return entry
+    if isinstance(entry, str):
+        entry = {"kind": entry}
+    if not isinstance(entry, dict) or "kind" not in entry:
+        raise ValueError(f"expected a kind ({', '.join(VERIFY_KINDS)}) or a mapping with 'kind', got {entry!r}")
+    knobs = dict(entry)
+    cls = verify_class(str(knobs.pop("kind")))
+    knobs = {getattr(cls, "ALIASES", {}).get(name, name): value for name, value in knobs.items()}
+    knobs = {name: _tupled(value) for name, value in knobs.items()}  # YAML lists, hashable
+    known = [f.name for f in fields(cls)]
+    unknown = sorted(set(knobs) - set(known))
+    if unknown:
+        raise ValueError(f"{unknown} not a field of a {cls.kind!r} verify entry{did_you_mean(unknown[0], known)}; "
+                         f"its fields: kind{''.join(', ' + name for name in known)}")
+    spec = cls(**knobs)
+    spec.validate()
+    return spec
+
+
+def verify_of_row(row: dict) -> VerifySpec:
+    """The spec a result row was verified with: from its structured columns, or, for rows from
+    before them, its label (`chain`, `candidates`, `dynamic(n=16,k=4)`; null: a chain)."""
+    kind = row.get("verify_kind")
+    if isinstance(kind, str) and kind:
+        shapes = _plain(row.get("verify_shapes"))
+        knobs = {"nodes": row.get("verify_nodes"), "top_k": row.get("verify_top_k"), "shapes": shapes,
+                 "shape": shapes[0] if shapes else None}
+        cls = verify_class(kind)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: _plain(v) for k, v in knobs.items() if k in known and v is not None})
+    label = row.get("verify")
+    if not isinstance(label, str) or label == "chain":
+        return Chain()
+    if label == "candidates":
+        return CandidateTree()
+    nodes, top_k = (int(part.split("=")[1]) for part in label.removeprefix("dynamic(").rstrip(")").split(","))
+    return DynamicTree(nodes, top_k)
+
+
+def _tupled(value: Any) -> Any:
+    return tuple(_tupled(v) for v in value) if isinstance(value, list) else value
+
+
+def _plain(value: Any) -> Any:
+    """A stored column value as the dataclass field wants it (numpy numbers and arrays as Python)."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    return tuple(tuple(v) if isinstance(v, list) else v for v in value) if isinstance(value, list) else value

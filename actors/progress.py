@@ -25,9 +25,9 @@ def decodes(shard: Shard) -> int:
     samples = len(shard.sample_ids)
     if shard.mode == "replay":
         return samples
-    speculative = [sid for config, sid in shard.items if not config.is_ar]
+    speculative = [sid for config, sid in shard.items if not config.decode.is_ar]
     # one target decode per sample: its AR row, which its replay check reuses, or the check's own
-    target = {sid for config, sid in shard.items if config.is_ar or config.greedy}
+    target = {sid for config, sid in shard.items if config.decode.is_ar or config.decode.greedy}
     return len(speculative) + len(target)
 
 

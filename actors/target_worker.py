@@ -108,12 +108,12 @@ class TargetWorker:
             raise ValueError(f"shard {shard.shard_id} is for {shard.group.label}, this worker holds {self.group.label}")
         records = self._replay(shard.items, samples) if shard.mode == "replay" else {}
         baselines: dict[tuple, SampleRecord] = {}  # AR is the target alone: one decode serves every draft's row
-        for config, sample_id in sorted(shard.items, key=lambda item: not item[0].is_ar):
+        for config, sample_id in sorted(shard.items, key=lambda item: not item[0].decode.is_ar):
             if (config, sample_id) in records:
                 continue
             repeats = TIMED_REPEATS if sample_id in shard.timed else 1
-            if config.is_ar:
-                key = (sample_id, self._engine(config), config.max_new_tokens, config.temperature, config.seed)
+            if config.decode.is_ar:
+                key = (sample_id, self._engine(config), config.decode.max_new_tokens, config.decode.temperature, config.decode.seed)
                 if key not in baselines:
                     baselines[key] = self.decode(config, samples[sample_id], repeats)
                 records[(config, sample_id)] = baselines[key]
@@ -143,16 +143,16 @@ class TargetWorker:
         return replace(fastest, load_before=load_before, load_after=machine_load())
 
     def _decode_once(self, config: RunConfig, sample: Sample) -> SampleRecord:
-        mode = "ar" if config.is_ar else "live"
+        mode = "ar" if config.decode.is_ar else "live"
 
         def decode(engine: str) -> SampleRecord:
-            if config.is_ar:
+            if config.decode.is_ar:
                 return autoregressive_decode(
-                    self.target, sample, max_new_tokens=config.max_new_tokens,
-                    temperature=config.temperature, seed=config.seed, engine=engine,
+                    self.target, sample, max_new_tokens=config.decode.max_new_tokens,
+                    temperature=config.decode.temperature, seed=config.decode.seed, engine=engine,
                 )
             return speculative_decode(
-                self.target, self.drafts[config.pair.draft], sample, config.decode_config(), self.captioner, engine=engine,
+                self.target, self.drafts[config.pair.draft], sample, config.decode, self.captioner, engine=engine,
             )
 
         try:
@@ -163,7 +163,7 @@ class TargetWorker:
 
     def _models(self, config: RunConfig, draft: str | None = None) -> tuple[LVLM, ...]:
         """The models a configuration decodes with: the target, and the draft of an SD configuration."""
-        draft = draft or (None if config.is_ar else config.pair.draft)
+        draft = draft or (None if config.decode.is_ar else config.pair.draft)
         return (self.target,) if draft is None else (self.target, self.drafts[draft])
 
     def _on_engine(self, config: RunConfig, models: tuple[LVLM, ...], run: Callable[[str], T]) -> tuple[T, str | None]:
@@ -189,9 +189,9 @@ class TargetWorker:
         are what live decoding gives. The shard's own greedy AR decode, when it has one, is
         the traces' y. A replay that fails leaves the live row as it is."""
         checked = [(c, s) for c, s in items
-                   if c.greedy and not c.is_ar and c.verify.replayable and records[(c, s)].error is None]
-        decoded = {(s, self._engine(c), c.max_new_tokens): records[(c, s)] for c, s in items
-                   if c.is_ar and c.greedy and records[(c, s)].error is None}
+                   if c.decode.greedy and not c.decode.is_ar and c.decode.verify.replayable and records[(c, s)].error is None]
+        decoded = {(s, self._engine(c), c.decode.max_new_tokens): records[(c, s)] for c, s in items
+                   if c.decode.is_ar and c.decode.greedy and records[(c, s)].error is None}
         for item, shadow in self._replay(checked, samples, decoded).items():
             if shadow.error is None:
                 records[item].replay_accepted_per_block = shadow.accepted_per_block
@@ -220,10 +220,10 @@ class TargetWorker:
             by_sample[sample_id].append(config)
         records = {}
         for sample_id, configs in by_sample.items():
-            sample, budget = samples[sample_id], max(c.max_new_tokens for c in configs)
+            sample, budget = samples[sample_id], max(c.decode.max_new_tokens for c in configs)
             batches: dict[tuple[str, str], list[RunConfig]] = defaultdict(list)  # (draft, the grid's engine)
             for config in configs:
-                if not config.is_ar:
+                if not config.decode.is_ar:
                     batches[(config.pair.draft, config.engine)].append(config)
             target_traces: dict[str, TargetTrace | Exception] = {}  # engine -> the target's trace, shared by every draft
 
@@ -240,7 +240,7 @@ class TargetWorker:
                 return made
 
             for (draft, _), mine in batches.items():
-                letters = "".join(m for m in METHODS if any(m in c.methods for c in mine))
+                letters = "".join(m for m in METHODS if any(m in c.decode.methods for c in mine))
 
                 def collect(engine: str, draft: str = draft, letters: str = letters):
                     return collect_traces(self.target, self.drafts[draft], sample, letters, self.captioner,
@@ -253,12 +253,12 @@ class TargetWorker:
                     continue
                 for config in mine:
                     try:
-                        records[(config, sample_id)] = noted(replay(traces, config.decode_config()), note)
+                        records[(config, sample_id)] = noted(replay(traces, config.decode), note)
                     except Exception as err:  # one configuration of this sample
                         records[(config, sample_id)] = failed(sample_id, "replay", err)
             for config in configs:
-                made = target_traces.get(self._engine(config)) if config.is_ar and config.greedy else None
-                if isinstance(made, TargetTrace) and config.max_new_tokens == budget:
+                made = target_traces.get(self._engine(config)) if config.decode.is_ar and config.decode.greedy else None
+                if isinstance(made, TargetTrace) and config.decode.max_new_tokens == budget:
                     records[(config, sample_id)] = noted(made.baseline, self._auto_note(config))  # the decode that made y
         return records
 

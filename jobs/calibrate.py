@@ -53,8 +53,8 @@ class Shapes:
 
 
 def grid_shapes(spec: GridSpec) -> Shapes:
-    configs = [config for config in spec.configs() if not config.is_ar]
-    shapes = [shape for c in configs for shape in c.verify.block_shapes(c.gamma, len(c.methods))]
+    configs = [config for config in spec.configs() if not config.decode.is_ar]
+    shapes = [shape for c in configs for shape in c.decode.verify.block_shapes(c.decode.gamma, len(c.decode.methods))]
     return Shapes(spec.gamma, tuple(sorted({nodes + 1 for _, nodes, _ in shapes})),
                   tuple(sorted({rows for _, _, rows in shapes})))
 

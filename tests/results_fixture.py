@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from pipeline.decoding.config import DecodeConfig
 from pipeline.data.sample import Sample
 from pipeline.decoding.records import SampleRecord
 from pipeline.decoding.verify_kinds import CandidateTree
@@ -32,10 +33,10 @@ ENVIRONMENT = {"device_name": "cpu: test CPU (2 threads)", "torch_version": "2.1
 def configs(pair: Pair) -> list[RunConfig]:
     """The default job's: AR and the paper's eight configurations as chains, and the four
     ensembles as candidate trees too."""
-    ensembles = [RunConfig(pair, "MT"), RunConfig(pair, "MTCP"), RunConfig(pair, "MT", GridSearchPolicy()),
-                 RunConfig(pair, "MTCP", InverseErrorPolicy())]
-    singles = [RunConfig(pair, "AR", gamma=None)] + [RunConfig(pair, m) for m in "MTCP"]
-    trees = [RunConfig(c.pair, c.methods, c.policy, verify=CandidateTree()) for c in ensembles]
+    ensembles = [RunConfig(pair, DecodeConfig("MT")), RunConfig(pair, DecodeConfig("MTCP")), RunConfig(pair, DecodeConfig("MT", GridSearchPolicy())),
+                 RunConfig(pair, DecodeConfig("MTCP", InverseErrorPolicy()))]
+    singles = [RunConfig(pair, DecodeConfig("AR", gamma=None))] + [RunConfig(pair, DecodeConfig(m)) for m in "MTCP"]
+    trees = [RunConfig(c.pair, DecodeConfig(c.decode.methods, c.decode.policy, verify=CandidateTree())) for c in ensembles]
     return singles + ensembles + trees
 
 
@@ -43,15 +44,15 @@ def record(config: RunConfig, sample: Sample, rng: random.Random, *, live: bool,
     """A plausible outcome: blocks of up to gamma accepted proposals, 24 tokens in all."""
     accepted, emitted = [], 0
     while emitted < 24:
-        n = 0 if config.is_ar else min(rng.randint(0, 5), 23 - emitted)
+        n = 0 if config.decode.is_ar else min(rng.randint(0, 5), 23 - emitted)
         accepted.append(n)
         emitted += n + 1
-    methods = 0 if config.is_ar else len(config.methods)
+    methods = 0 if config.decode.is_ar else len(config.decode.methods)
     weights = [[round(1 / methods, 6)] * methods for _ in accepted] if methods else []
-    mode = "ar" if config.is_ar else "live" if live else "replay"
+    mode = "ar" if config.decode.is_ar else "live" if live else "replay"
     return SampleRecord(sample.sample_id, mode=mode, engine="static", accepted_per_block=accepted,
                         weights_per_block=weights, output_ids=list(range(3, 3 + emitted)),
-                        output_text="a red circle", time_total_s=seconds if live or config.is_ar else 0.0)
+                        output_text="a red circle", time_total_s=seconds if live or config.decode.is_ar else 0.0)
 
 
 def write_results(out: Path, *, calibrate: bool = True, timed_load: float = 0.5) -> Path:
@@ -66,8 +67,8 @@ def write_results(out: Path, *, calibrate: bool = True, timed_load: float = 0.5)
                     sample = Sample(dataset, "test", row, turn, f"USER: <image>\nq{row} ASSISTANT:", category=category)
                     timed = pair == SMALL and sample.sample_id == TIMED and turn == "first"
                     for config in configs(pair):
-                        live = timed and not config.is_ar and config.verify.is_chain
-                        seconds = 2.0 if config.is_ar else 1.0 + 0.1 * len(config.methods)
+                        live = timed and not config.decode.is_ar and config.decode.verify.is_chain
+                        seconds = 2.0 if config.decode.is_ar else 1.0 + 0.1 * len(config.decode.methods)
                         made = record(config, sample, rng, live=live, seconds=seconds)
                         if made.mode != "replay":
                             made.load_before = made.load_after = timed_load

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from pipeline.decoding.config import DecodeConfig
 from pipeline.results.acceptance import acceptance_table, block_depths, per_position_table, position_counts
 
 BANDIT_SHAPES = [[3, 3, 2, 1], [2, 2, 2, 1, 1, 1]]
@@ -72,7 +73,7 @@ def test_tau0_is_tau_minus_one_on_every_row():
     for accepted in ([], [0], [3, 1, 0, 2], [5] * 7):
         rec = record(sample.sample_id, "answer", None)
         rec.accepted_per_block = list(accepted)
-        made = make_row("r", "s", RunConfig(Pair("tiny:target", "tiny:draft"), "M"), sample, rec)
+        made = make_row("r", "s", RunConfig(Pair("tiny:target", "tiny:draft"), DecodeConfig("M")), sample, rec)
         if made["tau"] is None:
             assert made["tau0"] is None
         else:

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from pipeline.decoding.config import DecodeConfig
 from pipeline.planning.grid import GridError
 from pipeline.planning.preflight import check_output_dir
 from pipeline.results.run_lock import run_lock
@@ -129,7 +130,7 @@ def test_a_full_disk_while_taking_the_lock_leaves_no_lock(tmp_path, monkeypatch)
 def test_a_full_disk_while_reporting_keeps_the_previous_report(tmp_path, monkeypatch):
     import pipeline.results.summary as summary
 
-    config = RunConfig(PAIR, "M")
+    config = RunConfig(PAIR, DecodeConfig("M"))
     write_shard(tmp_path, rows_to_table(rows_for(config, [sample(0)], "s1")))
     summary.write_summary(tmp_path, "r", read_results(tmp_path, "r"))
     before = {p.name: p.read_bytes() for p in (tmp_path / "_report-r").iterdir()}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.decoding.config import DecodeConfig
 from pipeline.results.calibration import MAX_ROWS, calibrate, expected_speedup
 from pipeline.results.calibration_store import (
     calibration_table, measured_verify_tokens, read_calibrations, stored_calibration, verify_ratio, verify_rounds,
@@ -97,7 +98,7 @@ def test_the_calibrate_job_shows_its_rounds_and_rewrites_the_report_it_changes(t
 
     pair = Pair("tiny:target", "tiny:draft")
     sample = Sample("embedded_vqa", "test", 0, "first", "USER: <image>\nq ASSISTANT:", category="benchmark")
-    rows = [make_row("r", "s", RunConfig(pair, m, gamma=None if m == "AR" else 3), sample,
+    rows = [make_row("r", "s", RunConfig(pair, DecodeConfig(m, gamma=None if m == "AR" else 3)), sample,
                      SampleRecord(sample.sample_id, mode="ar" if m == "AR" else "replay", accepted_per_block=[2, 1],
                                   output_ids=[5] * 5)) for m in ("AR", "M")]
     write_shard(tmp_path, rows_to_table(rows))

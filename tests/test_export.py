@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from pipeline.decoding.config import DecodeConfig
 from pipeline.results.export import export
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +63,7 @@ def test_the_export_job_writes_beside_the_run(tmp_path):
 
     rec = record("toy/test/0/first")
     rec.mode, rec.time_wall_s = "live", 0.3
-    write_shard(tmp_path, rows_to_table([make_row("r", "s1", RunConfig(PAIR, "M"), sample(0), rec)]))
+    write_shard(tmp_path, rows_to_table([make_row("r", "s1", RunConfig(PAIR, DecodeConfig("M")), sample(0), rec)]))
     done = subprocess.run([sys.executable, "jobs/export.py", str(tmp_path), "--format", "spec-bench"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "run r: 1 file(s)" in done.stdout, done.stderr

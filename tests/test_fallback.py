@@ -139,7 +139,7 @@ def test_worker_rows_record_the_fallback_device_and_versions(tiny_dirs, monkeypa
     worker = TargetWorker(group)
     with_backend((worker.target, *worker.drafts.values()), FailingBackend())
     pair = group.pairs[0]
-    configs = [RunConfig(pair, "AR", gamma=None, max_new_tokens=10), RunConfig(pair, "M", gamma=3, max_new_tokens=10)]
+    configs = [RunConfig(pair, DecodeConfig("AR", gamma=None, max_new_tokens=10)), RunConfig(pair, DecodeConfig("M", gamma=3, max_new_tokens=10))]
     rows = worker_rows(worker, configs, [sample()])
     torch._dynamo.reset()
     ar, sd = rows
@@ -164,7 +164,7 @@ def test_engine_auto_falls_back_from_a_failing_static_engine_to_eager(tiny_dirs,
     for model in (worker.target, *worker.drafts.values()):
         model.static_cache = no_static
     pair = group.pairs[0]
-    configs = [RunConfig(pair, "AR", gamma=None, max_new_tokens=10), RunConfig(pair, "MT", gamma=3, max_new_tokens=10)]
+    configs = [RunConfig(pair, DecodeConfig("AR", gamma=None, max_new_tokens=10)), RunConfig(pair, DecodeConfig("MT", gamma=3, max_new_tokens=10))]
     with caplog.at_level(logging.WARNING, logger="actors.target_worker"):
         rows = worker_rows(worker, configs, [sample(0), sample(1)])
     assert all(r["error"] is None and r["engine"] == "eager" for r in rows)
@@ -172,7 +172,7 @@ def test_engine_auto_falls_back_from_a_failing_static_engine_to_eager(tiny_dirs,
     assert len(caplog.records) == 1
     for ar, sd in (rows[:2], rows[2:]):
         assert sd["output_ids"] == ar["output_ids"]
-    named = [RunConfig(pair, "M", gamma=3, max_new_tokens=10, engine="static")]
+    named = [RunConfig(pair, DecodeConfig("M", gamma=3, max_new_tokens=10), engine="static")]
     row, = worker_rows(worker, named, [sample(0)])
     assert row["error"].startswith("RuntimeError: this model's attention") and row["engine"] == "static"
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import pandas as pd
 
+from pipeline.decoding.config import DecodeConfig
 from pipeline.data.sample import Sample
 from pipeline.decoding.records import SampleRecord
 from pipeline.drafting.policies import GridSearchPolicy
@@ -25,7 +26,7 @@ def frame(*specs) -> pd.DataFrame:
     out = []
     for n, (pair, methods, dataset, category, accepted, weights) in enumerate(specs):
         policy = GridSearchPolicy() if weights else None
-        config = RunConfig(pair, methods, policy) if policy else RunConfig(pair, methods)
+        config = RunConfig(pair, DecodeConfig(methods, policy)) if policy else RunConfig(pair, DecodeConfig(methods))
         sample = Sample(dataset, "test", n, "first", "USER: hi ASSISTANT:", category=category)
         record = SampleRecord(sample.sample_id, accepted_per_block=accepted, weights_per_block=weights or [],
                               output_ids=[1] * (len(accepted) + sum(accepted)))

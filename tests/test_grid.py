@@ -2,6 +2,8 @@
 shard planning bundles replay configs and skips finished rows. No Ray, no model loads."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import copy
 import re
 
@@ -38,11 +40,11 @@ def grid(**changes):
 
 def test_expansion_normalises_fields_that_cannot_change_a_result():
     configs = grid().configs()
-    by_methods = {m: [c for c in configs if c.methods == m] for m in ("AR", "M", "MT")}
+    by_methods = {m: [c for c in configs if c.decode.methods == m] for m in ("AR", "M", "MT")}
     # AR ignores gamma/policy/window/distance; M (one method) ignores policy/window/distance
-    assert len(by_methods["AR"]) == 1 and by_methods["AR"][0].gamma is None
-    assert len(by_methods["M"]) == 2 and {c.gamma for c in by_methods["M"]} == {3, 5}
-    assert all(c.policy.kind == "static" for c in by_methods["M"])
+    assert len(by_methods["AR"]) == 1 and by_methods["AR"][0].decode.gamma is None
+    assert len(by_methods["M"]) == 2 and {c.decode.gamma for c in by_methods["M"]} == {3, 5}
+    assert all(c.decode.policy.kind == "static" for c in by_methods["M"])
     # MT: static (1) + grid hard+soft ignores distance (2 windows) + inverse (2 windows x 2 distances), per gamma
     assert len(by_methods["MT"]) == 2 * (1 + 2 + 4)
     assert len(set(configs)) == len(configs)
@@ -54,7 +56,7 @@ def test_keys_are_stable_and_cover_result_fields_only():
     assert [c.key() for c in first] == [c.key() for c in again]  # the decoding mode is not a result field
     assert len({c.key() for c in first}) == len(first)
     config = first[1]
-    assert RunConfig(**{**config.__dict__, "seed": 1}).key() != config.key()
+    assert replace(config, decode=replace(config.decode, seed=1)).key() != config.key()
     assert row_key(config.key(), "toy/test/0/first", "h") != row_key(config.key(), "toy/test/1/first", "h")
     assert row_key(config.key(), "toy/test/0/first", "h") == row_key(config.key(), "toy/test/0/first", "h")
     assert row_key(config.key(), "toy/test/0/first", "h") != row_key(config.key(), "toy/test/0/first", "other prompt")
@@ -66,7 +68,7 @@ def test_engine_is_an_axis_that_every_config_keeps():
     assert {c.engine for c in eager} == {"eager"} and len(eager) == len(grid().configs())
     both = grid(engine=["static", "eager"]).configs()
     assert len(both) == 2 * len(eager) and len(set(both)) == len(both)
-    ar = [c for c in both if c.is_ar]
+    ar = [c for c in both if c.decode.is_ar]
     assert sorted(c.engine for c in ar) == ["eager", "static"]  # the AR baseline's walltime depends on it
     assert [c.decode_engine for c in grid(engine=["auto", "static"]).configs()[:2]] == [None, "static"]
     from pipeline.planning.shards import counts
@@ -183,7 +185,7 @@ def test_plan_shards_bundles_replay_configs_and_skips_done_rows():
     keys = [k for s in timed for k in s.keys]
     assert len(keys) == len(set(keys)) == n_configs * 5
     chosen = set(choose_timed({"toy": samples}, 2, seed=7))
-    live_sd = [s for s in timed if s.mode == "live" and any(c.methods != "AR" for c, _ in s.items)]
+    live_sd = [s for s in timed if s.mode == "live" and any(c.decode.methods != "AR" for c, _ in s.items)]
     assert {sid for s in live_sd for _, sid in s.items} == chosen == {sid for s in timed for sid in s.timed}
     # with several datasets the pair's live samples are dealt round-robin over them
     two = grid(datasets=["toy", "other"], methods=["AR", "M"], turns=["first"]).units()
@@ -215,7 +217,7 @@ def test_drafts_of_one_target_share_shards_and_timed_samples_run_live_with_their
     for shard in shards:  # every pair of the group in one shard: one target decode per sample serves them all
         assert {c.pair for c, _ in shard.items} == set(shard.group.pairs)
         if shard.mode == "live":  # the walltime sample's AR row is decoded live beside its SD rows
-            assert {c.methods for c, _ in shard.items} == {"AR", "M"} and set(shard.timed) == {sid for _, sid in shard.items}
+            assert {c.decode.methods for c, _ in shard.items} == {"AR", "M"} and set(shard.timed) == {sid for _, sid in shard.items}
         else:
             assert not shard.timed
     keys = [k for s in shards for k in s.keys]
@@ -333,7 +335,7 @@ def test_second_turns_are_built_once_per_target_from_its_own_answers():
 
     spec = grid(pairs=[{"target": "tiny:target", "draft": "tiny:draft"}, {"target": "tiny:next_target", "draft": "tiny:draft"}], limit=2)
     book = RunSamples(spec, Source(), answers)
-    second = [u for u in spec.units(["again"]) if u.config.methods == "M"]
+    second = [u for u in spec.units(["again"]) if u.config.decode.methods == "M"]
     by_target = {u.config.pair.target: book.for_unit(u) for u in second}
     for u in spec.units(["again"]):
         book.for_unit(u)
@@ -349,7 +351,7 @@ def test_a_policy_can_name_the_ensembles_it_runs_on():
         methods=["AR", "M", "T", "MT", "MTCP"], captioner="embedded", window=[None], distance=["kl"], gamma=[5],
         policies=["static", {"kind": "grid", "methods": ["MT"]}, {"kind": "inverse", "methods": "MTCP"}],
     )
-    labels = sorted((c.method_label, c.policy.kind) for c in spec.configs())
+    labels = sorted((c.decode.method_label, c.decode.policy.kind) for c in spec.configs())
     assert labels == [("AR", "static"), ("M", "static"), ("MT", "static"), ("MT*", "grid"),
                       ("MTCP", "static"), ("MTCP*", "inverse"), ("T", "static")]
 
@@ -372,9 +374,9 @@ def test_a_verify_kind_marked_untimed_is_replayed_on_the_timed_samples_too():
     samples = [sample(i) for i in range(3)]
     shards = plan_shards("r", spec.units(), lambda u: samples, shard_size=3, grid_mode="auto", live_samples=1,
                          untimed=frozenset(spec.untimed_verify))
-    live = {(c.methods, c.verify.kind) for s in shards if s.mode == "live" for c, _ in s.items}
+    live = {(c.decode.methods, c.decode.verify.kind) for s in shards if s.mode == "live" for c, _ in s.items}
     assert live == {("AR", "chain"), ("MT", "chain")}
-    replayed = [(c.verify.kind, sid) for s in shards if s.mode == "replay" for c, sid in s.items if c.methods == "MT"]
+    replayed = [(c.decode.verify.kind, sid) for s in shards if s.mode == "replay" for c, sid in s.items if c.decode.methods == "MT"]
     assert sorted(kind for kind, _ in replayed).count("candidates") == 3  # every sample, the timed one included
     keys = [k for s in shards for k in s.keys]
     assert len(keys) == len(set(keys)) == len(spec.configs()) * 3

@@ -6,10 +6,11 @@ import io
 
 import actors.progress as progress_module
 from actors.progress import Progress, decodes
+from pipeline.decoding.config import DecodeConfig
 from pipeline.planning.grid import ModelGroup, Pair, RunConfig, Shard
 
 PAIR = Pair("t", "d")
-CONFIGS = [RunConfig(PAIR, "AR", gamma=None)] + [RunConfig(PAIR, m) for m in ("M", "T", "MT")]
+CONFIGS = [RunConfig(PAIR, DecodeConfig("AR", gamma=None))] + [RunConfig(PAIR, DecodeConfig(m)) for m in ("M", "T", "MT")]
 
 
 def shard(mode: str, samples: int, configs=CONFIGS) -> Shard:

@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 
 from actors.runner import GridRunner
+from pipeline.decoding.config import DecodeConfig
 from pipeline.data.sample import Sample
 from pipeline.decoding.loop import autoregressive_decode, speculative_decode
 from pipeline.planning.grid import Catalog, ModelGroup, Pair, RunConfig, Shard
@@ -129,10 +130,10 @@ def test_rows_equal_units_times_samples_and_engine_values(full_run, tiny_dirs, t
             expected_error = "placeholder" if sample.turn == "first" else "no first-turn answer"
             assert expected_error in row.error and row.blocks == 0
             continue
-        if config.is_ar:
+        if config.decode.is_ar:
             expected = autoregressive_decode(target, sample, max_new_tokens=12)
         else:
-            expected = speculative_decode(target, draft, sample, config.decode_config())
+            expected = speculative_decode(target, draft, sample, config.decode)
         assert pd.isna(row.error), row.error
         assert list(row.output_ids) == expected.output_ids and row.output_text == expected.output_text
         assert list(row.accepted_per_block) == expected.accepted_per_block
@@ -219,7 +220,7 @@ def test_worker_decodes_on_each_configs_engine_with_identical_outputs(tiny_dirs)
     group = ModelGroup(pair.target, pair.dtype, (pair.draft,))
     worker = TargetWorker(group)
     sample = ToySource().first_turn("toy", 1)[0]
-    configs = [RunConfig(pair, methods, gamma=None if methods == "AR" else 3, max_new_tokens=8, engine=engine)
+    configs = [RunConfig(pair, DecodeConfig(methods, gamma=None if methods == "AR" else 3, max_new_tokens=8), engine=engine)
                for methods in ("AR", "MT") for engine in ("eager", "static")]
     for mode in ("live", "replay"):  # replay: one trace collection per engine, AR rows included
         shard = Shard("r", group, "toy", "first", mode, tuple((c, sample.sample_id) for c in configs),
@@ -247,7 +248,7 @@ def test_one_worker_serves_every_draft_of_its_target_from_one_target_decode(tiny
     alone = worker_module.TargetWorker(ModelGroup(target, "fp32", (draft,)))
     worker = worker_module.TargetWorker(group)
     sample = ToySource().first_turn("toy", 1)[0]
-    configs = [RunConfig(pair, m, gamma=None if m == "AR" else 3, max_new_tokens=8)
+    configs = [RunConfig(pair, DecodeConfig(m, gamma=None if m == "AR" else 3, max_new_tokens=8))
                for pair in group.pairs for m in ("AR", "M", "MT")]
     decodes = []
     for module in (replay_module, worker_module):  # the traces' decode of y and the live AR decode
@@ -279,7 +280,7 @@ def test_a_timed_samples_decodes_are_repeated_and_the_fastest_kept(tiny_dirs, mo
     group = ModelGroup(tiny_dirs["target"], "fp32", (tiny_dirs["draft"],))
     worker = worker_module.TargetWorker(group)
     timed, other = ToySource().first_turn("toy", 2)
-    configs = [RunConfig(group.pairs[0], m, gamma=None if m == "AR" else 3, max_new_tokens=8) for m in ("AR", "M")]
+    configs = [RunConfig(group.pairs[0], DecodeConfig(m, gamma=None if m == "AR" else 3, max_new_tokens=8)) for m in ("AR", "M")]
     items = tuple((c, s.sample_id) for s in (timed, other) for c in configs)
     shard = Shard("r", group, "toy", "first", "live", items, tuple((s.sample_id, s.prompt_hash) for s in (timed, other)),
                   (timed.sample_id,))
@@ -308,7 +309,7 @@ def test_live_rows_record_the_machines_load_around_their_decodes(tiny_dirs, monk
     group = ModelGroup(tiny_dirs["target"], "fp32", (tiny_dirs["draft"],))
     worker = worker_module.TargetWorker(group)
     timed, = ToySource().first_turn("toy", 1)
-    configs = [RunConfig(group.pairs[0], m, gamma=None if m == "AR" else 3, max_new_tokens=8) for m in ("AR", "M")]
+    configs = [RunConfig(group.pairs[0], DecodeConfig(m, gamma=None if m == "AR" else 3, max_new_tokens=8)) for m in ("AR", "M")]
     shard = Shard("r", group, "toy", "first", "live", tuple((c, timed.sample_id) for c in configs),
                   ((timed.sample_id, timed.prompt_hash),), (timed.sample_id,))
     loads = iter([0.5, 1.5, 2.5, 3.5])

@@ -6,6 +6,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.decoding.config import DecodeConfig
 from pipeline.data.sample import Sample
 from pipeline.drafting.policies import GridSearchPolicy
 from pipeline.decoding.records import SampleRecord
@@ -47,7 +48,7 @@ def shard_rows(config: RunConfig, turn: str = "first", n: int = 3, shard: str = 
 
 
 def test_rows_follow_the_documented_schema(tmp_path):
-    config = RunConfig(PAIR, "MT", GridSearchPolicy(window=4), gamma=5, max_new_tokens=64)
+    config = RunConfig(PAIR, DecodeConfig("MT", GridSearchPolicy(window=4), gamma=5, max_new_tokens=64))
     path = write_shard(tmp_path, rows_to_table(shard_rows(config, error_row=2)))
     assert path.name == "part-s1.parquet"
     assert path.parent.relative_to(tmp_path).as_posix() == (
@@ -73,20 +74,20 @@ def test_rows_follow_the_documented_schema(tmp_path):
 
 
 def test_unused_fields_are_null_for_ar_and_static():
-    ar = shard_rows(RunConfig(PAIR, "AR", gamma=None))[0]
+    ar = shard_rows(RunConfig(PAIR, DecodeConfig("AR", gamma=None)))[0]
     assert ar["gamma"] is None and ar["window"] is None and ar["distance"] is None and ar["policy"] == "static"
-    static = shard_rows(RunConfig(PAIR, "MT"))[0]
+    static = shard_rows(RunConfig(PAIR, DecodeConfig("MT")))[0]
     assert static["method_label"] == "MT" and static["distance"] is None and static["measure"] is None
 
 
 def test_error_rows_name_the_engine_the_grid_asked_for():
-    assert shard_rows(RunConfig(PAIR, "M", engine="eager"), error_row=0)[0]["engine"] == "eager"
-    assert shard_rows(RunConfig(PAIR, "M"), error_row=0)[0]["engine"] is None  # auto: nothing ran, nothing known
-    assert shard_rows(RunConfig(PAIR, "M", engine="eager"))[0]["engine"] == "static"  # what ran wins
+    assert shard_rows(RunConfig(PAIR, DecodeConfig("M"), engine="eager"), error_row=0)[0]["engine"] == "eager"
+    assert shard_rows(RunConfig(PAIR, DecodeConfig("M")), error_row=0)[0]["engine"] is None  # auto: nothing ran, nothing known
+    assert shard_rows(RunConfig(PAIR, DecodeConfig("M"), engine="eager"))[0]["engine"] == "static"  # what ran wins
 
 
 def test_results_written_before_engine_columns_still_read(tmp_path):
-    config = RunConfig(PAIR, "M")
+    config = RunConfig(PAIR, DecodeConfig("M"))
     path = write_shard(tmp_path, rows_to_table(shard_rows(config)))
     old = pq.read_table(path).drop_columns(["engine", "time_tabed_s"])
     pq.write_table(old, path)
@@ -95,7 +96,7 @@ def test_results_written_before_engine_columns_still_read(tmp_path):
     assert len(df) == 3 and df["engine"].isna().all() and df["time_tabed_s"].isna().all()
     assert list(df.columns) == SCHEMA.names and df.output_text.iloc[0] == "answer 0"
     assert written_keys(tmp_path, "r") == {row_key(config.key(), f"pope/test/{i}/first", sample_at(i).prompt_hash) for i in range(3)}
-    new = RunConfig(PAIR, "T")
+    new = RunConfig(PAIR, DecodeConfig("T"))
     write_shard(tmp_path, rows_to_table(shard_rows(new, shard="s2")))  # old and new files side by side
     both = read_results(tmp_path)
     assert len(both) == 6 and both.groupby("methods")["engine"].count().to_dict() == {"M": 0, "T": 3}
@@ -103,7 +104,7 @@ def test_results_written_before_engine_columns_still_read(tmp_path):
 
 
 def test_written_rows_ignore_unfinished_temporary_files(tmp_path):
-    config = RunConfig(PAIR, "M")
+    config = RunConfig(PAIR, DecodeConfig("M"))
     path = write_shard(tmp_path, rows_to_table(shard_rows(config)))
     (path.parent / ".part-s2.parquet.123.tmp").write_bytes(b"half a file")
     keys = written_keys(tmp_path, "r")
@@ -113,11 +114,11 @@ def test_written_rows_ignore_unfinished_temporary_files(tmp_path):
 
 
 def test_first_turn_answers_come_from_greedy_error_free_rows_of_the_target(tmp_path):
-    greedy = RunConfig(PAIR, "M", max_new_tokens=64)
+    greedy = RunConfig(PAIR, DecodeConfig("M", max_new_tokens=64))
     write_shard(tmp_path, rows_to_table(shard_rows(greedy, shard="a", error_row=1)))
-    sampled = RunConfig(PAIR, "M", temperature=0.7, max_new_tokens=64)
+    sampled = RunConfig(PAIR, DecodeConfig("M", temperature=0.7, max_new_tokens=64))
     write_shard(tmp_path, rows_to_table([{**r, "output_text": "sampled"} for r in shard_rows(sampled, shard="b")]))
-    other = RunConfig(Pair("llava-hf/llava-1.5-13b-hf", "mjbooo/lvlm68m", "fp16"), "M", max_new_tokens=64)
+    other = RunConfig(Pair("llava-hf/llava-1.5-13b-hf", "mjbooo/lvlm68m", "fp16"), DecodeConfig("M", max_new_tokens=64))
     write_shard(tmp_path, rows_to_table([{**r, "output_text": "13b"} for r in shard_rows(other, shard="c")]))
     answers = first_turn_answers(tmp_path, "r", target=PAIR.target, dtype="fp16", dataset="pope", max_new_tokens=64)
     assert answers == {"pope/test/0/first": "answer 0", "pope/test/2/first": "answer 2"}

@@ -10,6 +10,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.decoding.config import DecodeConfig
 from pipeline.planning.grid import Pair, RunConfig
 from pipeline.results.store import read_results, rows_to_table, write_shard
 from tests.test_results import shard_rows
@@ -21,7 +22,7 @@ COLUMNS = ["key", "run", "target", "draft", "dataset", "methods", "tau"]
 def results_dir(tmp_path):
     for i, (target, methods) in enumerate([("llava-hf/llava-1.5-7b-hf", "MT"), ("tiny:target", "M")]):
         pair = Pair(target, "mjbooo/lvlm68m")
-        write_shard(tmp_path, rows_to_table(shard_rows(RunConfig(pair, methods), shard=f"s{i}")))
+        write_shard(tmp_path, rows_to_table(shard_rows(RunConfig(pair, DecodeConfig(methods)), shard=f"s{i}")))
     return tmp_path
 
 

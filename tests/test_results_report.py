@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 
 import jobs.summarize as summarize
+from pipeline.decoding.config import DecodeConfig
 from pipeline.data.sample import Sample
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.decoding.records import SampleRecord
@@ -19,10 +20,10 @@ PAIR = Pair("tiny:target", "tiny:draft")
 def rows(config, dataset, category, accepted, error_row=None):
     out = []
     for i, blocks in enumerate(accepted):
-        blocks = [0] * len(blocks) if config.is_ar else blocks  # AR: one token per block
+        blocks = [0] * len(blocks) if config.decode.is_ar else blocks  # AR: one token per block
         sample = Sample(dataset, "test", i, "first", "USER: hi ASSISTANT:", category=category)
-        weights = [] if config.is_ar else [[0.5, 0.5]] * len(blocks)
-        rec = SampleRecord(sample.sample_id, mode="ar" if config.is_ar else "live", accepted_per_block=blocks,
+        weights = [] if config.decode.is_ar else [[0.5, 0.5]] * len(blocks)
+        rec = SampleRecord(sample.sample_id, mode="ar" if config.decode.is_ar else "live", accepted_per_block=blocks,
                            weights_per_block=weights,
                            output_ids=[1] * (len(blocks) + sum(blocks)), error="boom" if i == error_row else None)
         out.append(make_row("r", f"{dataset}-{config.key()}", config, sample, rec))
@@ -31,9 +32,9 @@ def rows(config, dataset, category, accepted, error_row=None):
 
 @pytest.fixture
 def results_dir(tmp_path):
-    mt = RunConfig(PAIR, "MT")
-    mt_star = {w: RunConfig(PAIR, "MT", GridSearchPolicy(window=w)) for w in (None, 4)}
-    ar = RunConfig(PAIR, "AR", gamma=None)
+    mt = RunConfig(PAIR, DecodeConfig("MT"))
+    mt_star = {w: RunConfig(PAIR, DecodeConfig("MT", GridSearchPolicy(window=w))) for w in (None, 4)}
+    ar = RunConfig(PAIR, DecodeConfig("AR", gamma=None))
     for config, accepted in [(mt, [[5, 1], [0]]), (mt_star[None], [[2, 2], [4]]), (mt_star[4], [[3], [3]]),
                              (ar, [[0, 0], [0]])]:
         write_shard(tmp_path, rows_to_table(rows(config, "pope", "benchmark", accepted + [[5]], error_row=2)))
@@ -209,8 +210,8 @@ def test_findings_say_where_m_beats_t_and_where_mt_star_lands(tmp_path):
     from pipeline.results.report import findings_text, method_findings
 
     configs = {
-        "M": RunConfig(PAIR, "M"), "T": RunConfig(PAIR, "T"), "MT": RunConfig(PAIR, "MT"),
-        "MT*": RunConfig(PAIR, "MT", GridSearchPolicy()), "MT* inv": RunConfig(PAIR, "MT", InverseErrorPolicy()),
+        "M": RunConfig(PAIR, DecodeConfig("M")), "T": RunConfig(PAIR, DecodeConfig("T")), "MT": RunConfig(PAIR, DecodeConfig("MT")),
+        "MT*": RunConfig(PAIR, DecodeConfig("MT", GridSearchPolicy())), "MT* inv": RunConfig(PAIR, DecodeConfig("MT", InverseErrorPolicy())),
     }
     accepted = {  # one sample, one block each: tau = 1 + accepted
         "pope": {"M": 3, "T": 1, "MT": 2, "MT*": 4, "MT* inv": 0},

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from pipeline.decoding.config import DecodeConfig
 from pipeline.data.sample import Sample
 from pipeline.planning.grid import ModelGroup, Pair, RunConfig, Shard, WorkUnit
 from pipeline.planning.resume import OLD_KEY, PROMPT_CHANGED, reconcile, wanted_rows
@@ -52,11 +53,11 @@ def test_prompt_hash_covers_text_pixels_and_error():
 
 
 def test_resume_keeps_good_rows_and_recomputes_stale_and_retryable_ones(tmp_path):
-    config = RunConfig(PAIR, "M")
+    config = RunConfig(PAIR, DecodeConfig("M"))
     old = [sample(0), sample(1), sample(2), sample(3)]
     write_shard(tmp_path, rows_to_table(rows_for(config, old[:2], "s1", errors={1: "input"})))
     write_shard(tmp_path, rows_to_table(rows_for(config, old[2:], "s2", errors={3: "resource"})))
-    write_shard(tmp_path, rows_to_table(rows_for(RunConfig(PAIR, "T"), old[:1], "s3")))  # not in the grid below
+    write_shard(tmp_path, rows_to_table(rows_for(RunConfig(PAIR, DecodeConfig("T")), old[:1], "s3")))  # not in the grid below
     now = [sample(0), sample(1), sample(2, colour=(0, 200, 0)), sample(3)]  # sample 2's image changed
     unit = WorkUnit(config, "toy", "first")
     resume = reconcile(written_rows(tmp_path, "r", ["first"]), wanted_rows([unit], lambda u: now))
@@ -74,7 +75,7 @@ def test_resume_keeps_good_rows_and_recomputes_stale_and_retryable_ones(tmp_path
 
 
 def test_rows_written_before_prompt_hashes_are_recomputed(tmp_path):
-    config = RunConfig(PAIR, "M")
+    config = RunConfig(PAIR, DecodeConfig("M"))
     path = write_shard(tmp_path, rows_to_table(rows_for(config, [sample(0)], "s1")))
     table = pq.read_table(path).drop_columns(["prompt_hash", "error_category"])
     pq.write_table(table.set_column(0, "key", pa.array(["old-format-key"])), path)
@@ -109,7 +110,7 @@ def test_one_configuration_that_crashes_is_an_error_row(tiny_dirs, monkeypatch):
     group = ModelGroup(pair.target, pair.dtype, (pair.draft,))
     worker = worker_module.TargetWorker(group)
     s = Sample("toy", "test", 0, "first", "USER: <image>\nWhat? ASSISTANT:", (Image.new("RGB", (30, 30), "red"),))
-    ok, bad = RunConfig(pair, "M", gamma=2, max_new_tokens=4), RunConfig(pair, "MT", gamma=2, max_new_tokens=4)
+    ok, bad = RunConfig(pair, DecodeConfig("M", gamma=2, max_new_tokens=4)), RunConfig(pair, DecodeConfig("MT", gamma=2, max_new_tokens=4))
     real = worker_module.speculative_decode
 
     def crash_on_mt(target, draft, sample, config, *args, **kwargs):
@@ -127,7 +128,7 @@ def test_one_configuration_that_crashes_is_an_error_row(tiny_dirs, monkeypatch):
     assert rows[1]["error"].startswith("RuntimeError: probability tensor")
     # a sample that cannot be traced fails its AR row as "ar", its SD rows as "replay"
     broken = Sample("toy", "test", 1, "first", "USER: <image>\nWhat? ASSISTANT:")
-    ar = RunConfig(pair, "AR", gamma=None, max_new_tokens=4)
+    ar = RunConfig(pair, DecodeConfig("AR", gamma=None, max_new_tokens=4))
     shard = Shard("r", group, "toy", "first", "replay", ((ar, broken.sample_id), (ok, broken.sample_id)),
                   ((broken.sample_id, broken.prompt_hash),))
     rows = worker.run_shard(shard, {broken.sample_id: broken}).to_pylist()
@@ -230,7 +231,7 @@ def test_a_run_that_stopped_early_is_called_incomplete(tmp_path):
     from pipeline.results.completeness import completeness_table, completeness_text
     from pipeline.results.manifest import read_manifest, write_manifest
 
-    config = RunConfig(PAIR, "M")
+    config = RunConfig(PAIR, DecodeConfig("M"))
     write_shard(tmp_path, rows_to_table(rows_for(config, [sample(0), sample(1)], "s1", errors={1: "input"})))
     expected = [{"target": PAIR.target, "draft": PAIR.draft, "dtype": "fp32", "turn": "first", "rows": 5}]
     write_manifest(tmp_path, "r", {"grid": "g", "expected": expected})

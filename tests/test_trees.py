@@ -104,22 +104,22 @@ def test_the_verify_axis_in_grids_keys_and_modes():
     from pipeline.planning.shards import decode_mode
 
     pair = Pair("tiny:target", "tiny:draft")
-    chain = RunConfig(pair, "MT", gamma=3)
-    assert chain.key() == replace(chain, verify=Chain()).key()  # chains keep their keys from before trees
-    candidates = replace(chain, verify=make_verify("candidates"))
+    chain = RunConfig(pair, DecodeConfig("MT", gamma=3))
+    assert chain.key() == replace(chain, decode=replace(chain.decode, verify=Chain())).key()  # chains keep their keys from before trees
+    candidates = replace(chain, decode=replace(chain.decode, verify=make_verify("candidates")))
     assert candidates.key() != chain.key()
-    assert normalise(replace(candidates, methods="M")).verify.is_chain  # one method's candidate tree is its chain
-    dynamic = normalise(replace(chain, verify=make_verify({"kind": "dynamic", "nodes": 40, "top_k": 4})))
-    assert dynamic.verify.nodes == 12  # at most gamma x top_k
+    assert normalise(replace(candidates, decode=replace(candidates.decode, methods="M"))).decode.verify.is_chain  # one method's candidate tree is its chain
+    dynamic = normalise(replace(chain, decode=replace(chain.decode, verify=make_verify({"kind": "dynamic", "nodes": 40, "top_k": 4}))))
+    assert dynamic.decode.verify.nodes == 12  # at most gamma x top_k
     assert (decode_mode(candidates, "auto"), decode_mode(dynamic, "auto")) == ("replay", "live")
     raw = {"name": "g", "datasets": ["embedded_vqa"], "methods": ["AR", "M", "MT"], "pairs": [{"target": "tiny:target", "draft": "tiny:draft"}]}
     spec = parse_grid(raw | {"verify": ["chain", "candidates", {"kind": "dynamic", "top_k": 2}]})
-    assert {c.verify.label for c in spec.configs() if c.methods == "MT"} == {"chain", "candidates", "dynamic(n=10,k=2)"}
+    assert {c.decode.verify.label for c in spec.configs() if c.decode.methods == "MT"} == {"chain", "candidates", "dynamic(n=10,k=2)"}
     with pytest.raises(GridError, match=r"verify\[0\]: unknown verify kind 'forest'"):
         parse_grid(raw | {"verify": "forest"})
     # a dynamic tree's depth is its draft steps per block: the row's gamma, whatever the gamma axis says
     deep = parse_grid(raw | {"gamma": [3, 5], "verify": [{"kind": "dynamic", "top_k": 2, "depth": 4}]}).configs()
-    assert [(c.gamma, c.verify) for c in deep if c.methods == "MT"] == [(4, DynamicTree(8, 2))]
+    assert [(c.decode.gamma, c.decode.verify) for c in deep if c.decode.methods == "MT"] == [(4, DynamicTree(8, 2))]
     at_gamma_4 = parse_grid(raw | {"gamma": [4], "verify": [{"kind": "dynamic", "top_k": 2}]}).configs()
     assert {c.key() for c in deep} == {c.key() for c in at_gamma_4}
     with pytest.raises(GridError, match=r"verify\[0\]: dynamic tree depth must be an integer >= 1, got 0"):
@@ -129,7 +129,7 @@ def test_the_verify_axis_in_grids_keys_and_modes():
     with pytest.raises(ValueError, match="depth 4 with gamma 3"):
         DecodeConfig(gamma=3, verify=make_verify({"kind": "dynamic", "depth": 4})).validate()
     sampled = parse_grid(raw | {"verify": [{"kind": "dynamic"}], "temperature": [0.0, 1.0], "mode": "auto"}).configs()
-    assert {c.temperature for c in sampled if c.verify.kind == "dynamic"} == {0.0, 1.0}  # sampled: SpecExec's rule
+    assert {c.decode.temperature for c in sampled if c.decode.verify.kind == "dynamic"} == {0.0, 1.0}  # sampled: SpecExec's rule
     with pytest.raises(GridError, match="cannot score dynamic trees"):
         parse_grid(raw | {"verify": [{"kind": "dynamic"}], "mode": "replay"})
 

@@ -46,6 +46,8 @@ def speculative_decode(
     """Decode one sample with SD; greedy output is token-identical to the target's own.
     `engine`: `static` or `eager` (None: the device's default)."""
     config.validate()
+    if config.is_ar:
+        raise ValueError("the AR baseline has no draft: decode it with autoregressive_decode")
     engine = engine or default_engine(target, draft)
     timer, steps = PhaseTimer(target.device), StepLog()
     record = SampleRecord(sample_id=sample.sample_id, mode="live", engine=engine)

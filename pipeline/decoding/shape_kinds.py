@@ -58,7 +58,7 @@ class ShapeTree(VerifySpec, kind="shape"):
     def draft_capacity(self, gamma: int) -> int:
         return 1 + sum(shape_levels(self.shape)[:-1])
 
-    def key_fields(self) -> dict | None:
+    def key_fields(self) -> dict:
         return {"kind": self.kind, "shape": list(self.shape)}
 
     def columns(self) -> dict[str, Any]:
@@ -127,7 +127,7 @@ class BanditTree(VerifySpec, kind="bandit"):
     def draft_capacity(self, gamma: int) -> int:
         return max(arm.draft_capacity(gamma) for arm in self.arms())
 
-    def key_fields(self) -> dict | None:
+    def key_fields(self) -> dict:
         return {"kind": self.kind, "shapes": [list(s) for s in self.shapes], "c": self.c, "lam": self.lam,
                 "costs": None if self.costs is None else list(self.costs)}
 

@@ -88,9 +88,9 @@ class VerifySpec:
         """Continuation tokens one block feeds the draft's rows."""
         return gamma
 
-    def key_fields(self) -> dict | None:
-        """What a configuration key hashes for this kind (None: nothing, as for chains, whose
-        keys are those from before trees existed)."""
+    def key_fields(self) -> dict:
+        """What a configuration key hashes for this kind: its knobs (the rules that keep older
+        rows' keys are `pipeline.planning.grid.key_fields`)."""
         return {"kind": self.kind, **asdict(self)}
 
     def columns(self) -> dict[str, Any]:
@@ -101,9 +101,6 @@ class VerifySpec:
 @dataclass(frozen=True)
 class Chain(VerifySpec, kind="chain"):
     """`gamma` proposals in a row: the mixture's choice at each step."""
-
-    def key_fields(self) -> dict | None:
-        return None
 
 
 @dataclass(frozen=True)
@@ -122,9 +119,6 @@ class CandidateTree(VerifySpec, kind="candidates"):
 
     def copies_per_method(self, methods: int) -> int:
         return candidate_branches(methods)
-
-    def key_fields(self) -> dict | None:
-        return {"kind": self.kind, "nodes": None, "top_k": None}  # the keys candidate trees had before kinds were classes
 
 
 @dataclass(frozen=True)
@@ -167,7 +161,7 @@ class DynamicTree(VerifySpec, kind="dynamic"):
     def draft_capacity(self, gamma: int) -> int:
         return gamma * self.top_k
 
-    def key_fields(self) -> dict | None:
+    def key_fields(self) -> dict:
         return {"kind": self.kind, "nodes": self.nodes, "top_k": self.top_k}  # depth is folded into gamma
 
     def columns(self) -> dict[str, Any]:

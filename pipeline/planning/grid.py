@@ -11,18 +11,17 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from functools import cached_property, lru_cache
 from typing import Collection, Iterable
 
 from pipeline.data.sample import FIRST_TURN
 from pipeline.data.user_datasets import UserDataset
-from pipeline.decoding.config import DecodeConfig
+from pipeline.decoding.config import AR, DecodeConfig
 from pipeline.decoding.verify_kinds import Chain, VerifySpec
 from pipeline.drafting.methods import needs_captions
 from pipeline.drafting.policies import StaticPolicy, WeightPolicy
 
-AR = "AR"  # method-set name of the autoregressive baseline (rows with mode "ar")
 TINY_PREFIX = "tiny:"  # tiny random models built locally on each node (pipeline.models.tiny)
 
 AUTO_ENGINE = "auto"  # the decoding core picks by device (pipeline.decoding.engine.default_engine)
@@ -92,42 +91,20 @@ class PolicyEntry:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything that determines one decoding result except the sample: a grid point."""
+    """Everything that determines one decoding result except the sample, a grid point: the pair,
+    how it decodes (`decode`, the core's own configuration; the AR baseline's methods are `AR`),
+    the captioner (only when C is among the methods) and the engine (auto | static | eager:
+    outputs agree, walltimes do not)."""
 
     pair: Pair
-    methods: str  # letters of MTCP, or "AR"
-    policy: WeightPolicy = field(default_factory=StaticPolicy)
-    gamma: int | None = DecodeConfig.gamma  # None for AR
-    temperature: float = DecodeConfig.temperature
-    seed: int = DecodeConfig.seed
-    max_new_tokens: int = DecodeConfig.max_new_tokens
-    captioner: str | None = None  # only when C is among the methods
-    engine: str = AUTO_ENGINE  # auto | static | eager: outputs agree, walltimes do not
-    verify: VerifySpec = field(default_factory=Chain)  # a chain or a token tree, gamma deep
-
-    @property
-    def is_ar(self) -> bool:
-        return self.methods == AR
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    @property
-    def method_label(self) -> str:
-        """Paper notation: a dynamic (TABED) ensemble carries a star, e.g. `MT*`."""
-        return self.methods + ("*" if self.policy.dynamic else "")
+    decode: DecodeConfig
+    captioner: str | None = None
+    engine: str = AUTO_ENGINE
 
     @property
     def decode_engine(self) -> str | None:
         """The engine to ask the decoding core for; None lets it pick by device."""
         return None if self.engine == AUTO_ENGINE else self.engine
-
-    def decode_config(self) -> DecodeConfig:
-        if self.is_ar:
-            raise ValueError("the AR baseline has no speculative decoding config")
-        return DecodeConfig(methods=self.methods, policy=self.policy, gamma=self.gamma, temperature=self.temperature,
-                            max_new_tokens=self.max_new_tokens, seed=self.seed, verify=self.verify)
 
     def key(self) -> str:
         """Hash of every field that changes results (not the run name or decoding mode); the
@@ -135,13 +112,31 @@ class RunConfig:
         return _config_key(self)
 
 
+def key_fields(config: RunConfig) -> dict:
+    """What a configuration's key hashes. Every rule that keeps the keys of rows written by
+    earlier versions is here, so those rows resume without being computed again:
+    - the decoding knobs sit flat beside the pair, captioner and engine, as when they were
+      RunConfig's own fields;
+    - policies and verify kinds hash their `key_fields()`, except that a chain hashes no
+      `verify` (its keys are those from before trees existed) and a candidate tree hashes
+      null `nodes` and `top_k` (its keys from before verify kinds were classes)."""
+    decode = config.decode
+    verify = decode.verify.key_fields()
+    if decode.verify.kind == "candidates":
+        verify = verify | {"nodes": None, "top_k": None}
+    fields = {"pair": asdict(config.pair), "captioner": config.captioner, "engine": config.engine,
+              "methods": decode.methods, "gamma": decode.gamma, "temperature": decode.temperature,
+              "seed": decode.seed, "max_new_tokens": decode.max_new_tokens,
+              "policy": decode.policy.key_fields(), "verify": verify}
+    if decode.verify.is_chain:
+        del fields["verify"]
+    return fields
+
+
 @lru_cache(maxsize=None)
 def _config_key(config: RunConfig) -> str:
     # cached: planning asks once per (configuration, sample), and the JSON hash costs ~40 us
-    fields = asdict(config) | {"policy": config.policy.key_fields(), "verify": config.verify.key_fields()}
-    if fields["verify"] is None:  # keys from before trees existed stay the keys of chains
-        del fields["verify"]
-    payload = json.dumps(fields, sort_keys=True, default=str)
+    payload = json.dumps(key_fields(config), sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -258,18 +253,9 @@ class GridSpec:
         ):
             if not policy.applies_to(methods):
                 continue
-            config = RunConfig(
-                pair=pair,
-                methods=methods,
-                policy=replace(policy.policy, window=window, distance=distance),
-                gamma=gamma,
-                temperature=temperature,
-                seed=seed,
-                max_new_tokens=self.max_new_tokens,
-                captioner=self.captioner,
-                engine=engine,
-                verify=verify,
-            )
+            decode = DecodeConfig(methods, replace(policy.policy, window=window, distance=distance), gamma,
+                                  temperature, self.max_new_tokens, seed, verify)
+            config = RunConfig(pair, decode, self.captioner, engine)
             seen.setdefault(normalise(config), None)
         return list(seen)
 
@@ -288,9 +274,10 @@ class GridSpec:
 def normalise(config: RunConfig) -> RunConfig:
     """Reset fields that cannot change this configuration's result to their defaults, so
     equivalent grid points collapse into one work unit."""
-    if config.is_ar:
-        return replace(config, policy=StaticPolicy(), gamma=None, captioner=None, verify=Chain())
-    policy = StaticPolicy() if len(config.methods) == 1 else config.policy.canonical()  # one method: no weights
-    captioner = config.captioner if needs_captions(config.methods) else None
-    verify, gamma = config.verify.settled(len(config.methods), config.gamma)
-    return replace(config, policy=policy, captioner=captioner, gamma=gamma, verify=verify)
+    decode = config.decode
+    if decode.is_ar:
+        return replace(config, decode=replace(decode, policy=StaticPolicy(), gamma=None, verify=Chain()), captioner=None)
+    policy = StaticPolicy() if len(decode.methods) == 1 else decode.policy.canonical()  # one method: no weights
+    captioner = config.captioner if needs_captions(decode.methods) else None
+    verify, gamma = decode.verify.settled(len(decode.methods), decode.gamma)
+    return replace(config, decode=replace(decode, policy=policy, gamma=gamma, verify=verify), captioner=captioner)

@@ -67,8 +67,8 @@ def _combinations(spec: GridSpec) -> Iterator[str]:
         yield (f"mode 'replay' cannot score {kind} trees (their shape needs the draft off the target's "
                "path); use 'auto' to run them live")
     for config in spec.configs():
-        if not config.is_ar:
+        if not config.decode.is_ar:
             try:
-                config.decode_config().validate()
+                config.decode.validate()
             except ValueError as err:
-                yield f"configuration {config.methods} / {config.policy.label} on {config.pair.label}: {err}"
+                yield f"configuration {config.decode.methods} / {config.decode.policy.label} on {config.pair.label}: {err}"

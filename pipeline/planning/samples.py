@@ -86,7 +86,7 @@ class RunSamples:
         return self._by_pair[(models.target, models.dtype, sample_id)]
 
     def _second_turn(self, unit: WorkUnit, first: list[Sample]) -> list[Sample]:
-        pair, max_new_tokens = unit.config.pair, unit.config.max_new_tokens
+        pair, max_new_tokens = unit.config.pair, unit.config.decode.max_new_tokens
         key = (pair.target, pair.dtype, unit.dataset, unit.turn, max_new_tokens)
         if key not in self._second_turns:
             answers = self.answers(pair, unit.dataset, max_new_tokens)

@@ -18,7 +18,7 @@ def decode_mode(config: RunConfig, grid_mode: str) -> str:
     whose shape depends on the draft off the target's path (dynamic), are always live. Greedy AR
     rides along with replay: trace collection decodes y with the plain AR loop, and that decode
     (timings included) is the AR row."""
-    if not config.greedy or grid_mode == "live" or not config.verify.replayable:
+    if not config.decode.greedy or grid_mode == "live" or not config.decode.verify.replayable:
         return "live"
     return "replay"
 
@@ -72,7 +72,7 @@ def plan_shards(
 def is_timed(config: RunConfig, untimed: frozenset[Pair | VerifySpec]) -> bool:
     """Whether a replayable configuration runs live on the timed samples: neither its pair nor
     its verify kind is marked `timed: false`."""
-    return config.pair not in untimed and config.verify not in untimed
+    return config.pair not in untimed and config.decode.verify not in untimed
 
 
 def _timed_samples(
@@ -97,11 +97,11 @@ def _bundles(
     (all of them in `live` mode, the replayable ones of timed pairs on the `timed` samples in
     `auto` mode); one live bundle per sampling configuration."""
     replayed = [c for c in configs if decode_mode(c, grid_mode) == "replay"]
-    live_greedy = [c for c in configs if c.greedy and decode_mode(c, grid_mode) == "live"]
+    live_greedy = [c for c in configs if c.decode.greedy and decode_mode(c, grid_mode) == "live"]
     bundles = [("replay", replayed, sample_ids), ("live", live_greedy, sample_ids)]
     if timed:
         bundles.append(("live", [c for c in replayed if is_timed(c, untimed)], [s for s in sample_ids if s in timed]))
-    bundles += [("live", [c], sample_ids) for c in configs if not c.greedy]
+    bundles += [("live", [c], sample_ids) for c in configs if not c.decode.greedy]
     return [bundle for bundle in bundles if bundle[1]]
 
 
@@ -112,10 +112,10 @@ def counts(spec: GridSpec) -> dict[str, Counter]:
         "dataset": Counter(u.dataset for u in units),
         "turn": Counter(u.turn for u in units),
         "pair": Counter(u.config.pair.label for u in units),
-        "method set": Counter(u.config.methods for u in units),
-        "policy": Counter(u.config.policy.label for u in units),
+        "method set": Counter(u.config.decode.methods for u in units),
+        "policy": Counter(u.config.decode.policy.label for u in units),
         "engine": Counter(u.config.engine for u in units),
-        "verify": Counter(u.config.verify.label for u in units),
+        "verify": Counter(u.config.decode.verify.label for u in units),
     }
 
 

@@ -60,9 +60,9 @@ class GridRecord:
 
 def config_label(config: RunConfig) -> str:
     """A configuration in words: pair, methods (with a tree's kind), policy, gamma."""
-    tree = "" if config.is_ar or config.verify.is_chain else f" ({config.verify.label})"
-    knobs = "" if config.is_ar else f" {config.policy.label}, gamma {config.gamma}"
-    return f"{config.pair.label} {config.method_label}{tree}{knobs}"
+    tree = "" if config.decode.is_ar or config.decode.verify.is_chain else f" ({config.decode.verify.label})"
+    knobs = "" if config.decode.is_ar else f" {config.decode.policy.label}, gamma {config.decode.gamma}"
+    return f"{config.pair.label} {config.decode.method_label}{tree}{knobs}"
 
 
 def grid_record(spec: GridSpec, samples_of: Callable[[str], int]) -> GridRecord:

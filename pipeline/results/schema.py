@@ -43,7 +43,7 @@ class RowSource:
 
     @property
     def dynamic(self) -> bool:
-        return self.config.policy.dynamic
+        return self.config.decode.policy.dynamic
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,8 @@ def _sample(field: str) -> Callable[[RowSource], Any]:
     return lambda src: getattr(src.sample, field)
 
 
-def _config(field: str) -> Callable[[RowSource], Any]:
-    return lambda src: getattr(src.config, field)
+def _decode(field: str) -> Callable[[RowSource], Any]:
+    return lambda src: getattr(src.config.decode, field)
 
 
 def _outcome(field: str) -> Callable[[RowSource], Any]:
@@ -71,7 +71,7 @@ def _tau(src: RowSource) -> float | None:
 
 
 def _verify_column(src: RowSource, name: str) -> Any:
-    return None if src.config.is_ar else src.config.verify.columns()[name]
+    return None if src.config.decode.is_ar else src.config.decode.verify.columns()[name]
 
 
 COLUMNS: tuple[Column, ...] = (
@@ -92,27 +92,27 @@ COLUMNS: tuple[Column, ...] = (
     Column("turn", pa.string(), _sample("turn")),
     Column("category", pa.string(), _sample("category")),
     Column("answer", pa.string(), _sample("answer")),  # the dataset's reference answer, where it has one
-    Column("methods", pa.string(), _config("methods")),  # letters of MTCP, or AR
-    Column("method_label", pa.string(), _config("method_label")),  # paper notation: MT, MT*, MTCP* ...
-    Column("policy", pa.string(), lambda src: src.config.policy.label),  # static | grid(<measure>) | inverse(T=<t>)
-    Column("policy_kind", pa.string(), lambda src: src.config.policy.kind),
+    Column("methods", pa.string(), _decode("methods")),  # letters of MTCP, or AR
+    Column("method_label", pa.string(), _decode("method_label")),  # paper notation: MT, MT*, MTCP* ...
+    Column("policy", pa.string(), lambda src: src.config.decode.policy.label),  # static | grid(<measure>) | inverse(T=<t>)
+    Column("policy_kind", pa.string(), lambda src: src.config.decode.policy.kind),
     # a policy's own knobs, null where it has none of that name (measure: grid; temperature: inverse)
-    Column("measure", pa.string(), lambda src: getattr(src.config.policy, "measure", None)),
-    Column("policy_temperature", pa.float64(), lambda src: getattr(src.config.policy, "temperature", None)),
-    Column("window", pa.int32(), lambda src: src.config.policy.window if src.dynamic else None),  # null = ALL history
-    Column("distance", pa.string(), lambda src: src.config.policy.distance if src.dynamic else None),
-    Column("gamma", pa.int32(), _config("gamma")),  # null for AR
+    Column("measure", pa.string(), lambda src: getattr(src.config.decode.policy, "measure", None)),
+    Column("policy_temperature", pa.float64(), lambda src: getattr(src.config.decode.policy, "temperature", None)),
+    Column("window", pa.int32(), lambda src: src.config.decode.policy.window if src.dynamic else None),  # null = ALL history
+    Column("distance", pa.string(), lambda src: src.config.decode.policy.distance if src.dynamic else None),
+    Column("gamma", pa.int32(), _decode("gamma")),  # null for AR
     # chain | candidates | dynamic(n=..,k=..): how the target verified (null for AR and rows from before trees)
-    Column("verify", pa.string(), lambda src: None if src.config.is_ar else src.config.verify.label),
+    Column("verify", pa.string(), lambda src: None if src.config.decode.is_ar else src.config.decode.verify.label),
     # the same as structured columns, which reports read (pipeline.planning.verify_entries.verify_of_row)
     Column("verify_kind", pa.string(), lambda src: _verify_column(src, "verify_kind")),
     Column("verify_nodes", pa.int32(), lambda src: _verify_column(src, "verify_nodes")),
     Column("verify_top_k", pa.int32(), lambda src: _verify_column(src, "verify_top_k")),
     Column("verify_shapes", pa.list_(pa.list_(pa.int32())), lambda src: _verify_column(src, "verify_shapes")),
-    Column("temperature", pa.float64(), _config("temperature")),
-    Column("seed", pa.int64(), _config("seed")),
-    Column("max_new_tokens", pa.int32(), _config("max_new_tokens")),
-    Column("captioner", pa.string(), _config("captioner")),
+    Column("temperature", pa.float64(), _decode("temperature")),
+    Column("seed", pa.int64(), _decode("seed")),
+    Column("max_new_tokens", pa.int32(), _decode("max_new_tokens")),
+    Column("captioner", pa.string(), lambda src: src.config.captioner),
     Column("mode", pa.string(), _outcome("mode")),  # live | replay | ar
     # static | eager: what decoded (replay: what collected the traces); for an error row, what the grid named
     Column("engine", pa.string(), lambda src: src.record.engine or src.config.decode_engine),

@@ -1,0 +1,63 @@
+"""Keys of rows written before the decoding core was laid out by role (and RunConfig came to hold
+a DecodeConfig) stay the keys of the same configurations: a run written then resumes with
+nothing computed again. `pipeline.planning.grid.key_fields` holds every rule that keeps them."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.decoding.config import AR, DecodeConfig
+from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
+from pipeline.planning.grid import Pair, RunConfig
+from pipeline.planning.grid_file import load_grid
+from pipeline.planning.verify_entries import make_verify
+from pipeline.results.store import read_results
+
+ROOT = Path(__file__).resolve().parents[1]
+# the smoke grid's run at commit 1d62396: its rows (Parquet), calibrations, manifest and grid file
+BEFORE = ROOT / "tests" / "fixtures" / "run_before_layout"
+PAIR = Pair("llava-hf/llava-1.5-7b-hf", "mjbooo/lvlm68m", "fp16")
+# RunConfig.key() of each configuration, printed by the code of commit 1d62396
+KEYS_BEFORE = {
+    "AR": (DecodeConfig(AR, gamma=None), {}, "941c78728b740e3d"),
+    "M chain": (DecodeConfig("M"), {}, "98878616d872f798"),
+    "MT* grid chain": (DecodeConfig("MT", GridSearchPolicy(), gamma=3, max_new_tokens=64), {}, "26eae481f03aa85f"),
+    "MTCP* inverse, sampled, eager": (DecodeConfig("MTCP", InverseErrorPolicy(), temperature=0.7, seed=2),
+                                      {"engine": "eager"}, "c7bcadbeb2a931c3"),
+    "MT candidates": (DecodeConfig("MT", GridSearchPolicy(), verify=make_verify("candidates")), {}, "cc88343af387cb48"),
+    "MT dynamic": (DecodeConfig("MT", verify=make_verify({"kind": "dynamic", "nodes": 12, "top_k": 3})), {},
+                   "253834832ad02456"),
+    "MT shape": (DecodeConfig("MT", gamma=3, verify=make_verify({"kind": "shape", "shape": [3, 2, 1]})), {},
+                 "d9badde211575fed"),
+    "MT bandit": (DecodeConfig("MT", gamma=6, verify=make_verify("bandit")), {}, "288a97231844b96e"),
+    "C with a captioner": (DecodeConfig("C"), {"captioner": "tiny:captioner"}, "9431430e8a91612a"),
+}
+
+
+@pytest.mark.parametrize("name", KEYS_BEFORE)
+def test_every_kind_of_configuration_keeps_its_key(name):
+    decode, run_fields, key = KEYS_BEFORE[name]
+    assert RunConfig(PAIR, decode, **run_fields).key() == key
+
+
+def test_the_smoke_grid_plans_the_keys_its_earlier_run_wrote():
+    written = read_results(BEFORE)
+    planned = {config.key() for config in load_grid(BEFORE / "smoke.yaml").configs()}
+    assert planned == set(written["config_key"])
+
+
+@pytest.mark.slow
+def test_a_run_written_before_resumes_with_nothing_computed_again(tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(BEFORE, out, ignore=shutil.ignore_patterns("smoke.yaml"))
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, "jobs/full_grid.py", "--grid", str(BEFORE / "smoke.yaml"), "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "0 rows written" in done.stdout and "336 already present, 0 computed again" in done.stdout, done.stdout

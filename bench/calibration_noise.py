@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain copy of the repo
 
 from pipeline.models.devices import cpu_cores  # noqa: E402
-from pipeline.results.calibration import calibrate  # noqa: E402
+from pipeline.decoding.calibrate import calibrate  # noqa: E402
 from pipeline.results.noise import Spread  # noqa: E402
 
 

@@ -19,10 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline.results.calibration import Calibration, calibrate_drafts  # noqa: E402
-from pipeline.results.calibration_store import (  # noqa: E402
-    listed, measured_draft_rows, measured_verify_tokens, read_calibrations, stored_calibration, write_calibration,
-)
+from pipeline.decoding.calibrate import calibrate_drafts  # noqa: E402
+from pipeline.decoding.calibration import Calibration  # noqa: E402
+from pipeline.results.calibration_store import read_calibrations, write_calibration  # noqa: E402
 from pipeline.decoding.config import DecodeConfig  # noqa: E402
 from pipeline.models.loading import default_device, load_target_and_drafts  # noqa: E402
 from pipeline.planning.grid import GridSpec  # noqa: E402
@@ -44,12 +43,11 @@ class Shapes:
     draft_rows: tuple[int, ...] = ()
     contexts: tuple[int, ...] = CONTEXTS  # prompt lengths at which one draft and target step are timed
 
-    def covered_by(self, calibration) -> bool:
+    def covered_by(self, calibration: Calibration) -> bool:
         """Whether a stored calibration timed all of these."""
         tokens = {g + 1 for g in self.gammas} | set(self.verify_tokens)
-        timed_contexts = set(listed(calibration.get("context_tokens")))
-        return (tokens <= measured_verify_tokens(calibration) and set(self.draft_rows) <= measured_draft_rows(calibration)
-                and (bool(timed_contexts) or not self.contexts))
+        return (tokens <= set(calibration.verify_tokens) and set(self.draft_rows) <= set(calibration.draft_row_counts)
+                and (bool(calibration.context_tokens) or not self.contexts))
 
 
 def grid_shapes(spec: GridSpec) -> Shapes:
@@ -174,11 +172,11 @@ def pairs_to_measure(
     stored = read_calibrations(out)
     todo = []
     for target, draft, dtype in pairs:
-        found = stored_calibration(stored, target, draft, dtype)
+        found = stored.latest(target, draft, dtype)
         if found is None or not shapes.covered_by(found) or rows_written or recalibrate:
             todo.append((target, draft, dtype))
         else:
-            print(f"calibration {target} / {draft} ({dtype}): reusing the one measured {found['measured_at'] or 'earlier'} "
+            print(f"calibration {target} / {draft} ({dtype}): reusing the one measured {found.measured_at or 'earlier'} "
                   "(no new rows; --recalibrate measures again)")
     return todo
 

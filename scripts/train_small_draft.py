@@ -57,7 +57,7 @@ from pipeline.models.embedded_parts.projector import Projector  # noqa: E402
 from pipeline.models.embedded_parts.small_draft import (  # noqa: E402
     ARCHITECTURES, load_small_draft, output_vocabulary, save_small_draft, save_vocabulary,
 )
-from pipeline.results.calibration import calibrate  # noqa: E402
+from pipeline.decoding.calibrate import calibrate  # noqa: E402
 
 METHOD_SHARES = {"M": 0.45, "P": 0.15, "T": 0.25, "C": 0.15}
 HELD_OUT_DATASETS = ("embedded_describe", "embedded_vqa", "embedded_compare")

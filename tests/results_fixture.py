@@ -13,8 +13,8 @@ from pipeline.decoding.records import SampleRecord
 from pipeline.decoding.verify_kinds import CandidateTree
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.planning.grid import Pair, RunConfig
-from pipeline.results.calibration import Calibration
-from pipeline.results.calibration_store import write_calibration
+from pipeline.decoding.calibration import Calibration
+from pipeline.results.calibration_store import Calibrations, write_calibration
 from pipeline.results.schema import make_row
 from pipeline.results.manifest import write_manifest
 from pipeline.results.store import rows_to_table, write_shards
@@ -107,3 +107,14 @@ def calibration(pair: Pair, ratio: float, rounds: tuple[float, ...] = QUIET, mea
         verify_ratio_rounds=[round_of(v) for v in verify], draft_rows_ratio_rounds=[round_of(r) for r in rows_ratio],
         load_before=load, load_after=load, cpu_cores=2,
     )
+
+
+def calibrations_of(rows: list[dict]) -> Calibrations:
+    """Calibrations from rows that give only what a test needs: the headline ratios
+    (`ratio_draft_target`, `ratio_verify`) and any other stored column; Tp defaults to 10 ms and
+    the rest of a file's fields are filled to match (one round each)."""
+    def complete(row: dict) -> dict:
+        tp = row.get("target_token_s", 0.01)
+        return {"device": "cpu", "repeats": 1, "draft_rows_token_s": [], "target_token_s": tp,
+                "draft_token_s": row["ratio_draft_target"] * tp, "target_verify_s": row["ratio_verify"] * tp} | row
+    return Calibrations([Calibration.from_row(complete(row)) for row in rows])

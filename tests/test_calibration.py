@@ -4,11 +4,9 @@ from __future__ import annotations
 import pytest
 
 from pipeline.decoding.config import DecodeConfig
-from pipeline.results.calibration import MAX_ROWS, calibrate, expected_speedup
-from pipeline.results.calibration_store import (
-    calibration_table, measured_verify_tokens, read_calibrations, stored_calibration, verify_ratio, verify_rounds,
-    write_calibration,
-)
+from pipeline.decoding.calibrate import calibrate
+from pipeline.decoding.calibration import MAX_ROWS, Calibration, expected_speedup
+from pipeline.results.calibration_store import Calibrations, read_calibrations, write_calibration
 from pipeline.decoding.engine import default_engine
 
 
@@ -35,26 +33,22 @@ def test_calibration_measures_rounds_and_round_trips(tiny_pair, tmp_path):
     write_calibration(tmp_path, result)
     write_calibration(tmp_path, result)  # a re-run replaces, never duplicates
     table = read_calibrations(tmp_path)
-    assert len(table) == 1
-    assert table.loc[0, "ratio_verify"] == pytest.approx(result.ratio_verify)
+    assert len(table.all) == 1
+    assert table.all[0].ratio_verify == pytest.approx(result.ratio_verify)
     assert read_calibrations(tmp_path / "empty").empty
-    assert verify_rounds(table.iloc[0], 4) == pytest.approx(result.verify_ratio_rounds[0])
-    shown = calibration_table(table).iloc[0]
+    assert table.all[0].verify_rounds(4) == pytest.approx(result.verify_ratio_rounds[0])
+    shown = table.table().iloc[0]
     assert shown["Tq/Tp"] == f"{result.ratio_draft_target:.3f} [{rounds[0]:.3f}-{rounds[-1]:.3f}]"
     assert shown["rounds x repeats"] == "3 x 3" and shown["measured at"] == result.measured_at
 
 
 def test_the_latest_calibration_of_a_pair_and_dtype_is_used():
-    import pandas as pd
-
-    table = pd.DataFrame([
-        {"target": "t", "draft": "d", "dtype": "fp32", "gamma": 5, "measured_at": "2026-01-02T00:00:00+00:00", "v": 2},
-        {"target": "t", "draft": "d", "dtype": "fp32", "gamma": 5, "measured_at": "2026-01-01T00:00:00+00:00", "v": 1},
-        {"target": "t", "draft": "d", "dtype": "fp16", "gamma": 5, "measured_at": "2026-01-03T00:00:00+00:00", "v": 3},
-    ])
-    assert stored_calibration(table, "t", "d", "fp32")["v"] == 2
-    assert stored_calibration(table, "t", "d", "fp16")["v"] == 3
-    assert stored_calibration(pd.DataFrame(), "t", "d", "fp32") is None
+    measured = lambda dtype, at, v: Calibration("t", "d", "cpu", dtype, 5, 0.01, 0.02, 0.001, [], v,
+                                                measured_at=f"2026-01-0{at}T00:00:00+00:00")
+    table = Calibrations([measured("fp32", 2, 2), measured("fp32", 1, 1), measured("fp16", 3, 3)])
+    assert table.latest("t", "d", "fp32").repeats == 2
+    assert table.latest("t", "d", "fp16").repeats == 3
+    assert Calibrations([]).latest("t", "d", "fp32") is None
 
 
 def test_the_verify_curve_gives_each_gamma_its_own_verify_cost(tiny_pair, tmp_path):
@@ -63,20 +57,21 @@ def test_the_verify_curve_gives_each_gamma_its_own_verify_cost(tiny_pair, tmp_pa
     result = calibrate(target, draft, gammas=(1, 3), repeats=2, rounds=2, verify_tokens=(9,))
     assert result.gamma == 3 and result.verify_tokens == [2, 4, 9] and len(result.verify_ratios) == 3
     write_calibration(tmp_path, result)
-    stored = read_calibrations(tmp_path).iloc[0]
-    assert measured_verify_tokens(stored) == {2, 4, 9}
-    assert [verify_ratio(stored, n) for n in (2, 4, 9)] == pytest.approx(result.verify_ratios)
-    assert verify_ratio(stored, 4) == pytest.approx(result.ratio_verify)  # gamma 3's verify is the headline one
-    assert verify_ratio(stored, 6) != verify_ratio(stored, 6)  # NaN: gamma 5 was not measured
-    assert "2: " in calibration_table(read_calibrations(tmp_path)).iloc[0]["Tp(n)/Tp by n"]
+    stored = read_calibrations(tmp_path).all[0]
+    assert set(stored.verify_tokens) == {2, 4, 9}
+    assert [stored.verify_ratio(n) for n in (2, 4, 9)] == pytest.approx(result.verify_ratios)
+    assert stored.verify_ratio(4) == pytest.approx(result.ratio_verify)  # gamma 3's verify is the headline one
+    assert stored.verify_ratio(6) != stored.verify_ratio(6)  # NaN: gamma 5 was not measured
+    assert "2: " in read_calibrations(tmp_path).table().iloc[0]["Tp(n)/Tp by n"]
 
 
 def test_a_calibration_from_before_the_curve_knows_only_its_own_gamma():
-    import pandas as pd
-
-    old = pd.Series({"gamma": 5, "ratio_verify": 1.4, "verify_tokens": float("nan")})
-    assert measured_verify_tokens(old) == {6}
-    assert verify_ratio(old, 6) == 1.4 and verify_ratio(old, 4) != verify_ratio(old, 4)
+    old = Calibration.from_row({"target": "t", "draft": "d", "device": "cpu", "dtype": "fp32", "gamma": 5,
+                                "target_token_s": 0.01, "target_verify_s": 0.014, "draft_token_s": 0.001,
+                                "draft_rows_token_s": [0.001], "repeats": 10, "ratio_verify": 1.4,
+                                "verify_tokens": float("nan")})
+    assert set(old.verify_tokens) == {6}
+    assert old.verify_ratio(6) == pytest.approx(1.4) and old.verify_ratio(4) != old.verify_ratio(4)
 
 
 @pytest.mark.parametrize("engine", ["static", "eager"])
@@ -116,7 +111,6 @@ def test_the_calibrate_job_shows_its_rounds_and_rewrites_the_report_it_changes(t
 def test_calibration_times_a_step_after_prompts_of_several_lengths(tiny_pair, tmp_path):
     """How a draft's step grows with the context (the state-space draft's point); the report
     tabulates and draws it."""
-    from pipeline.results.calibration_store import context_costs
     from pipeline.results.plots import context_cost_figure
 
     target, draft = tiny_pair
@@ -124,6 +118,6 @@ def test_calibration_times_a_step_after_prompts_of_several_lengths(tiny_pair, tm
     assert result.context_tokens == [16, 128]  # 10000 does not fit the tiny models' 4096 positions
     assert len(result.context_target_s) == len(result.context_draft_s) == 2 and min(result.context_draft_s) > 0
     write_calibration(tmp_path, result)
-    costs = context_costs(read_calibrations(tmp_path))
+    costs = read_calibrations(tmp_path).context_costs()
     assert list(costs["context"]) == [16, 128] and (costs["Tq/Tp"] > 0).all()
     assert context_cost_figure(costs) is not None

@@ -124,7 +124,6 @@ def test_figures_fit_their_width_with_the_legend_inside_and_one_column_fits_a_pa
     shape: two drafts, three turns, twelve method labels with the candidate trees."""
     from PIL import Image
 
-    from pipeline.results.calibration_store import verify_curves
     from pipeline.results.plots import WIDTHS, verify_cost_figure
     from pipeline.results.store import read_results
     from tests.results_fixture import RUN, write_results
@@ -133,7 +132,7 @@ def test_figures_fit_their_width_with_the_legend_inside_and_one_column_fits_a_pa
     rows = read_results(out, RUN)
     third_turn = rows[rows["turn"] == "qaorg"].assign(turn="gsm8k")
     rows = pd.concat([rows, third_turn], ignore_index=True)
-    curves = verify_curves(pipeline_calibrations(out))
+    curves = pipeline_calibrations(out).verify_curves()
     figures = {"tau": tau_figure(rows, width=width), "weights": weight_ratio_figure(rows, width=width),
                "verify_cost": verify_cost_figure(curves, width=width)}
     for name, made in figures.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.results.calibration_store import calibration_path, read_calibrations, verify_curves, write_calibration
+from pipeline.results.calibration_store import calibration_path, read_calibrations, write_calibration
 from pipeline.results.noise import SPREAD_LIMIT, Spread
 from pipeline.results.store import read_results
 from pipeline.results.summary import write_summary
@@ -78,7 +78,7 @@ def test_the_speedup_table_says_which_samples_its_tau_pools():
 
 def test_the_verify_cost_curve_carries_the_range_of_its_rounds(tmp_path):
     write_calibration(tmp_path, calibration(SMALL, 0.04))
-    curve = verify_curves(read_calibrations(tmp_path)).set_index("tokens")
+    curve = read_calibrations(tmp_path).verify_curves().set_index("tokens")
     assert curve.loc[16, "low"] == 1.9 * 0.9 and curve.loc[16, "high"] == 1.9 * 1.1 and curve.loc[1, "low"] == 1.0
     assert calibration_path(tmp_path, SMALL.target, SMALL.draft, "fp32").is_file()
 

@@ -241,7 +241,7 @@ def test_worker_decodes_on_each_configs_engine_with_identical_outputs(tiny_dirs)
 
 def test_one_worker_serves_every_draft_of_its_target_from_one_target_decode(tiny_dirs, monkeypatch):
     import actors.target_worker as worker_module
-    import pipeline.decoding.replay as replay_module
+    import pipeline.decoding.traces as replay_module
 
     target, draft = tiny_dirs["target"], tiny_dirs["draft"]
     group = ModelGroup(target, "fp32", (draft, target))  # the target drafting for itself: a second draft

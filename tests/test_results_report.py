@@ -13,6 +13,7 @@ from pipeline.planning.grid import Pair, RunConfig
 from pipeline.results.report import AVERAGE, markdown_table, tau_table
 from pipeline.results.schema import make_row
 from pipeline.results.store import read_results, rows_to_table, write_shard
+from tests.results_fixture import calibrations_of
 
 PAIR = Pair("tiny:target", "tiny:draft")
 
@@ -92,9 +93,9 @@ def test_speedup_uses_calibration_and_live_walltime():
         {**base, "method_label": "M", "mode": "live", "sample_id": "s0", "accepted_per_block": [3, 1], "time_total_s": 2.0},
         {**base, "method_label": "MT", "mode": "replay", "sample_id": "s1", "accepted_per_block": [2, 2], "time_total_s": 0.0},
     ])
-    calibrations = pd.DataFrame([{"target": "t", "draft": "d", "dtype": "fp32", "gamma": 5, "ratio_draft_target": 0.1,
-                                  "ratio_verify": 1.5, "target_token_s": 0.01,
-                                  "draft_rows_token_s": [0.001, 0.0015, 0.002, 0.0025], "measured_at": ""}])
+    calibrations = calibrations_of([{"target": "t", "draft": "d", "dtype": "fp32", "gamma": 5, "ratio_draft_target": 0.1,
+                                     "ratio_verify": 1.5, "target_token_s": 0.01,
+                                     "draft_rows_token_s": [0.001, 0.0015, 0.002, 0.0025], "measured_at": ""}])
     table = speedup_table(df, calibrations)
     machine = "cpu: X (2 threads), uncompiled steps, torch 2.13, transformers 5.23"
     m = table.loc[("t", "d", "fp32", "static", 5, machine, "M", "static")]
@@ -120,9 +121,10 @@ def test_a_grid_sweeping_gamma_gets_one_speedup_row_per_gamma():
         {**base, "gamma": 2.0, "accepted_per_block": [2, 2], "blocks": 2, "time_total_s": 1.0},  # tau 3
         {**base, "gamma": 5.0, "accepted_per_block": [5, 0], "blocks": 2, "time_total_s": 2.0},  # tau 3.5
     ])
-    calibrations = pd.DataFrame([{"target": "t", "draft": "d", "dtype": "fp32", "gamma": 5, "ratio_draft_target": 0.1,
-                                  "ratio_verify": 1.6, "draft_rows_ratio": [0.1] * 4, "measured_at": "",
-                                  "verify_tokens": [3, 6], "verify_ratios": [1.2, 1.6]}])
+    stored = {"target": "t", "draft": "d", "dtype": "fp32", "gamma": 5, "ratio_draft_target": 0.1,
+              "ratio_verify": 1.6, "draft_rows_ratio": [0.1] * 4, "measured_at": "",
+              "verify_tokens": [3, 6], "verify_ratios": [1.2, 1.6]}
+    calibrations = calibrations_of([stored])
     table = speedup_table(df, calibrations).reset_index()
     sd = table[table["method_label"] == "M"].set_index("gamma")
     assert sorted(sd.index) == [2, 5]
@@ -132,7 +134,7 @@ def test_a_grid_sweeping_gamma_gets_one_speedup_row_per_gamma():
     assert sd.loc[5, "corrected"] == pytest.approx(3.5 / (5 * 0.1 + 1.6))
     assert (sd.loc[2, "measured"], sd.loc[5, "measured"]) == pytest.approx((4.0, 2.0))
     # a gamma whose verify cost was not measured gets Eq. 1 but no corrected form
-    no_curve = calibrations.drop(columns=["verify_tokens", "verify_ratios"])
+    no_curve = calibrations_of([{k: v for k, v in stored.items() if k not in ("verify_tokens", "verify_ratios")}])
     sd = speedup_table(df, no_curve).reset_index().query("method_label == 'M'").set_index("gamma")
     assert pd.isna(sd.loc[2, "corrected"]) and sd.loc[5, "corrected"] == pytest.approx(3.5 / (5 * 0.1 + 1.6))
 
@@ -151,7 +153,7 @@ def test_speedup_never_pools_walltimes_of_different_engines_dtypes_or_machines()
                        row("static", "AR", 8.0, "fp16"), row("static", "M", 2.0, "fp16"),
                        row("static", "AR", 1.0, **gpu), row("static", "M", 0.25, **gpu),
                        row("static", "M", 0.5, device_name="NVIDIA H100", steps="captured+uncompiled")])
-    table = speedup_table(df, pd.DataFrame())
+    table = speedup_table(df, calibrations_of([]))
     measured = table["measured"].xs("M", level="method_label").droplevel(["target", "draft", "gamma", "policy"])
     cpu = "cpu: X (2 threads), uncompiled steps, torch 2.13, transformers 5.23"
     h100 = "NVIDIA H100, captured steps, torch 2.13, transformers 5.23"
@@ -191,7 +193,7 @@ def test_draft_sizes_are_compared_side_by_side_per_target():
     untimed = [{**row, "mode": "replay" if row["mode"] == "live" else row["mode"]} for row in rows("huge", [5, 5], 1.0)]
     df = pd.DataFrame(rows("large", [4, 4], 8.0) + rows("small", [2, 2], 2.0) + untimed
                       + [{**row, "target": "alone"} for row in rows("d", [1, 1], 4.0)])  # one draft: not compared
-    calibrations = pd.DataFrame([calibration("large", 1.0), calibration("small", 0.1), calibration("huge", 2.0)])
+    calibrations = calibrations_of([calibration("large", 1.0), calibration("small", 0.1), calibration("huge", 2.0)])
     table = draft_size_table(speedup_table(df, calibrations), calibrations)
     machine = "cpu: X (2 threads), uncompiled steps, torch 2.13, transformers 5.23"
     block = ("t", "fp32", "static", 5, machine)

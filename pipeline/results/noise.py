@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from pipeline.results.calibration_store import draft_rows_rounds, draft_target_rounds, verify_rounds
+from pipeline.decoding.calibration import Calibration
 
 # (max - min) / median of a ratio's middle rounds beyond which the ratio, and every figure
 # computed from it, is unreliable
@@ -69,24 +69,21 @@ class Load:
         return f"load {self.peak:.1f} on {self.cores} cores"
 
 
-def ratio_spreads(calibration: pd.Series, draft_rows: int, verify_tokens: int) -> dict[str, list[Spread]]:
+def ratio_spreads(calibration: Calibration, draft_rows: int, verify_tokens: int) -> dict[str, list[Spread]]:
     """The spreads each expected speedup rests on: Eq. 1 on Tq/Tp, its corrected form on the
     draft batch's Tq(m rows)/Tp and the verify forward's Tp(n)/Tp (rounds not kept: none)."""
     spread = lambda name, rounds: [Spread(name, tuple(rounds))] if rounds else []
     return {
-        "eq1": spread("Tq/Tp", draft_target_rounds(calibration)),
-        "corrected": spread("Tq/Tp" if draft_rows == 1 else f"Tq({draft_rows} rows)/Tp",
-                            draft_rows_rounds(calibration, draft_rows))
-        + spread(f"Tp({verify_tokens})/Tp", verify_rounds(calibration, verify_tokens)),
+        "eq1": spread("Tq/Tp", calibration.ratio_draft_target_rounds),
+        "corrected": spread("Tq/Tp" if draft_rows == 1 else f"Tq({draft_rows} rows)/Tp", calibration.draft_rounds(draft_rows))
+        + spread(f"Tp({verify_tokens})/Tp", calibration.verify_rounds(verify_tokens)),
     }
 
 
-def calibration_load(calibration: pd.Series) -> Load | None:
+def calibration_load(calibration: Calibration) -> Load | None:
     """The load while a calibration measured (None for files from before it was kept)."""
-    loads = [calibration.get(c) for c in LOAD_COLUMNS]
-    loads = [float(v) for v in loads if v is not None and not pd.isna(v)]
-    cores = calibration.get("cpu_cores")
-    return Load(max(loads), int(cores)) if loads and cores is not None and not pd.isna(cores) else None
+    loads = [v for v in (calibration.load_before, calibration.load_after) if v is not None]
+    return Load(max(loads), calibration.cpu_cores) if loads and calibration.cpu_cores is not None else None
 
 
 def rows_load(rows: pd.DataFrame) -> Load | None:
@@ -134,18 +131,12 @@ def shown(table: pd.DataFrame, noise: str = "noise") -> pd.DataFrame:
     return display
 
 
-def calibration_spreads(calibration: pd.Series) -> list[Spread]:
+def calibration_spreads(calibration: Calibration) -> list[Spread]:
     """Every ratio a calibration measured, as spreads: Tq/Tp, the draft batches, the verify curve."""
-    counts = _kept(calibration.get("draft_row_counts"))
-    tokens = _kept(calibration.get("verify_tokens")) or [int(calibration["gamma"]) + 1]
-    spreads = [Spread("Tq/Tp", tuple(draft_target_rounds(calibration)))]
-    spreads += [Spread(f"Tq({m} rows)/Tp", tuple(draft_rows_rounds(calibration, m))) for m in counts if m > 1]
-    spreads += [Spread(f"Tp({n})/Tp", tuple(verify_rounds(calibration, n))) for n in tokens]
+    spreads = [Spread("Tq/Tp", tuple(calibration.ratio_draft_target_rounds))]
+    spreads += [Spread(f"Tq({m} rows)/Tp", tuple(calibration.draft_rounds(m))) for m in calibration.draft_row_counts if m > 1]
+    spreads += [Spread(f"Tp({n})/Tp", tuple(calibration.verify_rounds(n))) for n in calibration.verify_tokens]
     return [s for s in spreads if s.rounds]
-
-
-def _kept(value) -> list[int]:
-    return [] if value is None or isinstance(value, float) else [int(v) for v in value]
 
 
 def noise_section(used: list[pd.Series], timed: pd.DataFrame, speedup: pd.DataFrame) -> str:
@@ -159,7 +150,7 @@ def noise_section(used: list[pd.Series], timed: pd.DataFrame, speedup: pd.DataFr
              f"above print such figures as `{UNRELIABLE}` and say why in their `noise` column."]
     spreads, loads = [], []  # (spread, whose) and (load, whose) of everything judged
     for calibration in used:
-        pair = f"{calibration['target']} <- {calibration['draft']} ({calibration['dtype']})"
+        pair = f"{calibration.target} <- {calibration.draft} ({calibration.dtype})"
         mine, load = calibration_spreads(calibration), calibration_load(calibration)
         spreads += [(s, f"{s.name} of {pair}") for s in mine if not math.isnan(s.relative)]
         found = [str(s) for s in mine if s.noisy] + ([f"{load} while it measured"] if load and load.noisy else [])

@@ -208,7 +208,7 @@ def _draw_ratio(ax, row: pd.Series, pair: str) -> None:
 
 def verify_cost_figure(curves: pd.DataFrame, width: str = "one-column") -> tuple[Figure, str] | None:
     """The verify-latency curve: one target forward over n tokens against one cached step,
-    per target, dtype and device (`calibration_store.verify_curves`); None with < 2 points."""
+    per target, dtype and device (`Calibrations.verify_curves`); None with < 2 points."""
     if curves.empty or curves.groupby(["target", "dtype", "device"]).size().max() < 2:
         return None
     fig = Figure(figsize=(WIDTHS[width], 2.4))
@@ -230,7 +230,7 @@ def verify_cost_figure(curves: pd.DataFrame, width: str = "one-column") -> tuple
 
 def context_cost_figure(costs: pd.DataFrame, width: str = "one-column") -> tuple[Figure, str] | None:
     """One cached draft step (and the target's, dashed) against the prompt's length, from
-    calibration (`calibration_store.context_costs`): an attention draft's grows with the
+    calibration (`Calibrations.context_costs`): an attention draft's grows with the
     context, a state-space draft's should stay flat. None without two lengths."""
     if costs.empty or costs["context"].nunique() < 2:
         return None

@@ -11,8 +11,7 @@ import pandas as pd
 
 from pipeline.decoding.verify_kinds import VerifySpec
 from pipeline.planning.verify_entries import verify_of_row
-
-from pipeline.results.calibration_store import draft_rows_ratio, stored_calibration, verify_ratio
+from pipeline.results.calibration_store import Calibrations
 from pipeline.results.noise import noise_parts, noise_text, ratio_spreads, rows_load
 from pipeline.results.report import method_order, pooled_tau, with_tree_labels
 from pipeline.results.time_split import time_split_text
@@ -39,7 +38,7 @@ def timing_label(rows: pd.DataFrame) -> pd.Series:
     return pd.Series([label(*values) for values in zip(*columns)], index=rows.index, dtype=object)
 
 
-def speedup_table(df: pd.DataFrame, calibrations: pd.DataFrame) -> pd.DataFrame:
+def speedup_table(df: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
     """Expected speedup from pooled first-turn tau and measured latency ratios, beside the
     measured walltime speedup of live runs (AR time / SD time over the samples both ran on
     the same engine and machine), one row per configuration, gamma and machine it was timed on.
@@ -67,7 +66,7 @@ def speedup_table(df: pd.DataFrame, calibrations: pd.DataFrame) -> pd.DataFrame:
     for key, group in ok.groupby(config_keys, sort=False):
         config = dict(zip(config_keys, key))
         row = config | {"tau": pooled_tau(group)}
-        calib = stored_calibration(calibrations, config["target"], config["draft"], config["dtype"])
+        calib = calibrations.latest(config["target"], config["draft"], config["dtype"])
         gamma, label = config["gamma"], config["method_label"]
         flags: dict[str, list] = {}
         if label != "AR" and gamma != UNTIMED and calib is not None:
@@ -75,9 +74,9 @@ def speedup_table(df: pd.DataFrame, calibrations: pd.DataFrame) -> pd.DataFrame:
             used = shapes_used(group, verify.block_shapes(gamma, methods))  # (steps, nodes, rows), blocks
             blocks = sum(n for _, n in used)
             steps = sum(shape[0] * n for shape, n in used) / blocks
-            row["eq1"] = row["tau"] / (steps * calib["ratio_draft_target"] + 1)
-            row["corrected"] = row["tau"] / (sum(n * (shape[0] * draft_rows_ratio(calib, shape[2])
-                                                      + verify_ratio(calib, shape[1] + 1)) for shape, n in used) / blocks)
+            row["eq1"] = row["tau"] / (steps * calib.ratio_draft_target + 1)
+            row["corrected"] = row["tau"] / (sum(n * (shape[0] * calib.draft_ratio(shape[2]) + calib.verify_ratio(shape[1] + 1))
+                                                 for shape, n in used) / blocks)
             flags = {}
             for (_, nodes, draft_rows), _ in used:
                 for column, spreads in ratio_spreads(calib, draft_rows, nodes + 1).items():
@@ -107,7 +106,7 @@ def speedup_table(df: pd.DataFrame, calibrations: pd.DataFrame) -> pd.DataFrame:
     return table.iloc[sorted(range(len(table)), key=order)]
 
 
-def draft_size_table(speedup: pd.DataFrame, calibrations: pd.DataFrame) -> pd.DataFrame:
+def draft_size_table(speedup: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
     """The drafts of each target side by side (draft size as a grid axis, like the paper's 68M
     vs 160M), from the speedup table: Tq/Tp, then per method label (M and each TABED label
     run) first-turn tau, Eq. 1 and measured speedup; cheapest draft first. One block per
@@ -129,9 +128,9 @@ def draft_size_table(speedup: pd.DataFrame, calibrations: pd.DataFrame) -> pd.Da
         for machine in machines:
             seen = block[block["timed_on"].isin({machine, UNTIMED})].sort_values("timed_on", key=lambda s: s == UNTIMED)
             for draft, group in seen.groupby("draft", sort=False):
-                calib = stored_calibration(calibrations, key[0], draft, key[1])
+                calib = calibrations.latest(key[0], draft, key[1])
                 row = dict(zip(groups, key)) | {"timed_on": machine, "draft": draft,
-                                                "Tq/Tp": float("nan") if calib is None else calib["ratio_draft_target"]}
+                                                "Tq/Tp": float("nan") if calib is None else calib.ratio_draft_target}
                 by_label = group.drop_duplicates("method_label").set_index("method_label")
                 noise = {"Tq/Tp": [] if calib is None else [s for s in ratio_spreads(calib, 1, 2)["eq1"] if s.noisy]}
                 for label in labels:

@@ -17,9 +17,7 @@ import pandas as pd
 from pipeline.results.acceptance import CONFIG, acceptance_table, per_position_table, request_taus
 from pipeline.results.acceptance_plots import per_position_figure, request_tau_figure
 from pipeline.results.audit import GROUP_KEYS, audit, lossless_text
-from pipeline.results.calibration_store import (
-    calibration_table, context_costs, read_calibrations, used_calibrations, verify_curves,
-)
+from pipeline.results.calibration_store import Calibrations, read_calibrations
 from pipeline.results.completeness import completeness_table, completeness_text, grids_text
 from pipeline.results.fidelity import GROUP_KEYS as FIDELITY_KEYS, fidelity_table, fidelity_text
 from pipeline.results.latex import paper_tables
@@ -195,7 +193,7 @@ def timed_samples_text(rows: pd.DataFrame) -> str:
             "datasets and distinct images):\n\n" + "\n".join(lines))
 
 
-def draft_size_section(speedup: pd.DataFrame, calibrations: pd.DataFrame, folder: Path) -> str:
+def draft_size_section(speedup: pd.DataFrame, calibrations: Calibrations, folder: Path) -> str:
     """A target's drafts compared (only where the grid pairs one target with several drafts)."""
     table = draft_size_table(speedup, calibrations)
     if table.empty:
@@ -205,27 +203,27 @@ def draft_size_section(speedup: pd.DataFrame, calibrations: pd.DataFrame, folder
             "tau, Eq. 1 and measured speedup per method)\n\n" + markdown_table(shown(table), mark_best=False))
 
 
-def measurement_noise_section(rows: pd.DataFrame, calibrations: pd.DataFrame, speedup: pd.DataFrame) -> str:
+def measurement_noise_section(rows: pd.DataFrame, calibrations: Calibrations, speedup: pd.DataFrame) -> str:
     """Which measured figures are noise (pipeline.results.noise), or how quiet the measuring was."""
     timed = rows[rows["timed"].fillna(False).astype(bool) & rows["mode"].isin(["live", "ar"])] if "timed" in rows else rows[:0]
-    return noise_section(used_calibrations(calibrations), timed, speedup)
+    return noise_section(calibrations.used, timed, speedup)
 
 
-def calibration_section(calibrations: pd.DataFrame, folder: Path) -> str:
+def calibration_section(calibrations: Calibrations, folder: Path) -> str:
     """The calibration each expected speedup used: ratios as median [min-max] over rounds."""
-    table = calibration_table(calibrations)
+    table = calibrations.table()
     if table.empty:
         return ""
     table.to_csv(folder / "calibration.csv")
     text = ("## Calibration used (latency ratios, median [min-max] over rounds; the latest per pair and dtype)\n\n"
             + markdown_table(table, mark_best=False))
-    curves = verify_curves(calibrations)
+    curves = calibrations.verify_curves()
     made = verify_cost_figure(curves)
     if made is not None:
         curves.to_csv(folder / "verify_cost.csv", index=False)
         save(made[0], folder / "verify_cost")
         text += f"\n\n![verify cost](verify_cost.png)\n\n> {made[1]}"
-    costs = context_costs(calibrations)
+    costs = calibrations.context_costs()
     made = context_cost_figure(costs)
     if made is not None:
         costs.to_csv(folder / "context_cost.csv", index=False)

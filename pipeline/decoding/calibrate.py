@@ -1,11 +1,13 @@
-"""Latency calibration for the expected-speedup formula (paper Eq. 1) on the hardware at hand.
+"""Latency calibration, measured beside the engine it times, for the expected-speedup formula
+(paper Eq. 1) on the hardware at hand.
 
 Eq. 1, tau / (gamma * Tq/Tp + 1), assumes a target forward over gamma+1 tokens costs what one
 token costs — true on a GPU, not on a CPU. So we measure both ratios with the engine's own
 cached-rows code and report Eq. 1 beside the corrected tau / (gamma * Tq/Tp + Tp(gamma+1)/Tp(1)).
 The verify cost is measured for every token count a grid verifies (gamma + 1 for each of its
 gammas): a curve of Tp(n)/Tp(1), so each gamma's speedup uses its own verify cost.
-`pipeline.results.calibration_store` keeps the results beside the results dataset.
+The result is a `pipeline.decoding.calibration.Calibration`; `pipeline.results.calibration_store`
+keeps it beside the results dataset.
 
 A CPU shared with other work drifts by tens of percent between minutes, so one measurement
 is not enough: `calibrate` measures target and draft alternately in several rounds, the
@@ -15,7 +17,6 @@ reports give the median and the range.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from statistics import median
 from typing import Callable, Sequence
@@ -24,6 +25,7 @@ import torch
 from PIL import Image
 
 from pipeline.data.sample import Sample
+from pipeline.decoding.calibration import MAX_ROWS, Calibration
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.engine import default_engine, new_rows
 from pipeline.decoding.rows import Rows
@@ -32,60 +34,6 @@ from pipeline.models.base import LVLM
 from pipeline.models.devices import cpu_cores, device_name, machine_load
 
 PROMPT = "USER: <image>\nDescribe the image in detail. ASSISTANT:"
-MAX_ROWS = 4  # the largest ensemble (MTCP) drafts four rows per step
-
-
-@dataclass
-class Calibration:
-    target: str
-    draft: str
-    device: str
-    dtype: str
-    gamma: int  # the largest gamma measured: target_verify_s and ratio_verify_rounds are its verify's
-    target_token_s: float  # Tp: one cached decode step of the target
-    target_verify_s: float  # Tp(gamma+1): one target forward over gamma+1 tokens
-    draft_token_s: float  # Tq: one cached decode step of the draft, one row
-    draft_rows_token_s: list[float]  # Tq with each of `draft_row_counts` rows in the batch (ensembles, trees)
-    repeats: int  # timed steps per measurement, after warm-up; the median is kept
-    engine: str = "eager"  # the decoding engine whose steps were timed (files from before engines: eager)
-    rounds: int = 1  # times every measurement was repeated, target and draft alternating
-    ratio_draft_target_rounds: list[float] = field(default_factory=list)  # Tq/Tp of each round
-    ratio_verify_rounds: list[float] = field(default_factory=list)  # Tp(gamma+1)/Tp of each round
-    draft_rows_ratio: list[float] = field(default_factory=list)  # Tq(m rows)/Tp, median over rounds, per draft_row_counts
-    measured_at: str = ""  # UTC, ISO 8601
-    device_name: str = ""  # e.g. NVIDIA H100 80GB HBM3 (pipeline.models.devices)
-    # the verify-latency curve: token counts n fed in one target forward, the median seconds and
-    # the median over rounds of Tp(n)/Tp(1) for each
-    verify_tokens: list[int] = field(default_factory=list)
-    verify_s: list[float] = field(default_factory=list)
-    verify_ratios: list[float] = field(default_factory=list)
-    draft_row_counts: list[int] = field(default_factory=list)  # rows timed (files from before it: 1..MAX_ROWS)
-    # every round's ratio, not only the median: per verify_tokens entry Tp(n)/Tp, per
-    # draft_row_counts entry Tq(m rows)/Tp (pipeline.results.noise judges their spread)
-    verify_ratio_rounds: list[list[float]] = field(default_factory=list)
-    draft_rows_ratio_rounds: list[list[float]] = field(default_factory=list)
-    # the machine's 1-minute load average before and after measuring, and its cores
-    load_before: float | None = None
-    load_after: float | None = None
-    cpu_cores: int | None = None
-    # one cached step of the target and of the draft (one row) after prompts of `context_tokens`
-    # tokens, medians over rounds: how each step's cost grows with the context
-    context_tokens: list[int] = field(default_factory=list)
-    context_target_s: list[float] = field(default_factory=list)
-    context_draft_s: list[float] = field(default_factory=list)
-
-    @property
-    def ratio_draft_target(self) -> float:
-        return median(self.ratio_draft_target_rounds) if self.ratio_draft_target_rounds else self.draft_token_s / self.target_token_s
-
-    @property
-    def ratio_verify(self) -> float:
-        return median(self.ratio_verify_rounds) if self.ratio_verify_rounds else self.target_verify_s / self.target_token_s
-
-
-def expected_speedup(tau: float, gamma: int, ratio_draft_target: float, ratio_verify: float = 1.0) -> float:
-    """Paper Eq. 1 when `ratio_verify` is 1; the CPU-corrected form otherwise."""
-    return tau / (gamma * ratio_draft_target + ratio_verify)
 
 
 def _step_seconds(model: LVLM, rows: Rows, n_tokens: int, repeats: int, warmup: int = 3) -> float:

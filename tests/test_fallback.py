@@ -165,7 +165,7 @@ def test_engine_auto_falls_back_from_a_failing_static_engine_to_eager(tiny_dirs,
         model.static_cache = no_static
     pair = group.pairs[0]
     configs = [RunConfig(pair, DecodeConfig("AR", gamma=None, max_new_tokens=10)), RunConfig(pair, DecodeConfig("MT", gamma=3, max_new_tokens=10))]
-    with caplog.at_level(logging.WARNING, logger="actors.target_worker"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.execution.shard_records"):
         rows = worker_rows(worker, configs, [sample(0), sample(1)])
     assert all(r["error"] is None and r["engine"] == "eager" for r in rows)
     assert all(r["fallback"].startswith("static engine failed (RuntimeError: this model's attention") for r in rows)

@@ -133,7 +133,7 @@ def test_max_new_tokens_past_the_targets_context_is_refused_before_ray(tmp_path,
 
 
 def test_a_prompt_longer_than_the_context_is_an_input_error(tiny_pair):
-    from actors.target_worker import error_category
+    from pipeline.execution.failures import error_category
 
     target, draft = tiny_pair
     long = Sample("unit", "test", 0, "first", "USER: <image>\n" + "word " * 5000 + "ASSISTANT:", (solid((1, 2, 3)),))

@@ -2,8 +2,8 @@
 
 Three wings, lowest first, then the entry points: the **core** (`pipeline.models`, then
 `pipeline.drafting`, then `pipeline.decoding`: no Ray, no grid files), **planning** (samples
-in `pipeline.data`, grids and shards in `pipeline.planning`, the result schema, storage and
-reports in `pipeline.results`: no Ray), the **cluster** (`actors`: the Ray runner and the
+in `pipeline.data`, grids and shards in `pipeline.planning`, a shard's records computed in
+`pipeline.execution`, the result schema, storage and reports in `pipeline.results`: no Ray), the **cluster** (`actors`: the Ray runner and the
 worker), and the entry points (`jobs`). Imports inside functions count too: they are imports
 all the same, only later.
 """
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # lowest first; a module may import its own layer and those below
 LAYERS = (
     "pipeline.models", "pipeline.drafting", "pipeline.decoding",  # core
-    "pipeline.data", "pipeline.planning", "pipeline.results", "pipeline",  # planning
+    "pipeline.data", "pipeline.planning", "pipeline.execution", "pipeline.results", "pipeline",  # planning
     "actors",  # cluster
     "jobs",
 )

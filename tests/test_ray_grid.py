@@ -242,6 +242,7 @@ def test_worker_decodes_on_each_configs_engine_with_identical_outputs(tiny_dirs)
 def test_one_worker_serves_every_draft_of_its_target_from_one_target_decode(tiny_dirs, monkeypatch):
     import actors.target_worker as worker_module
     import pipeline.decoding.traces as replay_module
+    import pipeline.execution.shard_records as records_module
 
     target, draft = tiny_dirs["target"], tiny_dirs["draft"]
     group = ModelGroup(target, "fp32", (draft, target))  # the target drafting for itself: a second draft
@@ -251,7 +252,7 @@ def test_one_worker_serves_every_draft_of_its_target_from_one_target_decode(tiny
     configs = [RunConfig(pair, DecodeConfig(m, gamma=None if m == "AR" else 3, max_new_tokens=8))
                for pair in group.pairs for m in ("AR", "M", "MT")]
     decodes = []
-    for module in (replay_module, worker_module):  # the traces' decode of y and the live AR decode
+    for module in (replay_module, records_module):  # the traces' decode of y and the live AR decode
         real = module.autoregressive_decode
         monkeypatch.setattr(module, "autoregressive_decode", lambda *a, real=real, **k: decodes.append(1) or real(*a, **k))
     for mode in ("replay", "live"):
@@ -286,25 +287,26 @@ def test_a_timed_samples_decodes_are_repeated_and_the_fastest_kept(tiny_dirs, mo
                   (timed.sample_id,))
     # AR rows first: the timed sample's twice, the other's once; then M likewise
     seconds = iter([3.0, 1.0, 5.0, 2.0, 4.0, 6.0])
-    real = worker._decode_once
+    real = worker.records._decode_once
 
     def clocked(config, sample):
         record = real(config, sample)
         record.time_total_s = next(seconds)
         return record
 
-    monkeypatch.setattr(worker, "_decode_once", clocked)
+    monkeypatch.setattr(worker.records, "_decode_once", clocked)
     rows = worker.run_shard(shard, {s.sample_id: s for s in (timed, other)}).to_pylist()
     assert [r["time_total_s"] for r in rows] == [1.0, 2.0, 5.0, 6.0]
     assert [r["timed"] for r in rows] == [True, True, False, False] and all(r["error"] is None for r in rows)
     flaky = iter([SampleRecord(sample_id="x", mode="live", output_ids=[1]), SampleRecord(sample_id="x", mode="live", output_ids=[2])])
-    monkeypatch.setattr(worker, "_decode_once", lambda config, sample: next(flaky))
-    assert "different outputs" in worker.decode(configs[1], timed, repeats=2).error
+    monkeypatch.setattr(worker.records, "_decode_once", lambda config, sample: next(flaky))
+    assert "different outputs" in worker.records.decode(configs[1], timed, repeats=2).error
 
 
 def test_live_rows_record_the_machines_load_around_their_decodes(tiny_dirs, monkeypatch):
     """Before the first and after the last of a timed sample's decodes; replay rows record none."""
     import actors.target_worker as worker_module
+    import pipeline.execution.shard_records as records_module
 
     group = ModelGroup(tiny_dirs["target"], "fp32", (tiny_dirs["draft"],))
     worker = worker_module.TargetWorker(group)
@@ -313,7 +315,7 @@ def test_live_rows_record_the_machines_load_around_their_decodes(tiny_dirs, monk
     shard = Shard("r", group, "toy", "first", "live", tuple((c, timed.sample_id) for c in configs),
                   ((timed.sample_id, timed.prompt_hash),), (timed.sample_id,))
     loads = iter([0.5, 1.5, 2.5, 3.5])
-    monkeypatch.setattr(worker_module, "machine_load", lambda: next(loads))
+    monkeypatch.setattr(records_module, "machine_load", lambda: next(loads))
     rows = worker.run_shard(shard, {timed.sample_id: timed}).to_pylist()
     assert [(r["mode"], r["load_before"], r["load_after"]) for r in rows] == [("ar", 0.5, 1.5), ("live", 2.5, 3.5)]
     assert all(r["cpu_cores"] >= 1 for r in rows)

@@ -105,20 +105,21 @@ def test_a_second_driver_is_refused_and_a_dead_ones_lock_is_taken_over(tmp_path)
 
 def test_one_configuration_that_crashes_is_an_error_row(tiny_dirs, monkeypatch):
     import actors.target_worker as worker_module
+    import pipeline.execution.shard_records as records_module
 
     pair = Pair(tiny_dirs["target"], tiny_dirs["draft"])
     group = ModelGroup(pair.target, pair.dtype, (pair.draft,))
     worker = worker_module.TargetWorker(group)
     s = Sample("toy", "test", 0, "first", "USER: <image>\nWhat? ASSISTANT:", (Image.new("RGB", (30, 30), "red"),))
     ok, bad = RunConfig(pair, DecodeConfig("M", gamma=2, max_new_tokens=4)), RunConfig(pair, DecodeConfig("MT", gamma=2, max_new_tokens=4))
-    real = worker_module.speculative_decode
+    real = records_module.speculative_decode
 
     def crash_on_mt(target, draft, sample, config, *args, **kwargs):
         if config.methods == "MT":
             raise RuntimeError(f"probability tensor contains inf, nan or element < 0 in {object()}")
         return real(target, draft, sample, config, *args, **kwargs)
 
-    monkeypatch.setattr(worker_module, "speculative_decode", crash_on_mt)
+    monkeypatch.setattr(records_module, "speculative_decode", crash_on_mt)
     shard = Shard("r", group, "toy", "first", "live", ((ok, s.sample_id), (bad, s.sample_id)), ((s.sample_id, s.prompt_hash),))
     rows = worker.run_shard(shard, {s.sample_id: s}).to_pylist()
     assert rows[0]["error"] is None and rows[0]["new_tokens"] > 0

@@ -1,0 +1,225 @@
+"""The Ray actors of a run and the shards queued on them: keep every worker busy, replace dead
+ones, retry failed shards, and hand each finished table back to the run (`actors.runner`).
+
+On CPU workers, shards with timed samples run first, on workers taking a whole node's CPUs as
+threads, so no walltime shares its cores with another decode (a GPU worker owns its device).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Callable, TextIO
+
+import pyarrow as pa
+import ray
+
+from actors.ray_info import cpu_slots, fitting_nodes, last_error_line, node_cpus
+from actors.target_worker import remote_worker
+from pipeline.data.sample import Sample
+from pipeline.planning.grid import ModelGroup, Shard
+
+IN_FLIGHT_PER_WORKER = 2  # one running, one queued behind it, so a worker never waits on the driver
+POLL_S = 10.0  # how often a waiting driver checks that the cluster can still run its workers
+PLACEMENT_TIMEOUT_S = 900.0  # a worker not placed on any node by then never will be
+CPUS_PER_WORKER = 1  # default CPUs (threads) of an actor
+
+
+class RunFailed(RuntimeError):
+    """The run cannot go on. What is written stays written; a rerun resumes from it."""
+
+
+@dataclass
+class Worker:
+    group: ModelGroup
+    handle: object
+    placed: object | None  # ObjectRef resolving once the actor runs (placed, models loaded); None after
+    started: float = field(default_factory=time.monotonic)
+    in_flight: dict = field(default_factory=dict)  # ObjectRef -> Shard
+
+
+@dataclass
+class WorkerOptions:
+    """How the pool starts workers: `workers` at most (None: as many as fit), GPUs and CPUs
+    each (GPUs None: one where the cluster has them), the grid's captioner, its own drafting
+    methods and its `text_only` pairs."""
+
+    workers: int | None = None
+    gpus_per_worker: float | None = None
+    cpus_per_worker: float = CPUS_PER_WORKER
+    captioner: str | None = None
+    drafting_methods: tuple[str, ...] = ()
+    text_only: tuple = ()
+
+
+class WorkerPool:
+    """Runs shards on Ray actors, one model group per actor. `samples(group, sample_id)` gives
+    the samples a shard needs; `finished(shard, table)` takes each table as it arrives;
+    `redispatched()` counts a retried shard."""
+
+    def __init__(
+        self, options: WorkerOptions, samples: Callable[[ModelGroup, str], Sample],
+        finished: Callable[[Shard, pa.Table], None], redispatched: Callable[[], None], *,
+        max_attempts: int = 3, poll_s: float = POLL_S, placement_timeout_s: float = PLACEMENT_TIMEOUT_S,
+        stream: TextIO = sys.stdout,
+    ) -> None:
+        self.options, self.samples, self.finished, self.redispatched = options, samples, finished, redispatched
+        self.max_attempts, self.poll_s, self.placement_timeout_s, self.stream = max_attempts, poll_s, placement_timeout_s, stream
+        self.workers: list[Worker] = []
+        self._attempts: dict[str, int] = defaultdict(int)
+        self._cpus = options.cpus_per_worker  # of the workers running now
+
+    def run(self, shards: list[Shard]) -> None:
+        """Every shard to a worker until it is written (or has failed too often), in waves:
+        timed shards first, so the untimed wave's workers go on to the next phase."""
+        apart = not self._worker_count(self.options.cpus_per_worker)[1]
+        self._wave([s for s in shards if s.timed and apart], max(node_cpus(), self.options.cpus_per_worker))
+        self._wave([s for s in shards if not (s.timed and apart)], self.options.cpus_per_worker)
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            ray.kill(worker.handle)
+        self.workers.clear()
+
+    def _worker_count(self, cpus: float) -> tuple[int, float]:
+        resources = ray.cluster_resources()
+        gpus = resources.get("GPU", 0.0)
+        wanted = self.options.gpus_per_worker
+        per_worker = wanted if wanted is not None else (1.0 if gpus else 0.0)
+        if per_worker > gpus:
+            raise RunFailed(f"workers need {per_worker:g} GPU each but the Ray cluster has {gpus:g}")
+        slots = max(1, int(gpus / per_worker) if per_worker else cpu_slots(cpus))
+        # more actors than the cluster can place would hold shards that never run
+        return min(self.options.workers or slots, slots), per_worker
+
+    def _wave(self, shards: list[Shard], cpus: float) -> None:
+        """Keep every worker (of `cpus` CPUs) busy until each shard is written (or has failed too often)."""
+        if not shards:
+            return
+        if cpus != self._cpus:  # the last wave's workers are idle and the wrong size
+            self.stop()
+        self._cpus = cpus
+        self._slots, self._gpus = self._worker_count(cpus)
+        self._pending: dict[ModelGroup, deque[Shard]] = defaultdict(deque)
+        for shard in shards:
+            self._pending[shard.group].append(shard)
+        self._fill()
+        while any(w.in_flight or w.placed is not None for w in self.workers):
+            self._collect_one()
+            self._fill()
+
+    def _fill(self) -> None:
+        """Top up every worker's queue, then start workers for the groups with the most shards
+        waiting per worker, recycling a worker whose group has nothing left when all slots are taken."""
+        for worker in self.workers:
+            self._top_up(worker)
+        while (group := self._neediest_group()) is not None:
+            if len(self.workers) >= self._slots:
+                idle = next((w for w in self.workers if not self._pending[w.group] and not w.in_flight), None)
+                if idle is None:
+                    return
+                ray.kill(idle.handle)
+                self.workers.remove(idle)
+            options = self.options
+            allow_text = any(pair in options.text_only for pair in group.pairs)
+            handle = remote_worker(group, options.captioner, num_gpus=self._gpus, num_cpus=self._cpus,
+                                   threads=None if self._gpus else max(1, int(self._cpus)),
+                                   drafting_methods=options.drafting_methods, allow_text=allow_text)
+            probe = handle.device_name.options(max_task_retries=0).remote()  # fails once, quietly, if a model cannot load
+            self.workers.append(Worker(group, handle, probe))
+            self._top_up(self.workers[-1])
+
+    def _top_up(self, worker: Worker) -> None:
+        """Queue shards on a running worker; one still starting gets none, so a model that
+        cannot load fails once (its start) rather than once per shard sent to it."""
+        if worker.placed is not None:
+            return
+        queue = self._pending[worker.group]
+        while queue and len(worker.in_flight) < IN_FLIGHT_PER_WORKER:
+            shard = queue.popleft()
+            samples = {sid: self.samples(shard.group, sid) for sid in shard.sample_ids}
+            worker.in_flight[worker.handle.run_shard.remote(shard, samples)] = shard
+
+    def _neediest_group(self) -> ModelGroup | None:
+        live = defaultdict(int)
+        for worker in self.workers:
+            live[worker.group] += 1
+        waiting = [group for group, queue in self._pending.items() if queue]
+        return max(waiting, key=lambda group: len(self._pending[group]) / (live[group] + 1), default=None)
+
+    def _collect_one(self) -> None:
+        """Wait for the next finished shard or worker start: hand the table on, take the
+        started worker into service, or re-dispatch a dead worker's shards."""
+        starting = {w.placed: w for w in self.workers if w.placed is not None}
+        refs = [ref for w in self.workers for ref in w.in_flight] + list(starting)
+        while not (ready := ray.wait(refs, num_returns=1, timeout=self.poll_s)[0]):
+            self._check_cluster()
+        ref = ready[0]
+        if ref in starting:
+            self._started(starting[ref])
+            return
+        worker = next(w for w in self.workers if ref in w.in_flight)
+        shard = worker.in_flight.pop(ref)
+        try:
+            table = ray.get(ref)
+        except ray.exceptions.RayActorError as err:
+            if err.actor_init_failed:  # loading a model failed: deterministic, retrying cannot help
+                raise self._cannot_start(worker, err) from None
+            self._redispatch(worker, shard, err)
+            return
+        except ray.exceptions.RayTaskError as err:  # the shard itself failed (per-sample errors are rows)
+            self._retry(shard, err)
+            return
+        self.finished(shard, table)
+
+    def _started(self, worker: Worker) -> None:
+        """A worker's start finished: it takes shards from now on, or the run ends when its
+        models cannot load (deterministic: another start would fail the same way)."""
+        try:
+            ray.get(worker.placed)
+        except ray.exceptions.RayActorError as err:
+            if err.actor_init_failed:
+                raise self._cannot_start(worker, err) from None
+            self.workers.remove(worker)  # lost before it ran (its node died): _fill starts another
+            ray.kill(worker.handle)
+            return
+        worker.placed = None
+
+    @staticmethod
+    def _cannot_start(worker: Worker, err: Exception) -> RunFailed:
+        return RunFailed(f"the worker for {worker.group.label} could not start: {last_error_line(err)}")
+
+    def _redispatch(self, worker: Worker, shard: Shard, err: Exception) -> None:
+        """The actor is gone for good (Ray's restarts used up): replace it, queue its shards again."""
+        lost = [shard, *worker.in_flight.values()]
+        worker.in_flight.clear()
+        if worker in self.workers:
+            self.workers.remove(worker)
+            ray.kill(worker.handle)
+        print(f"worker for {worker.group.label} died ({type(err).__name__}); re-dispatching {len(lost)} shard(s)",
+              file=self.stream, flush=True)
+        for item in lost:
+            self._retry(item, err)
+
+    def _retry(self, shard: Shard, err: Exception) -> None:
+        self._attempts[shard.shard_id] += 1
+        if self._attempts[shard.shard_id] >= self.max_attempts:
+            raise RunFailed(
+                f"shard {shard.shard_id} ({shard.group.label}, {shard.dataset}/{shard.turn}) failed "
+                f"{self._attempts[shard.shard_id]} times; last error: {last_error_line(err)}"
+            ) from None
+        self._pending[shard.group].appendleft(shard)
+        self.redispatched()
+
+    def _check_cluster(self) -> None:
+        """While nothing finishes: end the run if no live node can host a worker (the last
+        one that could has died) or a worker has waited too long to be placed; Ray itself
+        would wait for capacity forever."""
+        if not fitting_nodes(self._gpus, self._cpus):
+            raise RunFailed(f"no live node in the Ray cluster can host a worker ({self._gpus:g} GPU, "
+                            f"{self._cpus:g} CPU each); the nodes that could have left")
+        for worker in self.workers:
+            waited = time.monotonic() - worker.started
+            if worker.placed is not None and waited > self.placement_timeout_s:
+                raise RunFailed(f"the worker for {worker.group.label} was not placed on any node in {waited:.0f} s")

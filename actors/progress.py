@@ -2,9 +2,10 @@
 
 Rows cost very different times: a replayed shard decodes each of its samples once (one trace
 collection scores all its configurations, for every draft of the target), a live shard decodes
-every SD row and each sample's target once (its AR rows, whose decode the replay check reuses). So progress is measured in *decodes*, the ETA is
-the decodes left over a smoothed rate of decodes per second. On a terminal it is a tqdm bar;
-in a log (`ray job logs`, a file) it is one line per finished shard.
+every SD row and each sample's target once (its AR rows, whose decode the replay check reuses).
+So progress is measured in *decodes*, the ETA is the decodes left over a smoothed rate of
+decodes per second. On a terminal it is a tqdm bar; in a log (`ray job logs`, a file) it is one
+line per finished shard.
 """
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ class Progress:
         self.done = self.rows = self.cost = 0
         self.rate: float | None = None  # decodes per second, smoothed
         self.last = time.monotonic()
-        self.bar = tqdm(total=self.cost_total, desc=f"[{label}]", unit="decode", file=stream, smoothing=SMOOTHING,
+        self.bar = tqdm(total=self.cost_total, desc=f"[{label}]", unit="decode", file=stream,
+                        smoothing=SMOOTHING,
                         dynamic_ncols=True) if _is_terminal(stream) else None
 
     def advance(self, shard: Shard, rows: int) -> None:

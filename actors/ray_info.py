@@ -11,7 +11,8 @@ def fitting_nodes(gpus: float, cpus: float) -> list[dict]:
     """Live nodes with at least `gpus` GPUs and `cpus` CPUs (Ray must be initialised)."""
     return [
         node for node in ray.nodes()
-        if node.get("Alive") and node["Resources"].get("GPU", 0.0) >= gpus and node["Resources"].get("CPU", 0.0) >= cpus
+        if node.get("Alive") and node["Resources"].get("GPU", 0.0) >= gpus
+        and node["Resources"].get("CPU", 0.0) >= cpus
     ]
 
 

@@ -25,7 +25,9 @@ from pipeline.planning.resume import reconcile, wanted_rows
 from pipeline.planning.shards import plan_shards
 from pipeline.results.run_lock import run_lock
 from pipeline.results.manifest import grid_record, record_grid
-from pipeline.results.store import drop_rows, first_turn_answers, quarantine_unreadable, write_shards, written_rows
+from pipeline.results.store import (
+    drop_rows, first_turn_answers, quarantine_unreadable, write_shards, written_rows,
+)
 
 __all__ = ["GridRunner", "RunFailed", "RunReport"]
 
@@ -68,9 +70,11 @@ class GridRunner:
         self.stream = stream
         self.report = RunReport()
         captioner = spec.captioner if any(needs_captions(m) for m in spec.methods) else None  # for the actors
-        options = WorkerOptions(workers, gpus_per_worker, cpus_per_worker, captioner, spec.drafting_methods, spec.text_only)
-        self.pool = WorkerPool(options, self.samples.get, self._write, self._count_redispatch, max_attempts=max_attempts,
-                               poll_s=poll_s, placement_timeout_s=placement_timeout_s, stream=stream)
+        options = WorkerOptions(workers, gpus_per_worker, cpus_per_worker, captioner, spec.drafting_methods,
+                                spec.text_only)
+        self.pool = WorkerPool(options, self.samples.get, self._write, self._count_redispatch,
+                               max_attempts=max_attempts, poll_s=poll_s,
+                               placement_timeout_s=placement_timeout_s, stream=stream)
         self._progress: Progress | None = None
 
     @property
@@ -93,7 +97,8 @@ class GridRunner:
         with run_lock(self.out, self.run_name):
             moved, folder = quarantine_unreadable(self.out, self.run_name)
             if moved:
-                print(f"moved {len(moved)} unreadable shard file(s) aside to {folder}; their rows are computed again",
+                print(f"moved {len(moved)} unreadable shard file(s) aside to {folder}; "
+                      "their rows are computed again",
                       file=self.stream, flush=True)
             record_grid(self.out, self.run_name, grid_record(self.spec, self.samples.first_turn_count))
             try:
@@ -108,7 +113,8 @@ class GridRunner:
         """Sort the rows already written (pipeline.planning.resume), drop those to compute
         again, then plan and dispatch the rest."""
         units = self.spec.units(turns)
-        resume = reconcile(written_rows(self.out, self.run_name, turns), wanted_rows(units, self.samples.for_unit))
+        resume = reconcile(written_rows(self.out, self.run_name, turns),
+                           wanted_rows(units, self.samples.for_unit))
         if resume.recompute:
             drop_rows(self.out, self.run_name, set(resume.recompute))
         for line in resume.lines():
@@ -116,12 +122,14 @@ class GridRunner:
         planned = plan_shards(
             self.run_name, units, self.samples.for_unit, shard_size=self.spec.shard_size,
             grid_mode=self.spec.mode, live_samples=self.spec.live_samples,
-            live_seed=self.spec.live_seed, untimed=frozenset(self.spec.untimed + self.spec.untimed_verify), done=resume.keep,
+            live_seed=self.spec.live_seed, untimed=frozenset(self.spec.untimed + self.spec.untimed_verify),
+            done=resume.keep,
         )
         self.report.rows_skipped += len(resume.keep)
         self.report.rows_recomputed += len(resume.recompute)
         self.report.shards_planned += len(planned)
-        print(f"[{label}] {len(planned)} shards to run ({len(units)} work units)", file=self.stream, flush=True)
+        print(f"[{label}] {len(planned)} shards to run ({len(units)} work units)", file=self.stream,
+              flush=True)
         if planned:
             self._progress = Progress(label, planned, self.stream)
             self.pool.run(planned)

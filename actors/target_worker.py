@@ -68,7 +68,8 @@ class TargetWorker:
     def run_shard(self, shard: Shard, samples: dict[str, Sample]) -> pa.Table:
         """Rows for every item of the shard, in item order; one bad sample is one error row."""
         if shard.group != self.group:
-            raise ValueError(f"shard {shard.shard_id} is for {shard.group.label}, this worker holds {self.group.label}")
+            raise ValueError(f"shard {shard.shard_id} is for {shard.group.label}, "
+                             f"this worker holds {self.group.label}")
         records, environment = self.records.of(shard, samples), self.environment()
         return rows_to_table([
             make_row(shard.run, shard.shard_id, config, samples[sample_id], records[(config, sample_id)],

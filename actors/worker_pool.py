@@ -64,8 +64,10 @@ class WorkerPool:
         max_attempts: int = 3, poll_s: float = POLL_S, placement_timeout_s: float = PLACEMENT_TIMEOUT_S,
         stream: TextIO = sys.stdout,
     ) -> None:
-        self.options, self.samples, self.finished, self.redispatched = options, samples, finished, redispatched
-        self.max_attempts, self.poll_s, self.placement_timeout_s, self.stream = max_attempts, poll_s, placement_timeout_s, stream
+        self.options, self.samples = options, samples
+        self.finished, self.redispatched = finished, redispatched
+        self.max_attempts, self.poll_s, self.placement_timeout_s = max_attempts, poll_s, placement_timeout_s
+        self.stream = stream
         self.workers: list[Worker] = []
         self._attempts: dict[str, int] = defaultdict(int)
         self._cpus = options.cpus_per_worker  # of the workers running now
@@ -126,7 +128,8 @@ class WorkerPool:
             handle = remote_worker(group, options.captioner, num_gpus=self._gpus, num_cpus=self._cpus,
                                    threads=None if self._gpus else max(1, int(self._cpus)),
                                    drafting_methods=options.drafting_methods, allow_text=allow_text)
-            probe = handle.device_name.options(max_task_retries=0).remote()  # fails once, quietly, if a model cannot load
+            # fails once, quietly, if a model cannot load
+            probe = handle.device_name.options(max_task_retries=0).remote()
             self.workers.append(Worker(group, handle, probe))
             self._top_up(self.workers[-1])
 
@@ -197,7 +200,8 @@ class WorkerPool:
         if worker in self.workers:
             self.workers.remove(worker)
             ray.kill(worker.handle)
-        print(f"worker for {worker.group.label} died ({type(err).__name__}); re-dispatching {len(lost)} shard(s)",
+        print(f"worker for {worker.group.label} died ({type(err).__name__}); "
+              f"re-dispatching {len(lost)} shard(s)",
               file=self.stream, flush=True)
         for item in lost:
             self._retry(item, err)
@@ -222,4 +226,5 @@ class WorkerPool:
         for worker in self.workers:
             waited = time.monotonic() - worker.started
             if worker.placed is not None and waited > self.placement_timeout_s:
-                raise RunFailed(f"the worker for {worker.group.label} was not placed on any node in {waited:.0f} s")
+                raise RunFailed(f"the worker for {worker.group.label} was not placed on any node "
+                                f"in {waited:.0f} s")

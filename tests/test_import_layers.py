@@ -107,3 +107,13 @@ def test_replay_scores_without_the_loop():
             seen.add(module)
             todo.extend(graph[module])
     assert "pipeline.decoding.acceptance" in seen and "pipeline.decoding.loop" not in seen
+
+
+def test_the_decoding_core_and_the_cluster_wing_fit_110_columns():
+    """One block reads on one screen: no line of the core's decoding and drafting, of what a
+    shard computes, or of the Ray wing is wider than 110 characters."""
+    wide = [f"{path.relative_to(ROOT)}:{number}" for package in ("pipeline/decoding", "pipeline/drafting",
+                                                                   "pipeline/execution", "actors")
+            for path in sorted((ROOT / package).rglob("*.py"))
+            for number, line in enumerate(path.read_text().splitlines(), 1) if len(line) > 110]
+    assert not wide, wide

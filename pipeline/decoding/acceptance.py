@@ -60,7 +60,8 @@ def verify_sampling(
     residual = (target_probs[:g] - draft_probs).clamp_min(0)
     total = residual.sum(-1, keepdim=True)
     # p == q everywhere leaves no residual mass; then rejection has probability 0 anyway
-    resample = torch.where(total > 0, residual / total.clamp_min(torch.finfo(residual.dtype).tiny), target_probs[:g])
+    normalised = residual / total.clamp_min(torch.finfo(residual.dtype).tiny)
+    resample = torch.where(total > 0, normalised, target_probs[:g])
     choices = torch.cat([resample, target_probs[g:]])  # row g: the bonus position, sampled from p
     row = choices.index_select(0, accepted.view(1))[0]
     return accepted, sample_token(row, uniforms[g])
@@ -131,7 +132,8 @@ def follow_tree(tree: Tree, chosen: torch.Tensor) -> TreeOutcome:
 
 
 def verify_branches_sampling(
-    tree: Tree, branches: int, target_probs: torch.Tensor, proposal_probs: torch.Tensor, uniforms: torch.Tensor,
+    tree: Tree, branches: int, target_probs: torch.Tensor, proposal_probs: torch.Tensor,
+    uniforms: torch.Tensor,
 ) -> TreeOutcome:
     """Lossless sampling over `branches` independent chains that share only the root (SpecInfer's
     multi-step speculative sampling): the root's children are tested in order, child b accepted
@@ -157,8 +159,8 @@ def verify_branches_sampling(
         residual = torch.where(still_rejecting & ~take, rest, residual)
     branch = chosen.clamp_min(0)
     fed = 1 + branch * gamma + torch.arange(gamma, device=target_probs.device)  # the branch's nodes
-    more, chain_token = verify_sampling(tree.tokens[fed[1:] - 1], target_probs[fed], proposal_probs[fed[1:] - 1],
-                                        uniforms[branches:])
+    more, chain_token = verify_sampling(tree.tokens[fed[1:] - 1], target_probs[fed],
+                                        proposal_probs[fed[1:] - 1], uniforms[branches:])
     none = chosen < 0
     accepted = torch.where(none, torch.zeros_like(more), 1 + more)
     next_token = torch.where(none, sample_token(residual, uniforms[-1]), chain_token)

@@ -57,7 +57,8 @@ def _prefilled_context(model: LVLM, tokens: int, engine: str) -> Rows:
     words = model.tokenizer("describe the picture in detail, the colors and the shapes. " * 64,
                             add_special_tokens=False)["input_ids"]
     ids = (words * (tokens // len(words) + 1))[:tokens]
-    rows = new_rows(model, [model.embed_tokens(torch.tensor(ids[:-1]))], engine=engine, capacity=4, role="context", span=2)
+    prompt = model.embed_tokens(torch.tensor(ids[:-1]))
+    rows = new_rows(model, [prompt], engine=engine, capacity=4, role="context", span=2)
     rows.prefill()
     rows.feed(ids[-1:])
     return rows
@@ -86,7 +87,8 @@ def calibrate(target: LVLM, draft: LVLM, **options) -> Calibration:
 @torch.inference_mode()
 def calibrate_drafts(
     target: LVLM, drafts: Sequence[LVLM], *, gammas: Sequence[int] = (DecodeConfig.gamma,), repeats: int = 10,
-    rounds: int = 5, image: Image.Image | None = None, engine: str | None = None, verify_tokens: Sequence[int] = (),
+    rounds: int = 5, image: Image.Image | None = None, engine: str | None = None,
+    verify_tokens: Sequence[int] = (),
     draft_rows: Sequence[int] = (), progress: Callable[[int, int, float], None] | None = None,
     contexts: Sequence[int] = (),
 ) -> list[Calibration]:
@@ -111,7 +113,8 @@ def calibrate_drafts(
     target_long = {n: _prefilled_context(target, n, engine) for n in target_lengths}
     batches = [[_prefilled(draft, sample, n, engine, gamma) for n in counts] for draft in drafts]
     lengths = [[n for n in target_lengths if _fits(draft, n)] for draft in drafts]
-    long_prompts = [{n: _prefilled_context(draft, n, engine) for n in mine} for draft, mine in zip(drafts, lengths)]
+    long_prompts = [{n: _prefilled_context(draft, n, engine) for n in mine}
+                    for draft, mine in zip(drafts, lengths)]
     token, verify, at_length = [], [], []
     measured = [([], []) for _ in drafts]  # per draft: its step per batch, its step per context, each round
     for done in range(1, rounds + 1):
@@ -126,10 +129,12 @@ def calibrate_drafts(
     curve = [[v[i] / t for v, t in zip(verify, token)] for i in range(len(sizes))]
     at_gamma = sizes.index(gamma + 1)
     shared = dict(
-        target=target.name, device=str(target.device), dtype=str(target.dtype).removeprefix("torch."), gamma=gamma,
+        target=target.name, device=str(target.device), dtype=str(target.dtype).removeprefix("torch."),
+        gamma=gamma,
         target_token_s=median(token), target_verify_s=median(v[at_gamma] for v in verify), repeats=repeats,
         engine=engine, rounds=rounds, ratio_verify_rounds=curve[at_gamma],
-        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), device_name=device_name(target.device),
+        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        device_name=device_name(target.device),
         verify_tokens=sizes, verify_s=[median(v[i] for v in verify) for i in range(len(sizes))],
         verify_ratios=[median(r) for r in curve], draft_row_counts=counts, verify_ratio_rounds=curve,
         load_before=load_before, load_after=machine_load(), cpu_cores=cpu_cores(),

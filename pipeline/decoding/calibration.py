@@ -11,7 +11,8 @@ from statistics import median
 from typing import Any, Mapping
 
 MAX_ROWS = 4  # the largest ensemble (MTCP) drafts four rows per step
-INT_FIELDS = {"gamma", "repeats", "rounds", "cpu_cores", "verify_tokens", "draft_row_counts", "context_tokens"}
+INT_FIELDS = {"gamma", "repeats", "rounds", "cpu_cores", "verify_tokens", "draft_row_counts",
+              "context_tokens"}
 
 
 def expected_speedup(tau: float, gamma: int, ratio_draft_target: float, ratio_verify: float = 1.0) -> float:
@@ -38,7 +39,8 @@ class Calibration:
     rounds: int = 1  # times every measurement was repeated, target and draft alternating
     ratio_draft_target_rounds: list[float] = field(default_factory=list)  # Tq/Tp of each round
     ratio_verify_rounds: list[float] = field(default_factory=list)  # Tp(gamma+1)/Tp of each round
-    draft_rows_ratio: list[float] = field(default_factory=list)  # Tq(m rows)/Tp, median over rounds, per draft_row_counts
+    # Tq(m rows)/Tp, median over rounds, per draft_row_counts
+    draft_rows_ratio: list[float] = field(default_factory=list)
     measured_at: str = ""  # UTC, ISO 8601
     device_name: str = ""  # e.g. NVIDIA H100 80GB HBM3 (pipeline.models.devices)
     # the verify-latency curve: token counts n fed in one target forward, the median seconds and
@@ -46,7 +48,8 @@ class Calibration:
     verify_tokens: list[int] = field(default_factory=list)
     verify_s: list[float] = field(default_factory=list)
     verify_ratios: list[float] = field(default_factory=list)
-    draft_row_counts: list[int] = field(default_factory=list)  # rows timed (files from before it: 1..MAX_ROWS)
+    # rows timed (files from before it: 1..MAX_ROWS)
+    draft_row_counts: list[int] = field(default_factory=list)
     # every round's ratio, not only the median: per verify_tokens entry Tp(n)/Tp, per
     # draft_row_counts entry Tq(m rows)/Tp (pipeline.results.noise judges their spread)
     verify_ratio_rounds: list[list[float]] = field(default_factory=list)
@@ -80,12 +83,16 @@ class Calibration:
 
     def verify_ratio(self, tokens: int) -> float:
         """Tp(tokens)/Tp(1) from the verify curve; NaN when that token count was not measured."""
-        return self.verify_ratios[self.verify_tokens.index(tokens)] if tokens in self.verify_tokens else math.nan
+        if tokens not in self.verify_tokens:
+            return math.nan
+        return self.verify_ratios[self.verify_tokens.index(tokens)]
 
     def verify_rounds(self, tokens: int) -> list[float]:
         """Tp(tokens)/Tp of every round ([] when not measured or not kept)."""
         rounds = self.verify_ratio_rounds
-        return list(rounds[self.verify_tokens.index(tokens)]) if tokens in self.verify_tokens and rounds else []
+        if tokens not in self.verify_tokens or not rounds:
+            return []
+        return list(rounds[self.verify_tokens.index(tokens)])
 
     def draft_ratio(self, rows: int) -> float:
         """Tq with `rows` rows in the draft batch over Tp (an m-method ensemble drafts m rows, a
@@ -100,7 +107,8 @@ class Calibration:
 
     def to_row(self) -> dict[str, Any]:
         """The file's one row: every field, and the two headline ratios for anyone reading it raw."""
-        return asdict(self) | {"ratio_draft_target": self.ratio_draft_target, "ratio_verify": self.ratio_verify}
+        return asdict(self) | {"ratio_draft_target": self.ratio_draft_target,
+                               "ratio_verify": self.ratio_verify}
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Calibration:
@@ -111,7 +119,8 @@ class Calibration:
         known = {f.name for f in fields(cls)}
         values = {name: _plain(value) for name, value in row.items() if name in known and not _missing(value)}
         for name in INT_FIELDS & set(values):  # a column that held a null somewhere is read as floats
-            values[name] = [int(v) for v in values[name]] if isinstance(values[name], list) else int(values[name])
+            value = values[name]
+            values[name] = [int(v) for v in value] if isinstance(value, list) else int(value)
         calibration = cls(**values)
         if not calibration.verify_tokens:
             calibration.verify_tokens = [calibration.gamma + 1]
@@ -119,7 +128,8 @@ class Calibration:
             rounds = calibration.ratio_verify_rounds
             calibration.verify_ratio_rounds = [list(rounds)] if rounds else []
         if not calibration.draft_rows_ratio:
-            calibration.draft_rows_ratio = [t / calibration.target_token_s for t in calibration.draft_rows_token_s]
+            tp = calibration.target_token_s
+            calibration.draft_rows_ratio = [t / tp for t in calibration.draft_rows_token_s]
         if not calibration.draft_row_counts:
             calibration.draft_row_counts = list(range(1, len(calibration.draft_rows_ratio) + 1))
         return calibration

@@ -52,8 +52,10 @@ class DecodeConfig:
         self.verify.validate()
         depth = getattr(self.verify, "depth", None)
         if depth not in (None, self.gamma):
-            raise ValueError(f"a {self.verify.kind} tree's depth is the draft steps per block, its gamma: depth "
+            raise ValueError(f"a {self.verify.kind} tree's depth is the draft steps per block, "
+                             "its gamma: depth "
                              f"{depth} with gamma {self.gamma} (a grid sets gamma from depth)")
         if not self.verify.samples and not self.greedy:
-            raise ValueError(f"a {self.verify.kind} tree verifies greedy decoding only (it keeps children by rank, "
-                             "which sampling's acceptance rule cannot correct for); for sampling use chain or candidates")
+            raise ValueError(f"a {self.verify.kind} tree verifies greedy decoding only (it keeps children "
+                             "by rank, which sampling's acceptance rule cannot correct for); for sampling "
+                             "use chain or candidates")

@@ -25,7 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.decoding.acceptance import probabilities, sample_token, verify_branches_sampling, verify_sampling
+from pipeline.decoding.acceptance import (
+    probabilities, sample_token, verify_branches_sampling, verify_sampling,
+)
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.rows import Rows
 from pipeline.decoding.trees import Tree, candidate_tree
@@ -111,7 +113,10 @@ class ChainProposer:
         for i in range(config.gamma):
             q = probabilities(logits, config.temperature)  # [m, V]
             mixed = mix(q, weights)
-            token = mixed.argmax(-1, keepdim=True) if config.greedy else sample_token(mixed, uniforms[i]).view(1)
+            if config.greedy:
+                token = mixed.argmax(-1, keepdim=True)
+            else:
+                token = sample_token(mixed, uniforms[i]).view(1)
             proposals.append(token)
             method_probs.append(q)
             mixed_probs.append(mixed)
@@ -120,11 +125,13 @@ class ChainProposer:
         methods = torch.stack(method_probs) if keep_methods else None
         return ChainProposal(torch.cat(proposals), None, torch.stack(mixed_probs), methods)
 
-    def history(self, proposal: ChainProposal, path: torch.Tensor, accepted: int, positions: int) -> torch.Tensor:
+    def history(self, proposal: ChainProposal, path: torch.Tensor, accepted: int,
+                positions: int) -> torch.Tensor:
         """Each method's distributions `[positions, m, V]` at the root and the accepted proposals."""
         return proposal.methods[:positions]
 
-    def keep(self, proposal: Proposal, path: torch.Tensor, accepted: int, before: int, block: torch.Tensor) -> torch.Tensor:
+    def keep(self, proposal: Proposal, path: torch.Tensor, accepted: int, before: int,
+             block: torch.Tensor) -> torch.Tensor:
         """Keep the accepted proposals the rows fed (never the last one); `block`: the accepted
         proposals and the target's token, on the device. Returns the next pending tokens."""
         kept = min(accepted, self.gamma - 1)
@@ -150,7 +157,9 @@ class ChainProposer:
         the earlier ones matched y, so from the true prefix; one position at a time, as live
         mixes them (same shapes, same rounding). `q` `[n, m, V]`: each method along y."""
         accepted = 0
-        while accepted < gamma and t + accepted < len(y) and int(mix(q[t + accepted], mixing).argmax()) == y[t + accepted]:
+        while accepted < gamma and t + accepted < len(y):
+            if int(mix(q[t + accepted], mixing).argmax()) != y[t + accepted]:
+                break
             accepted += 1
         return accepted
 
@@ -167,7 +176,8 @@ class CandidateProposer(ChainProposer, kind="candidates"):
         super().__init__(rows, config)
         self.methods = len(config.methods)
         self.branches = candidate_branches(self.methods)
-        self.draws_per_block, self.checks_per_block = self.branches * config.gamma, self.branches + config.gamma
+        self.draws_per_block = self.branches * config.gamma
+        self.checks_per_block = self.branches + config.gamma
 
     def propose(self, pending: torch.Tensor, weights: torch.Tensor, uniforms: torch.Tensor | None,
                 keep_methods: bool) -> Proposal:
@@ -183,7 +193,8 @@ class CandidateProposer(ChainProposer, kind="candidates"):
             if config.greedy:
                 token = dists.argmax(-1)
             else:
-                token = torch.stack([sample_token(dists[b], uniforms[i * branches + b]) for b in range(branches)])
+                mine = uniforms[i * branches : (i + 1) * branches]
+                token = torch.stack([sample_token(dists[b], mine[b]) for b in range(branches)])
             tokens.append(token)
             method_probs.append(q)
             draws.append(dists)
@@ -198,7 +209,8 @@ class CandidateProposer(ChainProposer, kind="candidates"):
         node; the ensembled branch when nothing was accepted (every branch shares the root)."""
         return (path[accepted] - 1).clamp_min(0) // self.gamma
 
-    def history(self, proposal: CandidateProposal, path: torch.Tensor, accepted: int, positions: int) -> torch.Tensor:
+    def history(self, proposal: CandidateProposal, path: torch.Tensor, accepted: int,
+                positions: int) -> torch.Tensor:
         methods = proposal.methods.index_select(0, self._branch(path, accepted).view(1))[0]
         return methods[:positions]
 
@@ -211,7 +223,8 @@ class CandidateProposer(ChainProposer, kind="candidates"):
     def accept_sampled(self, proposal: Proposal, target_probs: torch.Tensor,
                        uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """SpecInfer's multi-candidate rule over the branches (`acceptance.verify_branches_sampling`)."""
-        outcome = verify_branches_sampling(proposal.tree, self.branches, target_probs, proposal.draws, uniforms)
+        outcome = verify_branches_sampling(proposal.tree, self.branches, target_probs, proposal.draws,
+                                           uniforms)
         return outcome.accepted, outcome.next_token, outcome.path
 
     @staticmethod
@@ -223,7 +236,8 @@ class CandidateProposer(ChainProposer, kind="candidates"):
         accepted = 0
         while accepted < gamma and t + accepted < len(y):
             here = q[t + accepted]
-            alive = [b for b in alive if int((mix(here, mixing) if b == 0 else here[b - 1]).argmax()) == y[t + accepted]]
+            choice = lambda b: int((mix(here, mixing) if b == 0 else here[b - 1]).argmax())
+            alive = [b for b in alive if choice(b) == y[t + accepted]]
             if not alive:
                 break
             accepted += 1

@@ -82,13 +82,15 @@ class DynamicTreeProposer(ChainProposer, kind="dynamic"):
         rows = torch.cat([inherited, self._self_seen], 1)
         return torch.cat([torch.cat([sees, sees.new_zeros(sees.shape[0], self.width)], 1), rows])
 
-    def _prune(self, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor, levels_q: list) -> Proposal:
+    def _prune(self, tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor,
+               levels_q: list) -> Proposal:
         """The `nodes` most probable generated nodes as a tree. Scores fall along every path, and
         ties go to the shallower node, so the kept set holds every kept node's ancestors."""
         key = scores - 1e-9 * self._depths
         kept = key.topk(self.nodes).indices.sort().values  # level order: parents first
         fed = torch.zeros(tokens.shape[0] + 1, dtype=torch.long, device=tokens.device)
-        fed[kept + 1] = torch.arange(1, self.nodes + 1, device=tokens.device)  # generated node -> fed position
+        # generated node -> fed position
+        fed[kept + 1] = torch.arange(1, self.nodes + 1, device=tokens.device)
         tree = Tree(tokens[kept], fed[parents[kept] + 1], self._depths[kept],
                     torch.ones_like(kept, dtype=torch.bool), self.gamma)
         return DynamicProposal(tree.tokens, tree, None, kept, levels_q)
@@ -97,10 +99,12 @@ class DynamicTreeProposer(ChainProposer, kind="dynamic"):
         """Generated indices of the accepted path's nodes at depths 1..upto."""
         return proposal.kept[path[1 : upto + 1] - 1]
 
-    def history(self, proposal: DynamicProposal, path: torch.Tensor, accepted: int, positions: int) -> torch.Tensor:
+    def history(self, proposal: DynamicProposal, path: torch.Tensor, accepted: int,
+                positions: int) -> torch.Tensor:
         levels_q = proposal.levels_q
         generated = self._generated(proposal, path, positions - 1)
-        rows = [levels_q[0][:, 0]] + [levels_q[d].index_select(1, generated[d - 1:d] - (d - 1) * self.width)[:, 0]
+        at = lambda d: generated[d - 1 : d] - (d - 1) * self.width  # the node's index within level d
+        rows = [levels_q[0][:, 0]] + [levels_q[d].index_select(1, at(d))[:, 0]
                                       for d in range(1, positions)]
         return torch.stack(rows)
 

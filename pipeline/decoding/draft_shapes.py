@@ -45,7 +45,8 @@ class Layout:
         starts = [sum(levels[:k]) for k in range(len(levels))]
         parents, depths = [], []
         for k, (width, children) in enumerate(zip(levels, shape)):
-            above = 0 if k == 0 else starts[k - 1] + 1  # the fed index of the level above's first node (root: 0)
+            # the fed index of the level above's first node (root: 0)
+            above = 0 if k == 0 else starts[k - 1] + 1
             parents += [above + j // children if k else 0 for j in range(width)]
             depths += [k + 1] * width
         fed = sum(levels[:-1])  # the draft reads every level but the last
@@ -69,7 +70,8 @@ class ShapeProposal(Proposal):
     layout: Layout
 
 
-def shape_accepted(q: torch.Tensor, y: list[int], t: int, shape: tuple[int, ...], mixing: torch.Tensor) -> int:
+def shape_accepted(q: torch.Tensor, y: list[int], t: int, shape: tuple[int, ...],
+                   mixing: torch.Tensor) -> int:
     """Greedy replay of a shape tree: the path goes on while the target's token y[t + k] is among
     the top N_{k+1} tokens of the mixture at the path's node at depth k, which is the position
     t + k along y (reached only while the earlier tokens matched)."""
@@ -101,7 +103,8 @@ class ShapeTreeProposer(ChainProposer, kind="shape"):
     def propose(self, pending: torch.Tensor, weights: torch.Tensor, uniforms: torch.Tensor | None,
                 keep_methods: bool) -> Proposal:
         layout, rows = self.layout, self.rows
-        q = probabilities(rows.feed(pending)[:, -1], self.config.temperature)[:, None]  # [m, 1, V] at the root
+        # [m, 1, V] at the root
+        q = probabilities(rows.feed(pending)[:, -1], self.config.temperature)[:, None]
         levels_q, tokens, saved = [q], [], []
         if isinstance(rows, StateRows):
             saved.append(rows.snapshot())
@@ -114,8 +117,8 @@ class ShapeTreeProposer(ChainProposer, kind="shape"):
                 levels_q.append(self._read_level(tokens[-1], k, saved))
             elif k < len(layout.shape) - 1:  # past the budget: each node reuses its parent's, no forward
                 levels_q.append(levels_q[-1].repeat_interleave(children, dim=1))
-        tree = Tree(torch.cat(tokens), layout.parents, layout.depths, torch.ones_like(layout.depths, dtype=torch.bool),
-                    self.gamma)
+        tree = Tree(torch.cat(tokens), layout.parents, layout.depths,
+                    torch.ones_like(layout.depths, dtype=torch.bool), self.gamma)
         return ShapeProposal(tree.tokens, tree, None, levels_q, saved, layout)
 
     def _read_level(self, tokens: torch.Tensor, k: int, saved: list) -> torch.Tensor:
@@ -128,24 +131,27 @@ class ShapeTreeProposer(ChainProposer, kind="shape"):
             saved.append(rows.snapshot())
         else:
             start = self.layout.starts[k]
-            logits = rows.feed_tree(tokens, torch.full_like(tokens, k), self.layout.sees[start : start + width, : start + width],
-                                    keep=width)
+            logits = rows.feed_tree(tokens, torch.full_like(tokens, k),
+                                    self.layout.sees[start : start + width, : start + width], keep=width)
         return probabilities(logits, self.config.temperature)
 
     def _within_level(self, proposal: ShapeProposal, path: torch.Tensor, depth: int) -> torch.Tensor:
         """The path's node at `depth` as an index within its level (1-element device tensor)."""
         return (path[depth : depth + 1] - 1 - proposal.layout.starts[depth - 1])
 
-    def history(self, proposal: ShapeProposal, path: torch.Tensor, accepted: int, positions: int) -> torch.Tensor:
+    def history(self, proposal: ShapeProposal, path: torch.Tensor, accepted: int,
+                positions: int) -> torch.Tensor:
         levels_q = proposal.levels_q
-        return torch.stack([levels_q[0][:, 0]] + [levels_q[d].index_select(1, self._within_level(proposal, path, d))[:, 0]
+        at = lambda d: self._within_level(proposal, path, d)
+        return torch.stack([levels_q[0][:, 0]] + [levels_q[d].index_select(1, at(d))[:, 0]
                                                   for d in range(1, positions)])
 
     def keep(self, proposal: ShapeProposal, path: torch.Tensor, accepted: int, before: int,
              block: torch.Tensor) -> torch.Tensor:
         kept = min(accepted, self.gamma - 1)
         if isinstance(self.rows, StateRows):  # the accepted node's method rows, as saved after its level
-            node = self._within_level(proposal, path, kept) if kept else torch.zeros(1, dtype=torch.long, device=path.device)
+            root = torch.zeros(1, dtype=torch.long, device=path.device)
+            node = self._within_level(proposal, path, kept) if kept else root
             index = node * self.methods + torch.arange(self.methods, device=path.device)
             self.rows.restore([state.index_select(0, index) for state in proposal.saved[kept]], before + kept)
         elif kept:  # the draft fed the tree's nodes in level order: node i at tree slot i - 1
@@ -173,7 +179,8 @@ class UCB1:
     def choose(self) -> int:
         if 0 in self.plays:
             return self.plays.index(0)
-        scores = [mean + self.c * math.sqrt(2 * math.log(self.t) / n) for mean, n in zip(self.means, self.plays)]
+        bonus = lambda n: self.c * math.sqrt(2 * math.log(self.t) / n)
+        scores = [mean + bonus(n) for mean, n in zip(self.means, self.plays)]
         return scores.index(max(scores))
 
     def update(self, arm: int, reward: float) -> None:

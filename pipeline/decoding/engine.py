@@ -84,15 +84,17 @@ def prefilled_rows(
                 raise ModelInputError(f"caption drafting in {methods!r} needs a captioner")
             captions = [captioner.caption(image) for image in prompt.images]
         embeds = [method_embeddings(model, m, prompt.ids, prompt.images, captions)[:-1] for m in methods]
-    check_fits(model, max(len(e) for e in embeds) + 1 + capacity, prompt)  # with the image features spliced in
-    rows = new_rows(model, embeds, engine=engine, capacity=capacity, role=role, compiled=compiled, step_log=step_log,
-                    span=span)
+    # with the image features spliced in
+    check_fits(model, max(len(e) for e in embeds) + 1 + capacity, prompt)
+    rows = new_rows(model, embeds, engine=engine, capacity=capacity, role=role, compiled=compiled,
+                    step_log=step_log, span=span)
     rows.prefill()
     return rows
 
 
 def new_rows(
-    model: LVLM, prompts: list[torch.Tensor], *, engine: str, capacity: int, role: str, compiled: bool | None = None,
+    model: LVLM, prompts: list[torch.Tensor], *, engine: str, capacity: int, role: str,
+    compiled: bool | None = None,
     step_log: StepLog | None = None, span: int | None = None,
 ) -> Rows:
     """Rows of prompt embeddings `[L_i, hidden]` (not prefilled), of the kind the model needs: a

@@ -55,13 +55,15 @@ def speculative_decode(
     with timer.phase("prefill"):
         target_prompt, draft_prompt = tokenize(target, sample), tokenize(draft, sample)
         with timer.phase("target_prefill"):
-            target_rows = prefilled_rows(target, target_prompt, "M", None, engine=engine, capacity=target_capacity,
-                                         role="target", step_log=steps, timer=timer)
-        copies = config.verify.copies_per_method(len(config.methods))  # a candidate tree's branches: a row each
+            target_rows = prefilled_rows(target, target_prompt, "M", None, engine=engine,
+                                         capacity=target_capacity, role="target", step_log=steps, timer=timer)
+        # a candidate tree's branches: a row each
+        copies = config.verify.copies_per_method(len(config.methods))
         with timer.phase("draft_prefill"):
-            draft_rows = prefilled_rows(draft, draft_prompt, config.methods * copies, captioner, engine=engine,
-                                        capacity=draft_capacity, role="draft", step_log=steps,
-                                        span=config.verify.draft_capacity(config.gamma) + 2, timer=timer)
+            span = config.verify.draft_capacity(config.gamma) + 2
+            draft_rows = prefilled_rows(draft, draft_prompt, config.methods * copies, captioner,
+                                        engine=engine, capacity=draft_capacity, role="draft", step_log=steps,
+                                        span=span, timer=timer)
     proposer = proposer_class(config.verify)(draft_rows, config)
     decoder = SpeculativeDecoder(target_rows, proposer, target_prompt.ids[-1], config, record,
                                  sample_generator(config, sample.sample_id), target.eos_token_ids, timer)
@@ -85,7 +87,8 @@ class BlockResult:
 
     @staticmethod
     def read(checked: Checked, weights: torch.Tensor, gamma: int, arm: int | None) -> BlockResult:
-        summary = torch.cat([checked.accepted.view(1), checked.next_token.view(1), checked.path_tokens]).double()
+        head = torch.cat([checked.accepted.view(1), checked.next_token.view(1)])
+        summary = torch.cat([head, checked.path_tokens]).double()
         values = torch.cat([summary, weights]).tolist()  # the one transfer
         accepted = int(values[0])
         proposals = [int(v) for v in values[2 : 2 + accepted]]
@@ -123,7 +126,8 @@ class SpeculativeDecoder:
             checks = None if uniforms is None else uniforms[proposer.draws_per_block:]
             checked = check(self.target_rows, self.target_pending, proposal, proposer, config, checks, learns)
             result = BlockResult.read(checked, weights, gamma, arm)
-            outcome = settle_block(result.proposals, result.next_token, gamma=gamma, produced=len(self.output),
+            produced = len(self.output)
+            outcome = settle_block(result.proposals, result.next_token, gamma=gamma, produced=produced,
                                    max_new_tokens=config.max_new_tokens, eos=self.eos)
             self._record(result, outcome.accepted, outcome.tokens)
             if outcome.history and learns:
@@ -173,8 +177,8 @@ def autoregressive_decode(
     generator, steps = sample_generator(config, sample.sample_id), StepLog()
     with timer.phase("prefill"), timer.phase("target_prefill"):
         prompt = tokenize(target, sample)
-        rows = prefilled_rows(target, prompt, "M", None, engine=engine, capacity=max_new_tokens + 1, role="target",
-                              step_log=steps, timer=timer)
+        rows = prefilled_rows(target, prompt, "M", None, engine=engine, capacity=max_new_tokens + 1,
+                              role="target", step_log=steps, timer=timer)
     pending = torch.tensor([prompt.ids[-1]], device=target.device)
     output: list[int] = []
     while True:
@@ -185,8 +189,8 @@ def autoregressive_decode(
             else:
                 uniform = torch.rand((), generator=generator, dtype=torch.float64)
                 token = sample_token(probabilities(logits, temperature), uniform)
-            outcome = settle_block([], int(token), gamma=1, produced=len(output), max_new_tokens=max_new_tokens,
-                                   eos=target.eos_token_ids)
+            outcome = settle_block([], int(token), gamma=1, produced=len(output),
+                                   max_new_tokens=max_new_tokens, eos=target.eos_token_ids)
             output.extend(outcome.tokens)
             record.accepted_per_block.append(0)
             pending = token.view(1)
@@ -204,10 +208,12 @@ def capacities(config: DecodeConfig) -> tuple[int, int]:
     """Continuation slots the target's and the draft's rows may need: the budget plus what one
     block feeds beyond it (a tree's nodes; a dynamic tree's levels in the draft)."""
     nodes = config.verify.tree_nodes(config.gamma, len(config.methods))
-    return config.max_new_tokens + nodes + 1, config.max_new_tokens + config.verify.draft_capacity(config.gamma) + 1
+    draft_feeds = config.verify.draft_capacity(config.gamma)
+    return config.max_new_tokens + nodes + 1, config.max_new_tokens + draft_feeds + 1
 
 
-def _finish(record: SampleRecord, output: list[int], target: LVLM, timer: PhaseTimer, steps: StepLog) -> SampleRecord:
+def _finish(record: SampleRecord, output: list[int], target: LVLM, timer: PhaseTimer,
+            steps: StepLog) -> SampleRecord:
     record.steps = steps.summary
     record.fallback = "; ".join(sorted(steps.fallbacks)) or None
     record.output_ids = output
@@ -219,7 +225,8 @@ def _finish(record: SampleRecord, output: list[int], target: LVLM, timer: PhaseT
     record.time_tabed_draft_s = seconds["tabed_draft"]
     record.time_tabed_s = seconds["tabed_draft"] + seconds["tabed"]
     record.time_vision_s = seconds["target_vision"] + seconds["draft_vision"]
-    record.time_target_prefill_s, record.time_draft_prefill_s = seconds["target_prefill"], seconds["draft_prefill"]
+    record.time_target_prefill_s = seconds["target_prefill"]
+    record.time_draft_prefill_s = seconds["draft_prefill"]
     record.time_total_s = seconds["prefill"] + seconds["draft"] + seconds["verify"]
     record.time_wall_s = time.perf_counter() - timer.started
     return record

@@ -34,5 +34,6 @@ def check_fits(model: LVLM, positions: int, prompt: Prompt) -> None:
     to fail (or to allocate a cache of terabytes) inside the model."""
     limit = model.max_positions
     if limit is not None and positions > limit:
-        raise ModelInputError(f"{model.name}: the prompt ({len(prompt.ids)} tokens before image features) and "
-                              f"its continuation need {positions} positions; the model's context holds {limit}")
+        raise ModelInputError(f"{model.name}: the prompt ({len(prompt.ids)} tokens before image features) "
+                              f"and its continuation need {positions} positions; the model's context "
+                              f"holds {limit}")

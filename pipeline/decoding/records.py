@@ -25,12 +25,14 @@ class SampleRecord:
     engine: str | None = None  # static | eager: the engine that decoded (replay: that collected the traces)
     # how the decode steps ran: captured | compiled | uncompiled, or several joined by "+" (replay: None)
     steps: str | None = None
-    fallback: str | None = None  # why this decode left the requested path (a failed compile, engine), if it did
+    # why this decode left the requested path (a failed compile, engine), if it did
+    fallback: str | None = None
     output_ids: list[int] = field(default_factory=list)
     output_text: str = ""
     accepted_per_block: list[int] = field(default_factory=list)
     weights_per_block: list[list[float]] = field(default_factory=list)
-    shape_per_block: list[int] = field(default_factory=list)  # a bandit tree's: the shape (index) each block used
+    # a bandit tree's: the shape (index) each block used
+    shape_per_block: list[int] = field(default_factory=list)
     time_prefill_s: float = 0.0
     time_draft_s: float = 0.0
     time_verify_s: float = 0.0
@@ -61,7 +63,8 @@ class SampleRecord:
 
     @property
     def tau(self) -> float:
-        """Block efficiency: 1 + mean accepted proposals per block (docs/algorithm.md §1); NaN if no block."""
+        """Block efficiency: 1 + mean accepted proposals per block (docs/algorithm.md §1); NaN if
+        no block."""
         if not self.accepted_per_block:
             return float("nan")
         return 1.0 + sum(self.accepted_per_block) / len(self.accepted_per_block)

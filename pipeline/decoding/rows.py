@@ -48,7 +48,8 @@ class Rows(Protocol):
         """Run the prompts once (their last token is fed later, as the first continuation token)."""
 
     def feed(self, token_ids: list[int] | torch.Tensor, keep: int = 1) -> torch.Tensor:
-        """Append tokens to every row (`[n]`) or each row its own (`[rows, n]`); fp32 logits of the last `keep`."""
+        """Append tokens to every row (`[n]`) or each row its own (`[rows, n]`); fp32 logits of the
+        last `keep`."""
 
     def keep_shared(self, n: int) -> None:
         """Roll back to the first `n` continuation tokens."""
@@ -59,7 +60,8 @@ class Rows(Protocol):
     def begin_tree(self) -> None:
         """The next `feed_tree` tokens form a tree rooted at the last token fed."""
 
-    def feed_tree(self, token_ids: torch.Tensor, offsets: torch.Tensor, sees: torch.Tensor, keep: int) -> torch.Tensor:
+    def feed_tree(self, token_ids: torch.Tensor, offsets: torch.Tensor, sees: torch.Tensor,
+                  keep: int) -> torch.Tensor:
         """Append a tree's tokens in one forward, each seeing only its ancestors."""
 
     def keep_path(self, slots: torch.Tensor, first: int) -> None:
@@ -93,7 +95,8 @@ class DynamicCacheRows:
         self._prompt_embeds, padding = left_padded(prompts)
         self.width = padding.shape[1]
         self._padding = padding.to(model.device)  # [B, width]: False where a row is padded
-        self._next_position = torch.tensor([p.shape[0] for p in prompts], device=model.device)  # per row: the next position
+        # per row: the next position
+        self._next_position = torch.tensor([p.shape[0] for p in prompts], device=model.device)
         self.cache = model.new_cache()
         self.fed = 0
         self.tree_start = 0  # the continuation slot where the tree being fed began (`begin_tree`)
@@ -121,7 +124,8 @@ class DynamicCacheRows:
         """The next `feed_tree` tokens form a tree whose root is the last token fed so far."""
         self.tree_start = self.fed
 
-    def feed_tree(self, token_ids: torch.Tensor, offsets: torch.Tensor, sees: torch.Tensor, keep: int) -> torch.Tensor:
+    def feed_tree(self, token_ids: torch.Tensor, offsets: torch.Tensor, sees: torch.Tensor,
+                  keep: int) -> torch.Tensor:
         """Append `n` tokens of a tree to every row: token i at the position a chain token fed
         at the tree's first slot would have, plus `offsets[i]` (its depth below that slot's
         token), seeing the prefix before the tree and, within the tree fed since `begin_tree`,
@@ -132,7 +136,8 @@ class DynamicCacheRows:
         mask = self._step_mask(n).clone()
         first, end = self.width + self.tree_start, self.width + self.fed + n
         blocked = torch.finfo(mask.dtype).min
-        mask[:, :, :, first:end] = torch.zeros(sees.shape, dtype=mask.dtype, device=mask.device).masked_fill_(~sees, blocked)
+        tree = torch.zeros(sees.shape, dtype=mask.dtype, device=mask.device).masked_fill_(~sees, blocked)
+        mask[:, :, :, first:end] = tree
         positions = self._next_position[:, None] + self.tree_start + offsets[None, :]
         logits = self._forward(mask, positions, keep=keep, input_ids=ids, step=True)
         self.fed += n
@@ -191,15 +196,19 @@ class DynamicCacheRows:
         a key is visible if it is not padding and not after the query."""
         keys = self._key_slots(start + n)
         device = self._padding.device
-        causal = torch.arange(keys, device=device)[None, :] <= torch.arange(start, start + n, device=device)[:, None]
+        slots, positions = torch.arange(keys, device=device), torch.arange(start, start + n, device=device)
+        causal = slots[None, :] <= positions[:, None]
         visible = self._open_keys(keys)[:, None, None, :] & causal[None, None]
         blocked = torch.finfo(self.model.dtype).min
-        return torch.zeros(visible.shape, dtype=self.model.dtype, device=device).masked_fill_(~visible, blocked)
+        mask = torch.zeros(visible.shape, dtype=self.model.dtype, device=device)
+        return mask.masked_fill_(~visible, blocked)
 
-    def _forward(self, mask: torch.Tensor, positions: torch.Tensor, *, keep: int, step: bool, **inputs) -> torch.Tensor:
+    def _forward(self, mask: torch.Tensor, positions: torch.Tensor, *, keep: int, step: bool,
+                 **inputs) -> torch.Tensor:
         if step:
             self.step_log.modes.add("uncompiled")
-        return self.model.logits(cache=self.cache, attention_mask=mask, position_ids=positions, keep=keep, **inputs)
+        return self.model.logits(cache=self.cache, attention_mask=mask, position_ids=positions, keep=keep,
+                                 **inputs)
 
 
 class StaticCacheRows(DynamicCacheRows):
@@ -223,7 +232,8 @@ class StaticCacheRows(DynamicCacheRows):
         # every continuation slot's mask row and position ids, built once per sample: a step
         # slices them instead of launching a handful of small kernels to rebuild them
         continuation = self.slots - self.width
-        self._mask_rows = self._attention_mask(start=self.width, n=continuation)  # [B, 1, continuation, slots]
+        # [B, 1, continuation, slots]
+        self._mask_rows = self._attention_mask(start=self.width, n=continuation)
         self._position_rows = super()._step_positions(continuation)  # [B, continuation]; nothing fed yet
 
     def _open_keys(self, keys: int) -> torch.Tensor:
@@ -249,7 +259,8 @@ class StaticCacheRows(DynamicCacheRows):
             self.model.rewind_static_cache(self.cache, self.width + n)
             self.fed = n
 
-    def _forward(self, mask: torch.Tensor, positions: torch.Tensor, *, keep: int, step: bool, **inputs) -> torch.Tensor:
+    def _forward(self, mask: torch.Tensor, positions: torch.Tensor, *, keep: int, step: bool,
+                 **inputs) -> torch.Tensor:
         if not (self.compiled and step):
             return super()._forward(mask, positions, keep=keep, step=step, **inputs)
         return self.model.logits(cache=self.cache, attention_mask=mask, position_ids=positions, keep=keep,

@@ -24,9 +24,11 @@ def check_shape(shape: Any, what: str) -> tuple[int, ...]:
     """A tree shape `(N1, ..., Nd)` as a tuple, or ValueError naming `what`."""
     if not isinstance(shape, (list, tuple)) or not shape or any(
             isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape):
-        raise ValueError(f"{what} must be a non-empty list of integers >= 1 (children per node at each depth), got {shape!r}")
+        raise ValueError(f"{what} must be a non-empty list of integers >= 1 (children per node at each "
+                         f"depth), got {shape!r}")
     if sum(shape_levels(tuple(shape))) > MAX_TREE_NODES:
-        raise ValueError(f"{what} {list(shape)} has {sum(shape_levels(tuple(shape)))} nodes; at most {MAX_TREE_NODES}")
+        nodes = sum(shape_levels(tuple(shape)))
+        raise ValueError(f"{what} {list(shape)} has {nodes} nodes; at most {MAX_TREE_NODES}")
     return tuple(shape)
 
 
@@ -62,7 +64,8 @@ class ShapeTree(VerifySpec, kind="shape"):
         return {"kind": self.kind, "shape": list(self.shape)}
 
     def columns(self) -> dict[str, Any]:
-        return super().columns() | {"verify_nodes": self.tree_nodes(0, 1), "verify_shapes": [list(self.shape)]}
+        return super().columns() | {"verify_nodes": self.tree_nodes(0, 1),
+                                    "verify_shapes": [list(self.shape)]}
 
 
 @dataclass(frozen=True)
@@ -86,13 +89,15 @@ class BanditTree(VerifySpec, kind="bandit"):
         default = type(self)()
         if self == default:
             return "bandit"
-        knobs = [f"{name}={getattr(self, name)}" for name in ("c", "lam") if getattr(self, name) != getattr(default, name)]
+        knobs = [f"{name}={getattr(self, name)}" for name in ("c", "lam")
+                 if getattr(self, name) != getattr(default, name)]
         knobs += [] if self.costs is None else ["costs"]
         return f"bandit({','.join(['-'.join(map(str, s)) for s in self.shapes] + knobs)})"
 
     def validate(self) -> None:
         if not isinstance(self.shapes, tuple) or not self.shapes:
-            raise ValueError(f"a bandit's shapes must be a non-empty list of tree shapes, got {self.shapes!r}")
+            raise ValueError(f"a bandit's shapes must be a non-empty list of tree shapes, "
+                             f"got {self.shapes!r}")
         for i, shape in enumerate(self.shapes):
             check_shape(shape, f"shapes[{i}]")
         for name in ("c", "lam"):

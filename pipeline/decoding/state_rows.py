@@ -22,7 +22,8 @@ from pipeline.models.base import LVLM, StepLog
 class StateRows:
     """The `Rows` verbs over a recurrent model's state (`pipeline.decoding.rows.Rows`)."""
 
-    def __init__(self, model: LVLM, prompts: list[torch.Tensor], *, span: int, step_log: StepLog | None = None) -> None:
+    def __init__(self, model: LVLM, prompts: list[torch.Tensor], *, span: int,
+                 step_log: StepLog | None = None) -> None:
         self.model = model
         self.step_log = StepLog() if step_log is None else step_log
         self.rows = len(prompts)
@@ -39,7 +40,8 @@ class StateRows:
 
     def prefill(self) -> None:
         """Run the padded prompts once; the state after them is saved as continuation slot 0."""
-        self.model.logits(cache=self.cache, attention_mask=self._padding, inputs_embeds=self._prompt_embeds, keep=1)
+        self.model.logits(cache=self.cache, attention_mask=self._padding, inputs_embeds=self._prompt_embeds,
+                          keep=1)
         self._prompt_embeds = None
         self._state = self.model.state_tensors(self.cache)
         self._ring = [[torch.empty_like(t) for t in self._state] for _ in range(self.slots)]
@@ -53,7 +55,8 @@ class StateRows:
         n = ids.shape[1]
         kept = []
         for i in range(n):
-            logits = self.model.logits(cache=self.cache, attention_mask=None, input_ids=ids[:, i : i + 1], keep=1)
+            step = ids[:, i : i + 1]
+            logits = self.model.logits(cache=self.cache, attention_mask=None, input_ids=step, keep=1)
             self.fed += 1
             self._save()
             if i >= n - keep:
@@ -70,8 +73,8 @@ class StateRows:
             return
         slot = n % self.slots
         if self._ring_fed[slot] != n:
-            raise ValueError(f"cannot roll back to {n} continuation tokens: the last {self.slots} saved states reach back "
-                             f"to {self.fed - self.slots + 1} only")
+            raise ValueError(f"cannot roll back to {n} continuation tokens: the last {self.slots} saved "
+                             f"states reach back to {self.fed - self.slots + 1} only")
         torch._foreach_copy_(self._state, self._ring[slot])
         self.fed = n
 
@@ -106,10 +109,12 @@ class StateRows:
         self._save()
 
     def begin_tree(self) -> None:
-        raise NotImplementedError(f"{self.model.name}: a state-space draft cannot read a token tree in one forward "
-                                  "(it takes no tree mask); use chain, candidates, shape or bandit trees")
+        raise NotImplementedError(f"{self.model.name}: a state-space draft cannot read a token tree in one "
+                                  "forward (it takes no tree mask); use chain, candidates, shape or bandit "
+                                  "trees")
 
-    def feed_tree(self, token_ids: torch.Tensor, offsets: torch.Tensor, sees: torch.Tensor, keep: int) -> torch.Tensor:
+    def feed_tree(self, token_ids: torch.Tensor, offsets: torch.Tensor, sees: torch.Tensor,
+                  keep: int) -> torch.Tensor:
         self.begin_tree()
 
     def keep_path(self, slots: torch.Tensor, first: int) -> None:

@@ -48,7 +48,8 @@ def _teacher_forced_logits(
     the same prefill the live engine runs (same rows, padding and prompt cache). This forward's
     shape is new for every sample, so it never compiles."""
     prompt = tokenize(model, sample)
-    rows = prefilled_rows(model, prompt, methods, captioner, engine=engine, capacity=len(y), role="trace", compiled=False,
+    rows = prefilled_rows(model, prompt, methods, captioner, engine=engine, capacity=len(y), role="trace",
+                          compiled=False,
                           span=1)  # never rolled back
     sequence = [prompt.ids[-1]] + y[:-1]
     return rows.feed(sequence, keep=len(sequence))
@@ -70,7 +71,8 @@ class TargetTrace:
 
 @torch.inference_mode()
 def trace_target(
-    target: LVLM, sample: Sample, *, max_new_tokens: int, engine: str = "eager", baseline: SampleRecord | None = None,
+    target: LVLM, sample: Sample, *, max_new_tokens: int, engine: str = "eager",
+    baseline: SampleRecord | None = None,
 ) -> TargetTrace:
     """y from `autoregressive_decode` (the target alone, greedy), unless `baseline` is such a
     decode already made (a live AR row of the same budget and engine), then one
@@ -111,7 +113,8 @@ def collect_traces(
         target_trace = trace_target(target, sample, max_new_tokens=max_new_tokens, engine=engine)
     elif (target_trace.max_new_tokens, target_trace.engine) != (max_new_tokens, engine):
         raise ValueError(
-            f"the target trace of {sample.sample_id} was made for {target_trace.max_new_tokens} tokens on the "
+            f"the target trace of {sample.sample_id} was made for {target_trace.max_new_tokens} tokens "
+            "on the "
             f"{target_trace.engine} engine, not {max_new_tokens} on {engine}"
         )
     y = target_trace.output_ids

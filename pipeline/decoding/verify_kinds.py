@@ -47,7 +47,8 @@ class VerifySpec:
         cls.kind = kind or f"{cls.__module__}:{cls.__qualname__}"
         known = VERIFY_KINDS.get(cls.kind)
         if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise ValueError(f"verify kind {cls.kind!r} is defined twice ({known.__qualname__}, {cls.__qualname__})")
+            raise ValueError(f"verify kind {cls.kind!r} is defined twice "
+                             f"({known.__qualname__}, {cls.__qualname__})")
         VERIFY_KINDS[cls.kind] = cls
 
     @property

@@ -50,7 +50,8 @@ class DraftingMethod:
             raise ValueError(f"drafting method {cls.__qualname__}: letter must be one capital letter other "
                              f"than {' or '.join(RESERVED_LETTERS)}, got {letter!r}")
         known = METHODS.get(letter)
-        if known is not None and (type(known).__module__, type(known).__qualname__) != (cls.__module__, cls.__qualname__):
+        where = lambda c: (c.__module__, c.__qualname__)
+        if known is not None and where(type(known)) != where(cls):
             raise ValueError(f"drafting method letter {letter!r} is taken by {type(known).__qualname__}")
         cls.letter = letter
         cls.name = cls.__dict__.get("name") or cls.__name__.lower()
@@ -93,7 +94,8 @@ def placeholder_positions(model: LVLM, ids: Sequence[int], n_images: int) -> lis
     """Indices of the image placeholders; raises when their count differs from the images'."""
     from pipeline.models.base import ModelInputError
 
-    positions = [i for i, t in enumerate(ids) if model.image_token_id is not None and t == model.image_token_id]
+    image = model.image_token_id
+    positions = [i for i, t in enumerate(ids) if image is not None and t == image]
     if len(positions) != n_images:
         raise ModelInputError(
             f"prompt has {len(positions)} image placeholder(s) but {n_images} image(s) were given"

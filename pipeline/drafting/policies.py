@@ -56,8 +56,10 @@ class WeightPolicy:
         cls.kind = f"{cls.__module__}:{cls.__qualname__}"
         if kind:
             known = POLICIES.get(kind)
-            if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
-                raise ValueError(f"weight policy {kind!r} is defined twice ({known.__qualname__}, {cls.__qualname__})")
+            where = lambda c: (c.__module__, c.__qualname__)
+            if known is not None and where(known) != where(cls):
+                raise ValueError(f"weight policy {kind!r} is defined twice "
+                                 f"({known.__qualname__}, {cls.__qualname__})")
             cls.kind = kind
             POLICIES[kind] = cls
 
@@ -67,7 +69,8 @@ class WeightPolicy:
         return self.kind
 
     def validate(self) -> None:
-        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1):
+        window = self.window
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"window must be an integer >= 1 or None (ALL), got {self.window!r}")
         if self.distance not in DISTANCES:
             raise ValueError(f"unknown distance {self.distance!r}; choose one of {DISTANCES}")
@@ -97,7 +100,8 @@ class WeightPolicy:
 
 def policy_class(kind: str) -> type[WeightPolicy]:
     if kind not in POLICIES:
-        raise ValueError(f"unknown weight policy {kind!r}{did_you_mean(kind, POLICIES)}; choose one of {tuple(POLICIES)}")
+        raise ValueError(f"unknown weight policy {kind!r}{did_you_mean(kind, POLICIES)}; "
+                         f"choose one of {tuple(POLICIES)}")
     return POLICIES[kind]
 
 
@@ -180,11 +184,13 @@ class InverseErrorPolicy(WeightPolicy, kind="inverse"):
         super().validate()
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
                 or not math.isfinite(self.temperature) or self.temperature <= 0:
-            raise ValueError(f"inverse-error temperature must be a finite number > 0, got {self.temperature!r}")
+            raise ValueError(f"inverse-error temperature must be a finite number > 0, "
+                             f"got {self.temperature!r}")
 
     def start_state(self, initial: torch.Tensor) -> WeightState:
         from pipeline.drafting.weight_states import InverseErrorState
 
-        return InverseErrorState(initial, temperature=self.temperature, distance=self.distance, window=self.window)
+        return InverseErrorState(initial, temperature=self.temperature, distance=self.distance,
+                                 window=self.window)
 
 

@@ -81,7 +81,8 @@ def grid_position_scores(
     chunk = max(1, _MAX_MIXED_ELEMENTS // max(1, q.shape[0] * q.shape[-1]))
     if chunk >= candidates.shape[0]:
         return _score_mixtures(torch.matmul(candidates, q), p, target_ids, log_p, distance)
-    parts = [_score_mixtures(torch.matmul(part, q), p, target_ids, log_p, distance) for part in candidates.split(chunk)]
+    parts = [_score_mixtures(torch.matmul(part, q), p, target_ids, log_p, distance)
+             for part in candidates.split(chunk)]
     return torch.cat([hits for hits, _ in parts], 1), torch.cat([dist for _, dist in parts], 1)
 
 
@@ -106,7 +107,8 @@ def method_position_errors(q: torch.Tensor, p: torch.Tensor, distance: str) -> t
     return DISTANCE_FUNCTIONS[distance](p.unsqueeze(1), q).double()
 
 
-def select_grid_candidate(hits: torch.Tensor, dist: torch.Tensor, candidates: torch.Tensor, measure: str) -> torch.Tensor:
+def select_grid_candidate(hits: torch.Tensor, dist: torch.Tensor, candidates: torch.Tensor,
+                          measure: str) -> torch.Tensor:
     """TABED MT*: the candidate with the best summed hits `[C]` / distances `[C]` on the window.
 
     Pure device code (no `.item()`), so the live engine picks weights without a host sync.
@@ -146,5 +148,6 @@ def inverse_error_from_errors(errors: torch.Tensor, temperature: float) -> torch
     """
     perfect = errors <= 0
     shared = perfect.double() / perfect.sum().clamp_min(1)
-    inverse = torch.softmax(torch.log(1.0 / errors) / temperature, dim=0)  # NaN if some e_i = 0: not chosen then
+    # NaN if some e_i = 0: not chosen then
+    inverse = torch.softmax(torch.log(1.0 / errors) / temperature, dim=0)
     return torch.where(perfect.any(), shared, inverse)

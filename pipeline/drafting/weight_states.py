@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from pipeline.drafting.scoring import (
-    grid_position_scores, inverse_error_from_errors, method_position_errors, select_grid_candidate, simplex_grid,
+    grid_position_scores, inverse_error_from_errors, method_position_errors, select_grid_candidate,
+    simplex_grid,
 )
 
 
@@ -82,7 +83,8 @@ class GridSearchState(WeightState):
     """TABED MT* (`GridSearchPolicy`): scores every simplex-grid candidate at each position
     (argmax hit and `distance`) and picks by `measure` over the last `window` positions."""
 
-    def __init__(self, initial: torch.Tensor, *, steps: int, measure: str, distance: str, window: int | None) -> None:
+    def __init__(self, initial: torch.Tensor, *, steps: int, measure: str, distance: str,
+                 window: int | None) -> None:
         self.initial, self.measure, self.distance = initial, measure, distance
         self.candidates = simplex_grid(len(initial), steps).to(initial.device)
         self.mixing_candidates = self.candidates.float()  # in the distributions' dtype, converted once
@@ -103,7 +105,8 @@ class InverseErrorState(WeightState):
     """TABED MTCP* (`InverseErrorPolicy`): each method's `distance` at each position, summed
     over the last `window` positions, into inverse-error weights at `temperature`."""
 
-    def __init__(self, initial: torch.Tensor, *, temperature: float, distance: str, window: int | None) -> None:
+    def __init__(self, initial: torch.Tensor, *, temperature: float, distance: str,
+                 window: int | None) -> None:
         self.initial, self.temperature, self.distance = initial, temperature, distance
         self.errors = ScoreWindow(window)  # per position: each method's distance
 

@@ -48,14 +48,16 @@ class ShardRecords:
     def of(self, shard: Shard, samples: dict[str, Sample]) -> Records:
         """A record for every item of the shard."""
         records = self._replay(shard.items, samples) if shard.mode == "replay" else {}
-        baselines: dict[tuple, SampleRecord] = {}  # AR is the target alone: one decode serves every draft's row
+        # AR is the target alone: one decode serves every draft's row
+        baselines: dict[tuple, SampleRecord] = {}
         for config, sample_id in sorted(shard.items, key=lambda item: not item[0].decode.is_ar):
             if (config, sample_id) in records:
                 continue
             repeats = TIMED_REPEATS if sample_id in shard.timed else 1
             decode = config.decode
             if decode.is_ar:
-                key = (sample_id, self._engine(config), decode.max_new_tokens, decode.temperature, decode.seed)
+                key = (sample_id, self._engine(config), decode.max_new_tokens, decode.temperature,
+                       decode.seed)
                 if key not in baselines:
                     baselines[key] = self.decode(config, samples[sample_id], repeats)
                 records[(config, sample_id)] = baselines[key]
@@ -86,8 +88,8 @@ class ShardRecords:
             if decode.is_ar:
                 return autoregressive_decode(self.target, sample, max_new_tokens=decode.max_new_tokens,
                                              temperature=decode.temperature, seed=decode.seed, engine=engine)
-            return speculative_decode(self.target, self.drafts[config.pair.draft], sample, decode, self.captioner,
-                                      engine=engine)
+            return speculative_decode(self.target, self.drafts[config.pair.draft], sample, decode,
+                                      self.captioner, engine=engine)
 
         try:
             record, note = self._on_engine(config, self._models(config), on)
@@ -100,8 +102,8 @@ class ShardRecords:
         beside live's (`replay_accepted_per_block`): the report's check that replay-scored rows
         are what live decoding gives. The shard's own greedy AR decode, when it has one, is
         the traces' y. A replay that fails leaves the live row as it is."""
-        checked = [(c, s) for c, s in items if c.decode.greedy and not c.decode.is_ar and c.decode.verify.replayable
-                   and records[(c, s)].error is None]
+        replayable = lambda c: c.decode.greedy and not c.decode.is_ar and c.decode.verify.replayable
+        checked = [(c, s) for c, s in items if replayable(c) and records[(c, s)].error is None]
         decoded = {(s, self._engine(c), c.decode.max_new_tokens): records[(c, s)] for c, s in items
                    if c.decode.is_ar and c.decode.greedy and records[(c, s)].error is None}
         for item, shadow in self._replay(checked, samples, decoded).items():
@@ -122,18 +124,21 @@ class ShardRecords:
             records |= self._replay_sample(samples[sample_id], configs, decoded or {})
         return records
 
-    def _replay_sample(self, sample: Sample, configs: list[RunConfig], decoded: dict[tuple, SampleRecord]) -> Records:
+    def _replay_sample(self, sample: Sample, configs: list[RunConfig],
+                       decoded: dict[tuple, SampleRecord]) -> Records:
         """One sample's greedy configurations: the target's greedy decode and teacher-forced pass
         once per engine, then one teacher-forced pass per draft. AR rows are that greedy decode,
         so their walltime belongs to the engine that collected."""
         sample_id, budget = sample.sample_id, max(c.decode.max_new_tokens for c in configs)
-        target_traces: dict[str, TargetTrace | Exception] = {}  # engine -> the target's trace, shared by every draft
+        # engine -> the target's trace, shared by every draft
+        target_traces: dict[str, TargetTrace | Exception] = {}
 
         def target_trace(engine: str) -> TargetTrace:
             if engine not in target_traces:
                 try:
-                    target_traces[engine] = trace_target(self.target, sample, max_new_tokens=budget, engine=engine,
-                                                         baseline=decoded.get((sample_id, engine, budget)))
+                    y = decoded.get((sample_id, engine, budget))
+                    target_traces[engine] = trace_target(self.target, sample, max_new_tokens=budget,
+                                                         engine=engine, baseline=y)
                 except Exception as err:  # made once: every draft's rows of this sample on this engine fail
                     target_traces[engine] = err
             made = target_traces[engine]
@@ -164,9 +169,11 @@ class ShardRecords:
                 except Exception as err:  # one configuration of this sample
                     records[(config, sample_id)] = failed(sample_id, "replay", err)
         for config in configs:
-            made = target_traces.get(self._engine(config)) if config.decode.is_ar and config.decode.greedy else None
+            greedy_ar = config.decode.is_ar and config.decode.greedy
+            made = target_traces.get(self._engine(config)) if greedy_ar else None
             if isinstance(made, TargetTrace) and config.decode.max_new_tokens == budget:
-                records[(config, sample_id)] = noted(made.baseline, self._auto_note(config))  # the decode that made y
+                # the decode that made y
+                records[(config, sample_id)] = noted(made.baseline, self._auto_note(config))
         return records
 
     def _models(self, config: RunConfig) -> tuple[LVLM, ...]:
@@ -180,7 +187,8 @@ class ShardRecords:
             return config.decode_engine
         return "eager" if self._static_failure else default_engine(*(models or (self.target,)))
 
-    def _on_engine(self, config: RunConfig, models: tuple[LVLM, ...], run: Callable[[str], T]) -> tuple[T, str | None]:
+    def _on_engine(self, config: RunConfig, models: tuple[LVLM, ...],
+                   run: Callable[[str], T]) -> tuple[T, str | None]:
         """`run(engine)` on the configuration's engine; returns its result and a note when it
         left the engine `auto` would pick. Under `auto`, a static-engine failure that is not the
         input's (nor memory) is retried on `eager`; if that works, decodes here go on eager from

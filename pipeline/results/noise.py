@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from pipeline.decoding.calibration import Calibration
+from pipeline.results.calibration_store import Calibrations
 
 # (max - min) / median of a ratio's middle rounds beyond which the ratio, and every figure
 # computed from it, is unreliable
@@ -139,9 +140,9 @@ def calibration_spreads(calibration: Calibration) -> list[Spread]:
     return [s for s in spreads if s.rounds]
 
 
-def noise_section(used: list[pd.Series], timed: pd.DataFrame, speedup: pd.DataFrame) -> str:
-    """The summary's account of measurement noise: the limits, then each calibration (`used`:
-    the ones the tables drew) and each pair's timed decodes that broke them, or the widest
+def noise_section(calibrations: Calibrations, timed: pd.DataFrame, speedup: pd.DataFrame) -> str:
+    """The summary's account of measurement noise: the limits, then each calibration the tables
+    drew (`calibrations.used`) and each pair's timed decodes that broke them, or the widest
     spread and highest load seen when none did; `timed`: the live and AR rows of timed samples."""
     lines = [f"A latency ratio is unreliable when its middle rounds (all but the lowest and the highest) spread over "
              f"more than {SPREAD_LIMIT:.0%} of their median, and so is every expected speedup computed from it; a walltime is "
@@ -149,7 +150,7 @@ def noise_section(used: list[pd.Series], timed: pd.DataFrame, speedup: pd.DataFr
              "machine's 1-minute load average, read before and after each timed decode, exceeded its cores. The tables "
              f"above print such figures as `{UNRELIABLE}` and say why in their `noise` column."]
     spreads, loads = [], []  # (spread, whose) and (load, whose) of everything judged
-    for calibration in used:
+    for calibration in calibrations.used:
         pair = f"{calibration.target} <- {calibration.draft} ({calibration.dtype})"
         mine, load = calibration_spreads(calibration), calibration_load(calibration)
         spreads += [(s, f"{s.name} of {pair}") for s in mine if not math.isnan(s.relative)]

@@ -17,6 +17,7 @@ import pandas as pd
 from pipeline.results.acceptance import CONFIG, acceptance_table, per_position_table, request_taus
 from pipeline.results.acceptance_plots import per_position_figure, request_tau_figure
 from pipeline.results.audit import GROUP_KEYS, audit, lossless_text
+from pipeline.results.calibration_section import calibration_section
 from pipeline.results.calibration_store import Calibrations, read_calibrations
 from pipeline.results.completeness import completeness_table, completeness_text, grids_text
 from pipeline.results.fidelity import GROUP_KEYS as FIDELITY_KEYS, fidelity_table, fidelity_text
@@ -24,7 +25,7 @@ from pipeline.results.latex import paper_tables
 from pipeline.results.manifest import expected_rows, run_grids
 from pipeline.results.noise import noise_section, shown
 from pipeline.results.paper_check import paper_check
-from pipeline.results.plots import context_cost_figure, save, tau_figure, verify_cost_figure, weight_ratio_figure
+from pipeline.results.plots import save, tau_figure, weight_ratio_figure
 from pipeline.results.report import category_table, error_counts, findings_text, markdown_table, method_findings, tau_table
 from pipeline.results.run_lock import lock_holder
 from pipeline.results.speedup import draft_size_table, speedup_table
@@ -206,32 +207,7 @@ def draft_size_section(speedup: pd.DataFrame, calibrations: Calibrations, folder
 def measurement_noise_section(rows: pd.DataFrame, calibrations: Calibrations, speedup: pd.DataFrame) -> str:
     """Which measured figures are noise (pipeline.results.noise), or how quiet the measuring was."""
     timed = rows[rows["timed"].fillna(False).astype(bool) & rows["mode"].isin(["live", "ar"])] if "timed" in rows else rows[:0]
-    return noise_section(calibrations.used, timed, speedup)
-
-
-def calibration_section(calibrations: Calibrations, folder: Path) -> str:
-    """The calibration each expected speedup used: ratios as median [min-max] over rounds."""
-    table = calibrations.table()
-    if table.empty:
-        return ""
-    table.to_csv(folder / "calibration.csv")
-    text = ("## Calibration used (latency ratios, median [min-max] over rounds; the latest per pair and dtype)\n\n"
-            + markdown_table(table, mark_best=False))
-    curves = calibrations.verify_curves()
-    made = verify_cost_figure(curves)
-    if made is not None:
-        curves.to_csv(folder / "verify_cost.csv", index=False)
-        save(made[0], folder / "verify_cost")
-        text += f"\n\n![verify cost](verify_cost.png)\n\n> {made[1]}"
-    costs = calibrations.context_costs()
-    made = context_cost_figure(costs)
-    if made is not None:
-        costs.to_csv(folder / "context_cost.csv", index=False)
-        save(made[0], folder / "context_cost")
-        by_context = costs.set_index(["target", "draft", "dtype", "device", "context"])
-        text += ("\n\n### Step cost against the prompt's length (calibration: one row, after a text prompt of each length)"
-                 f"\n\n{markdown_table(by_context, mark_best=False)}\n\n![context cost](context_cost.png)\n\n> {made[1]}")
-    return text
+    return noise_section(calibrations, timed, speedup)
 
 
 def figures_section(rows: pd.DataFrame, folder: Path) -> str:

@@ -70,7 +70,7 @@ def speculative_decode(
     stop = False
     while not stop:
         stop = decoder.block()
-    return _finish(record, decoder.output, target, timer, steps)
+    return finish_record(record, decoder.output, target, timer, steps)
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ def autoregressive_decode(
             pending = token.view(1)
         if outcome.stop:
             break
-    return _finish(record, output, target, timer, steps)
+    return finish_record(record, output, target, timer, steps)
 
 
 def sample_generator(config: DecodeConfig, sample_id: str) -> torch.Generator:
@@ -212,7 +212,7 @@ def capacities(config: DecodeConfig) -> tuple[int, int]:
     return config.max_new_tokens + nodes + 1, config.max_new_tokens + draft_feeds + 1
 
 
-def _finish(record: SampleRecord, output: list[int], target: LVLM, timer: PhaseTimer,
+def finish_record(record: SampleRecord, output: list[int], target: LVLM, timer: PhaseTimer,
             steps: StepLog) -> SampleRecord:
     record.steps = steps.summary
     record.fallback = "; ".join(sorted(steps.fallbacks)) or None

@@ -1,0 +1,235 @@
+"""Several requests decoded as one batch: greedy SD with a chain, and its AR baseline.
+
+The single-request loop (`pipeline.decoding.loop`) batches a request's drafting methods; here
+B requests are decoded together, so the draft batch is B x m rows and the target's B rows.
+Each request accepts its own number of proposals per block (`pipeline.decoding.ragged_rows`
+keeps each row's own prefix), keeps its own TABED weights and history, and stops on its own:
+a finished request's rows keep nothing more while the others go on. A block is still one
+draft loop, one target forward and one device-to-host transfer. Greedy output equals AR's at
+the same batch, request by request, wherever the arithmetic allows (tests measure it).
+"""
+from __future__ import annotations
+
+import torch
+
+from pipeline.data.sample import Sample
+from pipeline.decoding.acceptance import probabilities, recorded_weights, settle_block
+from pipeline.decoding.config import DecodeConfig
+from pipeline.decoding.engine import check_engine, compiles, default_engine
+from pipeline.decoding.loop import finish_record
+from pipeline.decoding.prompts import Prompt, check_fits, tokenize
+from pipeline.decoding.ragged_rows import RaggedDynamicRows, RaggedRows, RaggedStaticRows
+from pipeline.decoding.records import SampleRecord
+from pipeline.decoding.timing import PhaseTimer
+from pipeline.drafting.captioner import Captioner
+from pipeline.drafting.methods import method_embeddings, needs_captions
+from pipeline.drafting.scoring import mixing_weights
+from pipeline.models.base import LVLM, ModelInputError, StepLog
+
+
+@torch.inference_mode()
+def speculative_decode_batch(
+    target: LVLM, draft: LVLM, samples: list[Sample], config: DecodeConfig,
+    captioner: Captioner | None = None,
+    *, engine: str | None = None,
+) -> list[SampleRecord]:
+    """Greedy SD of `samples` as one batch with a chain of `config.gamma` proposals; a record per
+    sample, each timed as the whole batch's decode."""
+    _check(config)
+    engine = engine or default_engine(target, draft)
+    timer, steps = PhaseTimer(target.device), StepLog()
+    with timer.phase("prefill"):
+        with timer.phase("target_prefill"):
+            prompts = [tokenize(target, s) for s in samples]
+            target_rows = _rows(target, prompts, "M", None, engine, config.max_new_tokens + config.gamma + 1,
+                                "target", steps, timer)
+        with timer.phase("draft_prefill"):
+            draft_prompts = [tokenize(draft, s) for s in samples]
+            draft_rows = _rows(draft, draft_prompts, config.methods, captioner, engine,
+                               config.max_new_tokens + config.gamma + 2, "draft", steps, timer)
+    records = [SampleRecord(sample_id=s.sample_id, mode="live", engine=engine) for s in samples]
+    first = torch.tensor([p.ids[-1] for p in prompts], device=target.device)
+    decoder = BatchDecoder(target_rows, draft_rows, first, config, records, target.eos_token_ids, timer)
+    stop = False
+    while not stop:
+        stop = decoder.block()
+    for record, output in zip(records, decoder.outputs):
+        finish_record(record, output, target, timer, steps)
+    return records
+
+
+class BatchDecoder:
+    """A batch's SD run between blocks: each request's rows, pending tokens, weight state,
+    output and record; `kept` is the host's copy of each request's kept tokens per role."""
+
+    def __init__(self, target_rows: RaggedRows, draft_rows: RaggedRows, first: torch.Tensor,
+                 config: DecodeConfig, records: list[SampleRecord], eos: frozenset[int],
+                 timer: PhaseTimer) -> None:
+        self.target_rows, self.draft_rows = target_rows, draft_rows
+        self.config, self.records = config, records
+        self.eos, self.timer, self.device, self.batch = eos, timer, first.device, first.shape[0]
+        self.states = [config.policy.start(len(config.methods), self.device) for _ in records]
+        self.target_pending = first
+        # the draft's pending tokens, right-aligned: one, or two after a fully accepted chain
+        self.draft_pending, self.draft_valid = torch.stack([first, first], 1), [1] * self.batch
+        self.kept = {"target": [0] * self.batch, "draft": [0] * self.batch}
+        self.outputs: list[list[int]] = [[] for _ in records]
+        self.stopped = [False] * self.batch
+
+    def block(self) -> bool:
+        """Draft, verify and settle one block of every request with one device-to-host transfer.
+        Returns whether every request has stopped."""
+        timer, batch, m, gamma = self.timer, self.batch, len(self.config.methods), self.config.gamma
+        with timer.phase("draft"):
+            with timer.phase("tabed_draft"):
+                weights = torch.stack([state.choose() for state in self.states])  # [B, m] float64
+                mixing = mixing_weights(weights)[:, None, :]  # [B, 1, m]
+            valid = torch.tensor(self.draft_valid, device=self.device).repeat_interleave(m)
+            logits = self.draft_rows.feed_ragged(self.draft_pending.repeat_interleave(m, 0), valid)
+            proposals, method_probs = [], []
+            for i in range(gamma):
+                q = probabilities(logits[:, -1], 0.0).view(batch, m, -1)  # [B, m, V]
+                token = (torch.matmul(mixing, q)[:, 0] if m > 1 else q[:, 0]).argmax(-1)  # [B]
+                proposals.append(token)
+                method_probs.append(q)
+                if i < gamma - 1:
+                    logits = self.draft_rows.feed_ragged(token.repeat_interleave(m)[:, None])
+            proposals = torch.stack(proposals, 1)  # [B, gamma]
+        with timer.phase("verify"):
+            fed = torch.cat([self.target_pending[:, None], proposals], 1)
+            target_logits = self.target_rows.feed_ragged(fed, keep=gamma + 1)  # [B, gamma + 1, V]
+            target_ids = target_logits.argmax(-1)
+            accepted = (proposals == target_ids[:, :-1]).long().cumprod(1).sum(1)  # [B]
+            next_token = target_ids.gather(1, accepted[:, None])[:, 0]
+            summary = torch.cat([accepted, next_token, proposals.flatten()]).double()
+            # the one transfer
+            block = BatchBlock(torch.cat([summary, weights.flatten()]).tolist(), batch, gamma, m)
+            history = self._settle(block)
+            if self.states[0].learns and any(history):
+                with timer.phase("tabed"):
+                    p = probabilities(target_logits, 0.0)
+                    methods = torch.stack(method_probs, 1)  # [B, gamma, m, V]
+                    for b, h in enumerate(history):
+                        if h:
+                            self.states[b].update(methods[b, :h], p[b, :h])
+            if not all(self.stopped):
+                self.target_pending = next_token
+                full = accepted == gamma  # the last proposal was never fed to the draft
+                before = torch.where(full, proposals[:, -1], next_token)  # a filler unless `full`
+                self.draft_pending = torch.stack([before, next_token], 1)
+                self.draft_valid = [2 if a == gamma else 1 for a in block.accepted]
+        return all(self.stopped)
+
+    def _settle(self, block: BatchBlock) -> list[int]:
+        """Each running request's block through `settle_block`, recorded; then both models' rows
+        keep what each request kept. Returns each request's history positions."""
+        gamma, m = self.config.gamma, len(self.config.methods)
+        target_keep, draft_keep, history = [0] * self.batch, [0] * self.batch, [0] * self.batch
+        for b in range(self.batch):
+            if self.stopped[b]:
+                continue
+            a = block.accepted[b]
+            outcome = settle_block(block.proposals[b][:a], block.next_token[b], gamma=gamma,
+                                   produced=len(self.outputs[b]), max_new_tokens=self.config.max_new_tokens,
+                                   eos=self.eos)
+            self.outputs[b].extend(outcome.tokens)
+            self.records[b].accepted_per_block.append(outcome.accepted)
+            self.records[b].weights_per_block.append(block.weights[b])
+            self.stopped[b], history[b] = outcome.stop, outcome.history
+            if not outcome.stop:  # the target keeps the pending token and the accepted proposals
+                target_keep[b], draft_keep[b] = 1 + a, self.draft_valid[b] + min(a, gamma - 1)
+        if not all(self.stopped):
+            for role, rows, keep, per in (("target", self.target_rows, target_keep, 1),
+                                          ("draft", self.draft_rows, draft_keep, m)):
+                self.kept[role] = [k + n for k, n in zip(self.kept[role], keep)]
+                per_row = torch.tensor(keep, device=self.device).repeat_interleave(per)
+                rows.settle(per_row, max(self.kept[role]))
+        return history
+
+
+@torch.inference_mode()
+def autoregressive_decode_batch(
+    target: LVLM, samples: list[Sample], *, max_new_tokens: int, engine: str | None = None,
+) -> list[SampleRecord]:
+    """The greedy baseline of a batch: the target alone, one token per request per forward,
+    through the same ragged rows as SD at that batch."""
+    DecodeConfig(max_new_tokens=max_new_tokens).validate()
+    engine = engine or default_engine(target)
+    timer, steps, batch, device = PhaseTimer(target.device), StepLog(), len(samples), target.device
+    with timer.phase("prefill"), timer.phase("target_prefill"):
+        prompts = [tokenize(target, s) for s in samples]
+        rows = _rows(target, prompts, "M", None, engine, max_new_tokens + 1, "target", steps, timer)
+    pending = torch.tensor([p.ids[-1] for p in prompts], device=device)
+    outputs, stopped, kept = [[] for _ in samples], [False] * batch, [0] * batch
+    records = [SampleRecord(sample_id=s.sample_id, mode="ar", engine=engine) for s in samples]
+    while not all(stopped):
+        with timer.phase("verify"):
+            pending = rows.feed_ragged(pending[:, None])[:, -1].argmax(-1)
+            keep = [0] * batch
+            for b, token in enumerate(pending.tolist()):  # the step's one transfer
+                if stopped[b]:
+                    continue
+                outcome = settle_block([], token, gamma=1, produced=len(outputs[b]),
+                                       max_new_tokens=max_new_tokens, eos=target.eos_token_ids)
+                outputs[b].extend(outcome.tokens)
+                records[b].accepted_per_block.append(0)
+                stopped[b] = outcome.stop
+                keep[b] = 0 if outcome.stop else 1
+            kept = [k + n for k, n in zip(kept, keep)]
+            if not all(stopped):
+                rows.settle(torch.tensor(keep, device=device), max(kept))
+    for record, output in zip(records, outputs):
+        finish_record(record, output, target, timer, steps)
+    return records
+
+
+class BatchBlock:
+    """A verified batch block as the host reads it from the one transfer: per request the
+    accepted count, the target's next token, the chain of proposals and the weights it used."""
+
+    def __init__(self, values: list[float], batch: int, gamma: int, methods: int) -> None:
+        as_int = lambda part: [int(v) for v in part]
+        self.accepted, self.next_token = as_int(values[:batch]), as_int(values[batch : 2 * batch])
+        chains = values[2 * batch : 2 * batch + batch * gamma]
+        self.proposals = [as_int(chains[b * gamma : (b + 1) * gamma]) for b in range(batch)]
+        weights = values[2 * batch + batch * gamma :]
+        self.weights = [recorded_weights(weights[b * methods : (b + 1) * methods]) for b in range(batch)]
+
+
+def _check(config: DecodeConfig) -> None:
+    config.validate()
+    if config.is_ar:
+        raise ValueError("the AR baseline has no draft: decode it with autoregressive_decode_batch")
+    if not config.greedy:
+        raise ValueError("a batch decodes greedily only; sampled SD runs one request at a time")
+    if not config.verify.is_chain:
+        raise ValueError(f"a batch verifies chains only, not {config.verify.label} trees")
+
+
+def _rows(model: LVLM, prompts: list[Prompt], methods: str, captioner: Captioner | None, engine: str,
+          capacity: int, role: str, steps: StepLog, timer: PhaseTimer):
+    """Ragged rows of every prompt under every method (request-major), prefilled with
+    `prompt[:-1]`; the last token is fed with the first block."""
+    check_engine(engine)
+    if getattr(model, "recurrent", False):
+        raise ModelInputError(f"{model.name}: a state-space model cannot decode a batch of requests yet")
+    embeds = []
+    with timer.phase(f"{role}_vision"):
+        for prompt in prompts:
+            check_fits(model, len(prompt.ids) + capacity, prompt)
+            captions = None
+            if needs_captions(methods):
+                if captioner is None:
+                    raise ModelInputError(f"caption drafting in {methods!r} needs a captioner")
+                captions = [captioner.caption(image) for image in prompt.images]
+            mine = [method_embeddings(model, m, prompt.ids, prompt.images, captions)[:-1] for m in methods]
+            check_fits(model, max(len(e) for e in mine) + 1 + capacity, prompt)
+            embeds += mine
+    if engine == "eager":
+        rows = RaggedDynamicRows(model, embeds, steps)
+    else:
+        rows = RaggedStaticRows(model, embeds, capacity=capacity, compiled=compiles(model.device), role=role,
+                                step_log=steps)
+    rows.prefill()
+    rows.start_ragged()
+    return rows

@@ -1,0 +1,116 @@
+"""Rows of several requests in one batch, each keeping its own number of continuation tokens.
+
+A single request's rows share every continuation slot; a batch of requests cannot, since each
+accepts its own number of proposals per block. Here every block is still written at shared
+slots (one write position, static shapes), and each row keeps its own accepted prefix:
+
+- row r's valid continuation is slots `[0, kept_r)`, plus, inside the block being fed (slots
+  `[base, fed)`), slots from `base + skip_r` on (`skip_r` leading fillers: a request with
+  fewer pending tokens than the widest is right-aligned);
+- a token's position is the row's prompt length plus its index in that valid sequence, so the
+  gap `[kept_r, base + skip_r)` is invisible and costs nothing but masked keys;
+- `settle(keep)` moves each row's first `keep_r` block tokens down to `kept_r`, in place, and
+  the next block starts at the longest row's end: the cache never holds more than the longest
+  request's tokens plus one block.
+
+Masks and positions are built on the device from `kept` and `skip`; the host only knows the
+shared `base` and `fed`, which the block's one transfer gives it.
+"""
+from __future__ import annotations
+
+import torch
+
+from pipeline.decoding.rows import DynamicCacheRows, StaticCacheRows
+
+
+class Ragged:
+    """The ragged verbs over a KV-cache rows class (mixed in before it)."""
+
+    kept: torch.Tensor
+    skip: torch.Tensor
+    base: int
+
+    def start_ragged(self) -> None:
+        device = self.model.device
+        self.kept = torch.zeros(self.rows, dtype=torch.long, device=device)
+        self.skip = torch.zeros(self.rows, dtype=torch.long, device=device)
+        self.base = self.fed
+
+    def feed_ragged(self, ids: torch.Tensor, valid: torch.Tensor | None = None,
+                    keep: int = 1) -> torch.Tensor:
+        """Append `ids` `[rows, n]`; `valid` `[rows]` (only as a block's first feed): the row's
+        last `valid_r` tokens are real, the others fillers. fp32 logits of the last `keep`."""
+        if valid is not None:
+            if self.fed != self.base:
+                raise ValueError("fillers go at the start of a block only")
+            self.skip = ids.shape[1] - valid
+        n = ids.shape[1]
+        limit = getattr(self, "slots", None)  # a static cache's size
+        if limit is not None and self.width + self.fed + n > limit:
+            raise ValueError(f"static cache of {limit} slots is full: tokens up to slot "
+                             f"{self.width + self.fed + n}")
+        mask, positions = self._ragged_mask(n), self._ragged_positions(n)
+        logits = self._forward(mask, positions, keep=keep, input_ids=ids, step=True)
+        self.fed += n
+        return logits
+
+    def settle(self, keep: torch.Tensor, longest: int) -> None:
+        """Each row keeps its first `keep_r` real tokens of the block (`[rows]`, on the device);
+        `longest`: the largest `kept_r` afterwards (the host's copy: the next block's start)."""
+        start = self.width + self.base + self.skip  # [rows]: where each row's real block tokens begin
+        span = self.fed - self.base
+        if span:
+            steps = torch.arange(span, device=keep.device)
+            source = (start[:, None] + steps[None, :]).clamp_max(self.width + self.fed - 1)
+            target = self.width + self.kept[:, None] + steps[None, :]
+            target = torch.where(steps[None, :] < keep[:, None], target, source)  # the rest stays put
+            for layer in self.cache.layers:
+                for states in (layer.keys, layer.values):
+                    heads, width = states.shape[1], states.shape[3]
+                    index = lambda slots: slots[:, None, :, None].expand(-1, heads, -1, width)
+                    moved = states.gather(2, index(source))
+                    states.scatter_(2, index(target), moved)
+        self.kept = self.kept + keep
+        self.skip = torch.zeros_like(self.skip)
+        self._rewind(longest)
+        self.base = self.fed = longest
+
+    def _ragged_positions(self, n: int) -> torch.Tensor:
+        slots = torch.arange(self.fed, self.fed + n, device=self.kept.device)
+        index = (slots[None, :] - self.base - self.skip[:, None]).clamp_min(0)
+        return self._next_position[:, None] + self.kept[:, None] + index
+
+    def _ragged_mask(self, n: int) -> torch.Tensor:
+        """Additive `[rows, 1, n, keys]`: the prompt (not padding), the row's kept tokens, and its
+        real block tokens up to the query."""
+        keys = self._key_slots(self.width + self.fed + n)
+        device = self.kept.device
+        slot = torch.arange(keys, device=device) - self.width  # continuation index of every key
+        query = torch.arange(self.fed, self.fed + n, device=device)
+        prompt = torch.zeros(self.rows, keys, dtype=torch.bool, device=device)
+        prompt[:, : self.width] = self._padding
+        kept = (slot[None, :] >= 0) & (slot[None, :] < self.kept[:, None])  # [rows, keys]
+        in_block = slot[None, :] >= (self.base + self.skip)[:, None]  # [rows, keys]
+        causal = slot[None, :] <= query[:, None]  # [n, keys]
+        visible = (prompt | kept)[:, None, :] | (in_block[:, None, :] & causal[None])
+        mask = torch.zeros(visible.shape, dtype=self.model.dtype, device=device)
+        return mask.masked_fill_(~visible, torch.finfo(self.model.dtype).min)[:, None]
+
+
+class RaggedDynamicRows(Ragged, DynamicCacheRows):
+    """Ragged rows over a `DynamicCache` (engine `eager`)."""
+
+    def _rewind(self, longest: int) -> None:
+        if self.fed > longest:
+            self.cache.crop(longest - self.fed)
+
+
+class RaggedStaticRows(Ragged, StaticCacheRows):
+    """Ragged rows over a `StaticCache` (engine `static`)."""
+
+    def _rewind(self, longest: int) -> None:
+        if self.fed > longest:
+            self.model.rewind_static_cache(self.cache, self.width + longest)
+
+
+RaggedRows = RaggedDynamicRows | RaggedStaticRows

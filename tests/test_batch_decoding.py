@@ -1,7 +1,7 @@
 """Several requests decoded as one batch: greedy SD at batch 2, 3 and 4 gives, request by request,
 what AR gives at the same batch, on tiny LLaVA-1.5 and LLaVA-NeXT targets (prompts of different
 lengths, images of different sizes: NeXT gives them different numbers of image tokens), on both
-engines, in fp32 and fp16; each request accepts its own count per block, one stops early at an
+engines, in fp32 and fp16, verifying chains and candidate trees; each request accepts its own count per block, one stops early at an
 EOS while the others go on, and a block is one host transfer."""
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pipeline.data.sample import Sample
 from pipeline.decoding.batch_loop import autoregressive_decode_batch, speculative_decode_batch
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.loop import autoregressive_decode, speculative_decode
+from pipeline.decoding.verify_kinds import CandidateTree, DynamicTree
 from pipeline.drafting.policies import GridSearchPolicy
 from pipeline.models.loading import load_model
 from tests.test_engine_static import counting_host_reads
@@ -24,7 +25,8 @@ PROMPTS = [
     ("USER: <image>\nWhat shape and what colour is shown here, and where is it? ASSISTANT:", (90, 90, 20), (128, 96)),
 ]
 CONFIGS = [DecodeConfig("M", gamma=3, max_new_tokens=MAX_NEW),
-           DecodeConfig("MT", GridSearchPolicy(), gamma=4, max_new_tokens=MAX_NEW)]
+           DecodeConfig("MT", GridSearchPolicy(), gamma=4, max_new_tokens=MAX_NEW),
+           DecodeConfig("MT", GridSearchPolicy(), gamma=4, max_new_tokens=MAX_NEW, verify=CandidateTree())]
 
 
 def samples(n: int) -> list[Sample]:
@@ -66,11 +68,38 @@ def test_a_batch_gives_each_request_what_it_gets_alone(models):
     target, draft = loaded["next"], loaded["draft"]
     alone = [autoregressive_decode(target, s, max_new_tokens=MAX_NEW).output_ids for s in samples(4)]
     assert [r.output_ids for r in autoregressive_decode_batch(target, samples(4), max_new_tokens=MAX_NEW)] == alone
-    config = CONFIGS[1]
-    batched = speculative_decode_batch(target, draft, samples(4), config)
-    single = [speculative_decode(target, draft, s, config) for s in samples(4)]
+    for config in CONFIGS[1:]:
+        batched = speculative_decode_batch(target, draft, samples(4), config)
+        single = [speculative_decode(target, draft, s, config) for s in samples(4)]
+        assert [r.accepted_per_block for r in batched] == [r.accepted_per_block for r in single]
+        assert [r.weights_per_block for r in batched] == [r.weights_per_block for r in single]
+
+
+def test_a_candidate_tree_accepts_what_each_request_accepts_alone_and_more_than_the_chain(models):
+    """On the LLaVA-1.5 target (its draft agrees with it) the batched tree accepts per request
+    what the single-request tree accepts, and in total more than the chain."""
+    dtype, loaded = models
+    if dtype != "fp32":
+        pytest.skip("measured in fp32")
+    target, draft = loaded["llava"], loaded["draft"]
+    chain, tree = CONFIGS[1], CONFIGS[2]
+    batched = speculative_decode_batch(target, draft, samples(4), tree)
+    single = [speculative_decode(target, draft, s, tree) for s in samples(4)]
     assert [r.accepted_per_block for r in batched] == [r.accepted_per_block for r in single]
-    assert [r.weights_per_block for r in batched] == [r.weights_per_block for r in single]
+    total = lambda records: sum(sum(r.accepted_per_block) for r in records)
+    assert total(batched) > total(speculative_decode_batch(target, draft, samples(4), chain))
+
+
+def test_a_batch_refuses_what_it_cannot_verify(models):
+    dtype, loaded = models
+    if dtype != "fp32":
+        pytest.skip("checked once")
+    dynamic = DecodeConfig("MT", gamma=3, max_new_tokens=MAX_NEW, verify=DynamicTree())
+    with pytest.raises(ValueError, match="chains and candidate trees, not dynamic"):
+        speculative_decode_batch(loaded["llava"], loaded["draft"], samples(2), dynamic)
+    sampled = DecodeConfig("M", gamma=3, max_new_tokens=MAX_NEW, temperature=1.0)
+    with pytest.raises(ValueError, match="greedily"):
+        speculative_decode_batch(loaded["llava"], loaded["draft"], samples(2), sampled)
 
 
 @pytest.mark.parametrize("engine", ["static", "eager"])
@@ -109,7 +138,8 @@ def test_one_host_transfer_per_batch_block(models, monkeypatch):
 
     monkeypatch.setattr(BatchDecoder, "block", measured)
     for engine in ("static", "eager"):
-        per_block.clear()
-        records = speculative_decode_batch(loaded["llava"], loaded["draft"], samples(3), CONFIGS[1], engine=engine)
-        assert len(per_block) == max(len(r.accepted_per_block) for r in records) > 3
-        assert set(per_block) == {1}, per_block
+        for config in CONFIGS[1:]:
+            per_block.clear()
+            records = speculative_decode_batch(loaded["llava"], loaded["draft"], samples(3), config, engine=engine)
+            assert len(per_block) == max(len(r.accepted_per_block) for r in records) > 3
+            assert set(per_block) == {1}, per_block

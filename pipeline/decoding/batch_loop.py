@@ -1,4 +1,5 @@
-"""Several requests decoded as one batch: greedy SD with a chain, and its AR baseline.
+"""Several requests decoded as one batch: greedy SD with a chain or a candidate tree, and its
+AR baseline.
 
 The single-request loop (`pipeline.decoding.loop`) batches a request's drafting methods; here
 B requests are decoded together, so the draft batch is B x m rows and the target's B rows.
@@ -10,17 +11,20 @@ the same batch, request by request, wherever the arithmetic allows (tests measur
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from pipeline.data.sample import Sample
-from pipeline.decoding.acceptance import probabilities, recorded_weights, settle_block
+from pipeline.decoding.acceptance import follow_tree, probabilities, recorded_weights, settle_block
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.engine import check_engine, compiles, default_engine
-from pipeline.decoding.loop import finish_record
+from pipeline.decoding.loop import capacities, finish_record
 from pipeline.decoding.prompts import Prompt, check_fits, tokenize
 from pipeline.decoding.ragged_rows import RaggedDynamicRows, RaggedRows, RaggedStaticRows
 from pipeline.decoding.records import SampleRecord
 from pipeline.decoding.timing import PhaseTimer
+from pipeline.decoding.trees import candidate_tree
 from pipeline.drafting.captioner import Captioner
 from pipeline.drafting.methods import method_embeddings, needs_captions
 from pipeline.drafting.scoring import mixing_weights
@@ -33,34 +37,40 @@ def speculative_decode_batch(
     captioner: Captioner | None = None,
     *, engine: str | None = None,
 ) -> list[SampleRecord]:
-    """Greedy SD of `samples` as one batch with a chain of `config.gamma` proposals; a record per
-    sample, each timed as the whole batch's decode."""
+    """Greedy SD of `samples` as one batch, verifying chains or candidate trees of `config.gamma`
+    proposals; a record per sample, each timed as the whole batch's decode."""
     _check(config)
     engine = engine or default_engine(target, draft)
     timer, steps = PhaseTimer(target.device), StepLog()
+    target_capacity, draft_capacity = capacities(config)
+    copies = config.verify.copies_per_method(len(config.methods))  # a candidate tree's branches
     with timer.phase("prefill"):
         with timer.phase("target_prefill"):
             prompts = [tokenize(target, s) for s in samples]
-            target_rows = _rows(target, prompts, "M", None, engine, config.max_new_tokens + config.gamma + 1,
-                                "target", steps, timer)
+            target_rows = _rows(target, prompts, "M", None, engine, target_capacity, "target", steps, timer)
         with timer.phase("draft_prefill"):
             draft_prompts = [tokenize(draft, s) for s in samples]
-            draft_rows = _rows(draft, draft_prompts, config.methods, captioner, engine,
-                               config.max_new_tokens + config.gamma + 2, "draft", steps, timer)
-    records = [SampleRecord(sample_id=s.sample_id, mode="live", engine=engine) for s in samples]
+            # + 1: a request's block may start with two pending tokens where another's has one
+            draft_rows = _rows(draft, draft_prompts, config.methods * copies, captioner, engine,
+                               draft_capacity + 1, "draft", steps, timer)
+    records = [SampleRecord(sample_id=s.sample_id, mode="live", engine=engine, batch_requests=len(samples))
+               for s in samples]
     first = torch.tensor([p.ids[-1] for p in prompts], device=target.device)
     decoder = BatchDecoder(target_rows, draft_rows, first, config, records, target.eos_token_ids, timer)
     stop = False
     while not stop:
         stop = decoder.block()
+    tokens = sum(len(output) for output in decoder.outputs)
     for record, output in zip(records, decoder.outputs):
-        finish_record(record, output, target, timer, steps)
+        finish_record(record, output, target, timer, steps, batch_tokens=tokens)
     return records
 
 
 class BatchDecoder:
     """A batch's SD run between blocks: each request's rows, pending tokens, weight state,
-    output and record; `kept` is the host's copy of each request's kept tokens per role."""
+    output and record; `kept` is the host's copy of each request's kept tokens per role. A
+    candidate tree drafts `branches` groups of the m method rows per request (the ensembled
+    chain and each method's own), verified as one tree of a fixed node count per request."""
 
     def __init__(self, target_rows: RaggedRows, draft_rows: RaggedRows, first: torch.Tensor,
                  config: DecodeConfig, records: list[SampleRecord], eos: frozenset[int],
@@ -68,7 +78,9 @@ class BatchDecoder:
         self.target_rows, self.draft_rows = target_rows, draft_rows
         self.config, self.records = config, records
         self.eos, self.timer, self.device, self.batch = eos, timer, first.device, first.shape[0]
-        self.states = [config.policy.start(len(config.methods), self.device) for _ in records]
+        self.methods = len(config.methods)
+        self.branches = config.verify.copies_per_method(self.methods)
+        self.states = [config.policy.start(self.methods, self.device) for _ in records]
         self.target_pending = first
         # the draft's pending tokens, right-aligned: one, or two after a fully accepted chain
         self.draft_pending, self.draft_valid = torch.stack([first, first], 1), [1] * self.batch
@@ -79,51 +91,88 @@ class BatchDecoder:
     def block(self) -> bool:
         """Draft, verify and settle one block of every request with one device-to-host transfer.
         Returns whether every request has stopped."""
-        timer, batch, m, gamma = self.timer, self.batch, len(self.config.methods), self.config.gamma
+        timer, batch, gamma = self.timer, self.batch, self.config.gamma
         with timer.phase("draft"):
             with timer.phase("tabed_draft"):
                 weights = torch.stack([state.choose() for state in self.states])  # [B, m] float64
-                mixing = mixing_weights(weights)[:, None, :]  # [B, 1, m]
-            valid = torch.tensor(self.draft_valid, device=self.device).repeat_interleave(m)
-            logits = self.draft_rows.feed_ragged(self.draft_pending.repeat_interleave(m, 0), valid)
-            proposals, method_probs = [], []
-            for i in range(gamma):
-                q = probabilities(logits[:, -1], 0.0).view(batch, m, -1)  # [B, m, V]
-                token = (torch.matmul(mixing, q)[:, 0] if m > 1 else q[:, 0]).argmax(-1)  # [B]
-                proposals.append(token)
-                method_probs.append(q)
-                if i < gamma - 1:
-                    logits = self.draft_rows.feed_ragged(token.repeat_interleave(m)[:, None])
-            proposals = torch.stack(proposals, 1)  # [B, gamma]
+            chains, method_probs = self._propose(mixing_weights(weights)[:, None, :])
         with timer.phase("verify"):
-            fed = torch.cat([self.target_pending[:, None], proposals], 1)
-            target_logits = self.target_rows.feed_ragged(fed, keep=gamma + 1)  # [B, gamma + 1, V]
-            target_ids = target_logits.argmax(-1)
-            accepted = (proposals == target_ids[:, :-1]).long().cumprod(1).sum(1)  # [B]
-            next_token = target_ids.gather(1, accepted[:, None])[:, 0]
-            summary = torch.cat([accepted, next_token, proposals.flatten()]).double()
+            logits, accepted, next_token, path = self._verify(chains)
+            branch = torch.zeros_like(accepted) if path is None else ((path.gather(1, accepted[:, None])[:, 0]
+                                                                       - 1).clamp_min(0) // gamma)
+            path_tokens = chains[torch.arange(batch, device=self.device), branch]  # [B, gamma]
+            summary = torch.cat([accepted, next_token, path_tokens.flatten()]).double()
             # the one transfer
-            block = BatchBlock(torch.cat([summary, weights.flatten()]).tolist(), batch, gamma, m)
-            history = self._settle(block)
+            block = BatchBlock(torch.cat([summary, weights.flatten()]).tolist(), batch, gamma, self.methods)
+            history = self._settle(block, path, branch)
             if self.states[0].learns and any(history):
                 with timer.phase("tabed"):
-                    p = probabilities(target_logits, 0.0)
-                    methods = torch.stack(method_probs, 1)  # [B, gamma, m, V]
-                    for b, h in enumerate(history):
-                        if h:
-                            self.states[b].update(methods[b, :h], p[b, :h])
+                    self._learn(history, logits, path, method_probs, branch)
             if not all(self.stopped):
                 self.target_pending = next_token
                 full = accepted == gamma  # the last proposal was never fed to the draft
-                before = torch.where(full, proposals[:, -1], next_token)  # a filler unless `full`
+                before = torch.where(full, path_tokens[:, -1], next_token)  # a filler unless `full`
                 self.draft_pending = torch.stack([before, next_token], 1)
                 self.draft_valid = [2 if a == gamma else 1 for a in block.accepted]
         return all(self.stopped)
 
-    def _settle(self, block: BatchBlock) -> list[int]:
+    def _propose(self, mixing: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every request's chains `[B, branches, gamma]` (branch 0 the mixture's, 1 + i method i's
+        own) and each method's distributions along them `[B, branches, gamma, m, V]`."""
+        batch, m, branches, gamma = self.batch, self.methods, self.branches, self.config.gamma
+        per_request = branches * m
+        valid = torch.tensor(self.draft_valid, device=self.device).repeat_interleave(per_request)
+        logits = self.draft_rows.feed_ragged(self.draft_pending.repeat_interleave(per_request, 0), valid)
+        own = torch.arange(m, device=self.device)
+        tokens, method_probs = [], []
+        for i in range(gamma):
+            q = probabilities(logits[:, -1], 0.0).view(batch, branches, m, -1)
+            ensemble = torch.matmul(mixing, q[:, 0]) if m > 1 else q[:, 0, :1]  # [B, 1, V]
+            dists = torch.cat([ensemble, q[:, 1 + own, own]], 1) if branches > 1 else ensemble
+            token = dists.argmax(-1)  # [B, branches]
+            tokens.append(token)
+            method_probs.append(q)
+            if i < gamma - 1:
+                logits = self.draft_rows.feed_ragged(token.repeat_interleave(m, 1).reshape(-1, 1))
+        return torch.stack(tokens, 2), torch.stack(method_probs, 2)
+
+    def _verify(self, chains: torch.Tensor):
+        """The target's one forward over each request's pending token and proposals, and greedy
+        acceptance: (logits `[B, fed, V]`, accepted `[B]`, next token `[B]`, the accepted
+        path's fed positions `[B, gamma + 1]`, None for a chain)."""
+        gamma = self.config.gamma
+        if self.branches == 1:
+            proposals = chains[:, 0]
+            fed = torch.cat([self.target_pending[:, None], proposals], 1)
+            logits = self.target_rows.feed_ragged(fed, keep=gamma + 1)  # [B, gamma + 1, V]
+            target_ids = logits.argmax(-1)
+            accepted = (proposals == target_ids[:, :-1]).long().cumprod(1).sum(1)  # [B]
+            return logits, accepted, target_ids.gather(1, accepted[:, None])[:, 0], None
+        trees = [candidate_tree(c, merge=True) for c in chains]
+        fed = torch.stack([torch.cat([p.view(1), t.tokens]) for p, t in zip(self.target_pending, trees)])
+        depths = torch.stack([t.fed_depths() for t in trees])
+        sees = torch.stack([t.ancestry() for t in trees])
+        logits = self.target_rows.feed_ragged_tree(fed, depths, sees, keep=fed.shape[1])
+        outcomes = [follow_tree(t, l.argmax(-1)) for t, l in zip(trees, logits)]
+        stack = lambda name: torch.stack([getattr(o, name) for o in outcomes])
+        return logits, stack("accepted"), stack("next_token"), stack("path")
+
+    def _learn(self, history: list[int], logits: torch.Tensor, path: torch.Tensor | None,
+               method_probs: torch.Tensor, branch: torch.Tensor) -> None:
+        """Each request's weight state learns from its accepted branch's first `history` positions."""
+        if path is not None:  # the root and the accepted nodes, by depth
+            logits = logits.gather(1, path[:, :, None].expand(-1, -1, logits.shape[-1]))
+        p = probabilities(logits, 0.0)
+        methods = method_probs[torch.arange(self.batch, device=self.device), branch]  # [B, gamma, m, V]
+        for b, h in enumerate(history):
+            if h:
+                self.states[b].update(methods[b, :h], p[b, :h])
+
+    def _settle(self, block: BatchBlock, path: torch.Tensor | None, branch: torch.Tensor) -> list[int]:
         """Each running request's block through `settle_block`, recorded; then both models' rows
-        keep what each request kept. Returns each request's history positions."""
-        gamma, m = self.config.gamma, len(self.config.methods)
+        keep what each request kept (a tree's path for the target; the draft's rows continue
+        the accepted branch). Returns each request's history positions."""
+        gamma, m = self.config.gamma, self.methods
         target_keep, draft_keep, history = [0] * self.batch, [0] * self.batch, [0] * self.batch
         for b in range(self.batch):
             if self.stopped[b]:
@@ -136,14 +185,19 @@ class BatchDecoder:
             self.records[b].accepted_per_block.append(outcome.accepted)
             self.records[b].weights_per_block.append(block.weights[b])
             self.stopped[b], history[b] = outcome.stop, outcome.history
-            if not outcome.stop:  # the target keeps the pending token and the accepted proposals
+            if outcome.stop:  # the block's transfer has synchronised the host with the device
+                self.records[b].time_request_s = time.perf_counter() - self.timer.started
+            else:  # the target keeps the pending token and the accepted proposals
                 target_keep[b], draft_keep[b] = 1 + a, self.draft_valid[b] + min(a, gamma - 1)
-        if not all(self.stopped):
-            for role, rows, keep, per in (("target", self.target_rows, target_keep, 1),
-                                          ("draft", self.draft_rows, draft_keep, m)):
-                self.kept[role] = [k + n for k, n in zip(self.kept[role], keep)]
-                per_row = torch.tensor(keep, device=self.device).repeat_interleave(per)
-                rows.settle(per_row, max(self.kept[role]))
+        if all(self.stopped):
+            return history
+        if self.branches > 1:
+            self.draft_rows.copy_branches(self.branches, branch)
+        for role, rows, keep, per, order in (("target", self.target_rows, target_keep, 1, path),
+                                             ("draft", self.draft_rows, draft_keep, m * self.branches, None)):
+            self.kept[role] = [k + n for k, n in zip(self.kept[role], keep)]
+            per_row = torch.tensor(keep, device=self.device).repeat_interleave(per)
+            rows.settle(per_row, max(self.kept[role]), order)
         return history
 
 
@@ -161,7 +215,8 @@ def autoregressive_decode_batch(
         rows = _rows(target, prompts, "M", None, engine, max_new_tokens + 1, "target", steps, timer)
     pending = torch.tensor([p.ids[-1] for p in prompts], device=device)
     outputs, stopped, kept = [[] for _ in samples], [False] * batch, [0] * batch
-    records = [SampleRecord(sample_id=s.sample_id, mode="ar", engine=engine) for s in samples]
+    records = [SampleRecord(sample_id=s.sample_id, mode="ar", engine=engine, batch_requests=len(samples))
+               for s in samples]
     while not all(stopped):
         with timer.phase("verify"):
             pending = rows.feed_ragged(pending[:, None])[:, -1].argmax(-1)
@@ -174,12 +229,15 @@ def autoregressive_decode_batch(
                 outputs[b].extend(outcome.tokens)
                 records[b].accepted_per_block.append(0)
                 stopped[b] = outcome.stop
+                if outcome.stop:
+                    records[b].time_request_s = time.perf_counter() - timer.started
                 keep[b] = 0 if outcome.stop else 1
             kept = [k + n for k, n in zip(kept, keep)]
             if not all(stopped):
                 rows.settle(torch.tensor(keep, device=device), max(kept))
+    tokens = sum(len(output) for output in outputs)
     for record, output in zip(records, outputs):
-        finish_record(record, output, target, timer, steps)
+        finish_record(record, output, target, timer, steps, batch_tokens=tokens)
     return records
 
 
@@ -202,8 +260,9 @@ def _check(config: DecodeConfig) -> None:
         raise ValueError("the AR baseline has no draft: decode it with autoregressive_decode_batch")
     if not config.greedy:
         raise ValueError("a batch decodes greedily only; sampled SD runs one request at a time")
-    if not config.verify.is_chain:
-        raise ValueError(f"a batch verifies chains only, not {config.verify.label} trees")
+    if not config.verify.batches:
+        raise ValueError(f"a batch verifies chains and candidate trees, not {config.verify.label} trees: "
+                         "other trees decode one request at a time (batch 1)")
 
 
 def _rows(model: LVLM, prompts: list[Prompt], methods: str, captioner: Captioner | None, engine: str,

@@ -212,8 +212,10 @@ def capacities(config: DecodeConfig) -> tuple[int, int]:
     return config.max_new_tokens + nodes + 1, config.max_new_tokens + draft_feeds + 1
 
 
-def finish_record(record: SampleRecord, output: list[int], target: LVLM, timer: PhaseTimer,
-            steps: StepLog) -> SampleRecord:
+def finish_record(record: SampleRecord, output: list[int], target: LVLM, timer: PhaseTimer, steps: StepLog,
+                  batch_tokens: int | None = None) -> SampleRecord:
+    """Fill the record's output and timings; `batch_tokens`: new tokens of the whole batch it
+    decoded in (None: decoded alone). A batched request's `time_request_s` is set as it stops."""
     record.steps = steps.summary
     record.fallback = "; ".join(sorted(steps.fallbacks)) or None
     record.output_ids = output
@@ -229,4 +231,8 @@ def finish_record(record: SampleRecord, output: list[int], target: LVLM, timer: 
     record.time_draft_prefill_s = seconds["draft_prefill"]
     record.time_total_s = seconds["prefill"] + seconds["draft"] + seconds["verify"]
     record.time_wall_s = time.perf_counter() - timer.started
+    if record.time_request_s is None:
+        record.time_request_s = record.time_wall_s
+    tokens = len(output) if batch_tokens is None else batch_tokens
+    record.batch_tokens_per_s = tokens / record.time_total_s if record.time_total_s > 0 else None
     return record

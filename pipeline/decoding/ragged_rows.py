@@ -9,9 +9,13 @@ slots (one write position, static shapes), and each row keeps its own accepted p
   fewer pending tokens than the widest is right-aligned);
 - a token's position is the row's prompt length plus its index in that valid sequence, so the
   gap `[kept_r, base + skip_r)` is invisible and costs nothing but masked keys;
-- `settle(keep)` moves each row's first `keep_r` block tokens down to `kept_r`, in place, and
-  the next block starts at the longest row's end: the cache never holds more than the longest
-  request's tokens plus one block.
+- `feed_ragged_tree` feeds each row its own token tree (a candidate tree's nodes) in one
+  forward: a node sees the row's prefix, the root and its own ancestors, at position
+  prefix + depth;
+- `settle(keep, order)` moves each row's first `keep_r` kept block tokens (in block order, or
+  a tree's accepted path) down to `kept_r`, in place, and the next block starts at the longest
+  row's end: the cache never holds more than the longest request's tokens plus one block;
+- `copy_branches` gives every branch's rows of a request its accepted branch's block.
 
 Masks and positions are built on the device from `kept` and `skip`; the host only knows the
 shared `base` and `fed`, which the block's one transfer gives it.
@@ -54,16 +58,49 @@ class Ragged:
         self.fed += n
         return logits
 
-    def settle(self, keep: torch.Tensor, longest: int) -> None:
-        """Each row keeps its first `keep_r` real tokens of the block (`[rows]`, on the device);
-        `longest`: the largest `kept_r` afterwards (the host's copy: the next block's start)."""
-        start = self.width + self.base + self.skip  # [rows]: where each row's real block tokens begin
+    def feed_ragged_tree(self, ids: torch.Tensor, depths: torch.Tensor, sees: torch.Tensor,
+                         keep: int) -> torch.Tensor:
+        """A block's one feed of a token tree per row: `ids`, `depths` `[rows, n]` (the root
+        first, depth 0), `sees` `[rows, n, n]` (node i sees node j). fp32 logits of the last `keep`."""
+        if self.fed != self.base:
+            raise ValueError("a tree is a block's only feed")
+        n = ids.shape[1]
+        self.skip = torch.zeros_like(self.skip)
+        mask = self._ragged_mask(n)
+        first = self.width + self.base
+        blocked = torch.finfo(mask.dtype).min
+        tree = torch.zeros_like(sees, dtype=mask.dtype).masked_fill_(~sees, blocked)
+        mask[:, 0, :, first : first + n] = tree
+        positions = self._next_position[:, None] + self.kept[:, None] + depths
+        logits = self._forward(mask, positions, keep=keep, input_ids=ids, step=True)
+        self.fed += n
+        return logits
+
+    def copy_branches(self, branches: int, source: torch.Tensor) -> None:
+        """Rows are request-major, then `branches` equal groups: every group of request b takes
+        group `source[b]`'s block (`[requests]`, on the device), the tokens fed since the block began."""
+        first, end = self.width + self.base, self.width + self.fed
+        requests = source.shape[0]
+        for layer in self.cache.layers:
+            for states in (layer.keys, layer.values):
+                grouped = states.view(requests, branches, -1, *states.shape[1:])[..., first:end, :]
+                index = source.view(-1, 1, 1, 1, 1, 1).expand(-1, 1, *grouped.shape[2:])
+                grouped.copy_(grouped.gather(1, index).expand_as(grouped))
+
+    def settle(self, keep: torch.Tensor, longest: int, order: torch.Tensor | None = None) -> None:
+        """Each row keeps `keep_r` real tokens of the block (`[rows]`, on the device): its first
+        ones, or those at block positions `order` `[rows, span]` (a tree's accepted path, root
+        first); `longest`: the largest `kept_r` afterwards (the host's copy: the next block's start)."""
         span = self.fed - self.base
         if span:
             steps = torch.arange(span, device=keep.device)
-            source = (start[:, None] + steps[None, :]).clamp_max(self.width + self.fed - 1)
-            target = self.width + self.kept[:, None] + steps[None, :]
-            target = torch.where(steps[None, :] < keep[:, None], target, source)  # the rest stays put
+            if order is None:
+                order = self.skip[:, None] + steps[None, :]
+            # entries past keep_r repeat the last kept one (the same write twice), or write a
+            # slot onto itself in a row that keeps nothing: no two writes differ
+            entry = torch.minimum(steps[None, :], (keep[:, None] - 1).clamp_min(0))
+            source = self.width + self.base + order.gather(1, entry)
+            target = torch.where(keep[:, None] > 0, self.width + self.kept[:, None] + entry, source)
             for layer in self.cache.layers:
                 for states in (layer.keys, layer.values):
                     heads, width = states.shape[1], states.shape[3]

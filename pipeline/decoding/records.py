@@ -43,6 +43,11 @@ class SampleRecord:
     time_target_prefill_s: float = 0.0
     time_draft_prefill_s: float = 0.0
     time_wall_s: float = 0.0  # the whole decode on the host's clock: the phases plus host overhead
+    # this request's latency: from the start of its decode (its batch's) to the block that
+    # finished it, on the host's clock (decoded alone: time_wall_s)
+    time_request_s: float | None = None
+    # new tokens of every request decoded with this one (itself alone: its own) over time_total_s
+    batch_tokens_per_s: float | None = None
     # a live greedy row's accepted counts as trace replay scores the same sample (None elsewhere):
     # the replay-fidelity check of pipeline.results.fidelity
     replay_accepted_per_block: list[int] | None = None
@@ -50,6 +55,9 @@ class SampleRecord:
     # above its cores, something competed with the walltime (pipeline.results.noise)
     load_before: float | None = None
     load_after: float | None = None
+    # requests decoded together with this one (pipeline.decoding.batch_loop); every one of them
+    # carries the batch's timings (None: decoded alone)
+    batch_requests: int | None = None
     error: str | None = None
     error_category: str | None = None  # one of ERROR_CATEGORIES when `error` is set
 

@@ -41,6 +41,9 @@ class VerifySpec:
     samples: ClassVar[bool] = True  # temperature > 0 keeps the target's distribution
     # the draft reads the tree with a tree mask: a state-space draft (one state per row) cannot
     feeds_draft_a_tree: ClassVar[bool] = False
+    # decodes several requests as one batch (`pipeline.decoding.batch_loop`): a fixed node
+    # count per request, drafted as groups of method rows
+    batches: ClassVar[bool] = False
 
     def __init_subclass__(cls, kind: str = "", **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -103,11 +106,15 @@ class VerifySpec:
 class Chain(VerifySpec, kind="chain"):
     """`gamma` proposals in a row: the mixture's choice at each step."""
 
+    batches: ClassVar[bool] = True
+
 
 @dataclass(frozen=True)
 class CandidateTree(VerifySpec, kind="candidates"):
     """The ensembled chain and each method's own chain as branches of one tree (TABED's
     multi-candidate extension), drafted as B x m rows of one batch."""
+
+    batches: ClassVar[bool] = True
 
     def settled(self, methods: int, gamma: int) -> tuple[VerifySpec, int]:
         return (Chain(), gamma) if methods == 1 else (self, gamma)  # one method's tree is its chain

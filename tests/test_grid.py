@@ -422,3 +422,13 @@ def test_relative_data_paths_are_read_from_the_grid_files_folder(tmp_path, monke
         load_grid(grid_path, CATALOG)
     assert (f"datasets[1] (signs): data/sings.jsonl does not exist (looked for {folder / 'data' / 'sings.jsonl'}, "
             f"relative to the grid file's folder {folder})") in str(err.value)
+
+
+def test_a_verify_entry_can_name_the_method_sets_it_runs_on():
+    spec = grid(methods=["AR", "M", "MT"], gamma=[5], window=[None], distance=["kl"],
+                verify=["chain", {"kind": "candidates", "methods": ["MT"]}, {"kind": "dynamic", "methods": ["M"]}])
+    kinds = {(c.decode.methods, c.decode.verify.kind) for c in spec.configs()}
+    assert ("MT", "candidates") in kinds and ("M", "dynamic") in kinds and ("MT", "dynamic") not in kinds
+    assert ("AR", "chain") in kinds  # AR verifies nothing: never removed
+    with pytest.raises(GridError, match=re.escape("verify[1].methods: 'MTC' is not a method set of this grid's")):
+        grid(verify=["chain", {"kind": "candidates", "methods": ["MTC"]}])

@@ -29,10 +29,12 @@ REPO = Path(__file__).resolve().parents[1]
 # The `steps`, `fallback` and `verify` columns were added from runs whose other columns all matched,
 # and so were the structured verify columns (`verify_kind`, `verify_nodes`, `verify_top_k`, `verify_shapes`) and
 # `shape_per_block`. The bigram target's rows with the Mamba and Mamba2 drafts were added when the smoke grid
-# gained them, the first pair's rows equal to those before.
+# gained them, the first pair's rows equal to those before. The `batch` (1) and `batch_requests` (null)
+# columns were added to rows whose other columns all matched.
 SMOKE_ROWS = REPO / "tests" / "fixtures" / "smoke_rows.json"
-# where it ran and how busy the machine was, not what it computed
-MACHINE = ("device_name", "torch_version", "transformers_version", "cpu_cores", "load_before", "load_after")
+# where it ran, how busy the machine was and how fast it went, not what it computed
+MACHINE = ("device_name", "torch_version", "transformers_version", "cpu_cores", "load_before", "load_after",
+           "batch_tokens_per_s")
 
 
 def comparable_rows(df) -> list[dict]:

@@ -15,8 +15,10 @@ from dataclasses import replace
 from typing import Callable, Sequence, TypeVar
 
 from pipeline.data.sample import Sample
+from pipeline.decoding.batch_loop import autoregressive_decode_batch, speculative_decode_batch
 from pipeline.decoding.engine import default_engine
 from pipeline.decoding.loop import autoregressive_decode, speculative_decode
+from pipeline.decoding.prompts import tokenize
 from pipeline.decoding.records import SampleRecord
 from pipeline.decoding.replay import replay
 from pipeline.decoding.traces import TargetTrace, collect_traces, trace_target
@@ -48,6 +50,7 @@ class ShardRecords:
     def of(self, shard: Shard, samples: dict[str, Sample]) -> Records:
         """A record for every item of the shard."""
         records = self._replay(shard.items, samples) if shard.mode == "replay" else {}
+        records |= self._batches([item for item in shard.items if item[0].batch > 1], samples)
         # AR is the target alone: one decode serves every draft's row
         baselines: dict[tuple, SampleRecord] = {}
         for config, sample_id in sorted(shard.items, key=lambda item: not item[0].decode.is_ar):
@@ -66,6 +69,42 @@ class ShardRecords:
         if shard.mode == "live":
             self._shadow_replay(shard.items, samples, records)
         return records
+
+    def _batches(self, items: Sequence[Item], samples: dict[str, Sample]) -> Records:
+        """Each configuration's samples B at a time, in shard order, as one batch each
+        (`pipeline.decoding.batch_loop`); a sample refused as input is an error row and the rest
+        of its batch decodes without it; a batch that fails fails its rows."""
+        by_config: dict[RunConfig, list[str]] = defaultdict(list)
+        for config, sample_id in items:
+            by_config[config].append(sample_id)
+        records: Records = {}
+        for config, ids in by_config.items():
+            mode = "ar" if config.decode.is_ar else "live"
+            for start in range(0, len(ids), config.batch):
+                batch = []
+                for sample_id in ids[start : start + config.batch]:
+                    try:
+                        tokenize(self.target, samples[sample_id])
+                        batch.append(samples[sample_id])
+                    except Exception as err:  # this sample's input; its batch goes on without it
+                        records[(config, sample_id)] = failed(sample_id, mode, err)
+                if not batch:
+                    continue
+                decode = lambda engine, config=config, batch=batch: self._batch(config, batch, engine)
+                try:
+                    done, note = self._on_engine(config, self._models(config), decode)
+                except Exception as err:
+                    done, note = [failed(s.sample_id, mode, err) for s in batch], None
+                records.update({(config, s.sample_id): noted(r, note) for s, r in zip(batch, done)})
+        return records
+
+    def _batch(self, config: RunConfig, batch: list[Sample], engine: str) -> list[SampleRecord]:
+        decode = config.decode
+        if decode.is_ar:
+            return autoregressive_decode_batch(self.target, batch, max_new_tokens=decode.max_new_tokens,
+                                               engine=engine)
+        draft = self.drafts[config.pair.draft]
+        return speculative_decode_batch(self.target, draft, batch, decode, self.captioner, engine=engine)
 
     def decode(self, config: RunConfig, sample: Sample, repeats: int = 1) -> SampleRecord:
         """A live decode (SD or the AR baseline) on the configuration's engine; the fastest of

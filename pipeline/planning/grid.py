@@ -94,12 +94,13 @@ class RunConfig:
     """Everything that determines one decoding result except the sample, a grid point: the pair,
     how it decodes (`decode`, the core's own configuration; the AR baseline's methods are `AR`),
     the captioner (only when C is among the methods) and the engine (auto | static | eager:
-    outputs agree, walltimes do not)."""
+    outputs agree, walltimes do not) and how many requests decode as one batch."""
 
     pair: Pair
     decode: DecodeConfig
     captioner: str | None = None
     engine: str = AUTO_ENGINE
+    batch: int = 1  # requests decoded together (pipeline.decoding.batch_loop); 1: one at a time
 
     @property
     def decode_engine(self) -> str | None:
@@ -117,6 +118,7 @@ def key_fields(config: RunConfig) -> dict:
     earlier versions is here, so those rows resume without being computed again:
     - the decoding knobs sit flat beside the pair, captioner and engine, as when they were
       RunConfig's own fields;
+    - a batch of 1 hashes no `batch` (keys from before the batch axis);
     - policies and verify kinds hash their `key_fields()`, except that a chain hashes no
       `verify` (its keys are those from before trees existed) and a candidate tree hashes
       null `nodes` and `top_k` (its keys from before verify kinds were classes)."""
@@ -130,6 +132,8 @@ def key_fields(config: RunConfig) -> dict:
               "policy": decode.policy.key_fields(), "verify": verify}
     if decode.verify.is_chain:
         del fields["verify"]
+    if config.batch != 1:
+        fields["batch"] = config.batch
     return fields
 
 
@@ -217,6 +221,7 @@ class GridSpec:
     seed: tuple[int, ...] = (DecodeConfig.seed,)
     engine: tuple[str, ...] = (AUTO_ENGINE,)
     verify: tuple[VerifySpec, ...] = (Chain(),)
+    batch: tuple[int, ...] = (1,)
     max_new_tokens: int = DecodeConfig.max_new_tokens
     limit: int | None = None
     captioner: str | None = None
@@ -236,6 +241,8 @@ class GridSpec:
     text_only: tuple[Pair, ...] = ()
     untimed: tuple[Pair, ...] = ()  # pairs marked `timed: false`: replayed on the `live_samples` too
     untimed_verify: tuple[VerifySpec, ...] = ()  # verify kinds marked `timed: false`, likewise
+    # verify kinds given `methods:`, with the method sets they run on (the others: every one)
+    verify_methods: tuple[tuple[VerifySpec, tuple[str, ...]], ...] = ()
     #: import paths of the grid's own drafting methods (pipeline.planning.plugins); workers import them too
     drafting_methods: tuple[str, ...] = ()
     max_image_pixels: int | None = None  # images above it are input errors (None: pipeline.data.images')
@@ -247,15 +254,17 @@ class GridSpec:
     def configs(self) -> list[RunConfig]:
         """Every distinct grid point, in file order, after normalisation."""
         seen: dict[RunConfig, None] = {}
-        for pair, methods, policy, window, distance, gamma, temperature, seed, engine, verify in itertools.product(
+        only = dict(self.verify_methods)  # AR verifies nothing: a restriction never removes it
+        runs = lambda verify, methods: methods == AR or methods in only.get(verify, (methods,))
+        for pair, methods, policy, window, distance, gamma, temperature, seed, engine, verify, batch in itertools.product(
             self.pairs, self.methods, self.policies, self.window, self.distance, self.gamma,
-            self.temperature, self.seed, self.engine, self.verify,
+            self.temperature, self.seed, self.engine, self.verify, self.batch,
         ):
-            if not policy.applies_to(methods):
+            if not policy.applies_to(methods) or not runs(verify, methods):
                 continue
             decode = DecodeConfig(methods, replace(policy.policy, window=window, distance=distance), gamma,
                                   temperature, self.max_new_tokens, seed, verify)
-            config = RunConfig(pair, decode, self.captioner, engine)
+            config = RunConfig(pair, decode, self.captioner, engine, batch)
             seen.setdefault(normalise(config), None)
         return list(seen)
 

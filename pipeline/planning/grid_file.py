@@ -29,6 +29,7 @@ from pipeline.planning.problems import Problems
 
 MODES = ("live", "replay", "auto")
 MAX_GAMMA = 64  # proposals per block: the paper uses 5; thousands only make every block slower
+MAX_BATCH = 64  # requests decoded together
 
 FIELDS = {
     "name", "datasets", "turns", "pairs", "methods", "policies", *AXES,
@@ -86,8 +87,10 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None, base: Path |
         temperature=problems.check(_axis, raw, "temperature", _float),
         seed=problems.check(_axis, raw, "seed", lambda s, where: _int(s, where, minimum=0)),
         engine=problems.check(_axis, raw, "engine", _engine),
-        verify=tuple(spec for spec, _ in verify),
-        untimed_verify=tuple(spec for spec, timed in verify if not timed),
+        batch=problems.check(_axis, raw, "batch", lambda b, where: _int(b, where, minimum=1, maximum=MAX_BATCH)),
+        verify=tuple(spec for spec, _, _ in verify),
+        untimed_verify=tuple(spec for spec, timed, _ in verify if not timed),
+        verify_methods=tuple((spec, only) for spec, _, only in verify if only is not None),
         max_new_tokens=problems.check(_int, raw.get("max_new_tokens", GridSpec.max_new_tokens), "max_new_tokens", minimum=1),
         limit=None if raw.get("limit") is None else problems.check(_int, raw["limit"], "limit", minimum=1),
         captioner=problems.check(_captioner, raw.get("captioner")),
@@ -245,17 +248,21 @@ def _window(value: Any, where: str) -> int | None:
     return _int(value, where, minimum=1)
 
 
-def _verify(value: Any, where: str) -> tuple[VerifySpec, bool]:
-    """A verify entry and whether it runs live on the grid's `live_samples` (`timed: false`, not
-    part of the configuration, replays it there too). A kind may be an import path."""
+def _verify(value: Any, where: str) -> tuple[VerifySpec, bool, tuple[str, ...] | None]:
+    """A verify entry, whether it runs live on the grid's `live_samples` (`timed: false`, not
+    part of the configuration, replays it there too) and the method sets it runs on
+    (`methods:`, None: every one). A kind may be an import path."""
     if isinstance(value, VerifySpec):  # the axis's default
-        return value, True
+        return value, True, None
     entry = dict(value) if isinstance(value, dict) else {"kind": value}
     timed = _bool(entry.pop("timed", True), f"{where}.timed")
+    only = entry.pop("methods", None)
+    if only is not None:
+        only = tuple(str(m) for m in _list(only, f"{where}.methods"))  # checked against the grid's (grid_checks)
     if "kind" in entry:
         entry["kind"] = verify_kind(entry["kind"], f"{where}.kind")
     try:
-        return make_verify(entry), timed
+        return make_verify(entry), timed, only
     except ValueError as err:
         raise GridError(f"{where}: {err}") from err
 

@@ -18,7 +18,8 @@ def decode_mode(config: RunConfig, grid_mode: str) -> str:
     whose shape depends on the draft off the target's path (dynamic), are always live. Greedy AR
     rides along with replay: trace collection decodes y with the plain AR loop, and that decode
     (timings included) is the AR row."""
-    if not config.decode.greedy or grid_mode == "live" or not config.decode.verify.replayable:
+    decode = config.decode
+    if not decode.greedy or grid_mode == "live" or not decode.verify.replayable or config.batch > 1:
         return "live"
     return "replay"
 
@@ -54,10 +55,12 @@ def plan_shards(
         hashes = {s.sample_id: s.prompt_hash for s in samples_for(WorkUnit(configs[0], dataset, turn))}
         timed_here = timed.get(group, set()) & set(hashes) if turn == FIRST_TURN else set()
         for mode, bundle, ids in _bundles(configs, list(hashes), timed_here, grid_mode, untimed):
-            for start in range(0, len(ids), shard_size):
+            batch = bundle[0].batch
+            size = -(-shard_size // batch) * batch  # whole batches in a shard
+            for start in range(0, len(ids), size):
                 items = tuple(
                     (config, sample_id)
-                    for sample_id in ids[start:start + shard_size]
+                    for sample_id in ids[start:start + size]
                     for config in bundle
                     if row_key(config.key(), sample_id, hashes[sample_id]) not in done
                     and not (mode == "replay" and sample_id in timed_here and is_timed(config, untimed))
@@ -97,8 +100,11 @@ def _bundles(
     (all of them in `live` mode, the replayable ones of timed pairs on the `timed` samples in
     `auto` mode); one live bundle per sampling configuration."""
     replayed = [c for c in configs if decode_mode(c, grid_mode) == "replay"]
-    live_greedy = [c for c in configs if c.decode.greedy and decode_mode(c, grid_mode) == "live"]
+    live_greedy = [c for c in configs if c.decode.greedy and c.batch == 1 and decode_mode(c, grid_mode) == "live"]
     bundles = [("replay", replayed, sample_ids), ("live", live_greedy, sample_ids)]
+    # a batch size's configurations decode together, its AR baseline included (its walltime is theirs)
+    bundles += [("live", [c for c in configs if c.batch == batch], sample_ids)
+                for batch in sorted({c.batch for c in configs} - {1})]
     if timed:
         bundles.append(("live", [c for c in replayed if is_timed(c, untimed)], [s for s in sample_ids if s in timed]))
     bundles += [("live", [c], sample_ids) for c in configs if not c.decode.greedy]

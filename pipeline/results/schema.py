@@ -116,6 +116,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("mode", pa.string(), _outcome("mode")),  # live | replay | ar
     # static | eager: what decoded (replay: what collected the traces); for an error row, what the grid named
     Column("engine", pa.string(), lambda src: src.record.engine or src.config.decode_engine),
+    # requests decoded together in one batch (null: rows from before the batch axis, decoded one at a time)
+    Column("batch", pa.int32(), lambda src: src.config.batch),
+    # how many requests that batch held (a dataset's last batch may hold fewer; null: decoded alone)
+    Column("batch_requests", pa.int32(), _outcome("batch_requests")),
     # how the decode steps ran: captured (CUDA graphs) | compiled | uncompiled, "+"-joined when mixed
     Column("steps", pa.string(), _outcome("steps")),
     Column("fallback", pa.string(), _outcome("fallback")),  # why a decode left the compiled path or engine asked for
@@ -152,6 +156,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("time_target_prefill_s", pa.float64(), _outcome("time_target_prefill_s")),
     Column("time_draft_prefill_s", pa.float64(), _outcome("time_draft_prefill_s")),
     Column("time_wall_s", pa.float64(), _outcome("time_wall_s")),  # the whole decode, host overhead included
+    # live and AR rows: this request's latency within its batch (decoded alone: time_wall_s), and
+    # the new tokens of its whole batch per second of time_total_s
+    Column("time_request_s", pa.float64(), _outcome("time_request_s")),
+    Column("batch_tokens_per_s", pa.float64(), _outcome("batch_tokens_per_s")),
     Column("error", pa.string(), _outcome("error")),  # null when the sample decoded fine
     Column("error_category", pa.string(), _outcome("error_category")),  # input | model | resource (records.py)
 )

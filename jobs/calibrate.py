@@ -42,19 +42,21 @@ class Shapes:
     verify_tokens: tuple[int, ...] = ()
     draft_rows: tuple[int, ...] = ()
     contexts: tuple[int, ...] = CONTEXTS  # prompt lengths at which one draft and target step are timed
+    batches: tuple[int, ...] = ()  # batch sizes over 1 at which the same steps are timed again
 
     def covered_by(self, calibration: Calibration) -> bool:
         """Whether a stored calibration timed all of these."""
         tokens = {g + 1 for g in self.gammas} | set(self.verify_tokens)
         return (tokens <= set(calibration.verify_tokens) and set(self.draft_rows) <= set(calibration.draft_row_counts)
-                and (bool(calibration.context_tokens) or not self.contexts))
+                and (bool(calibration.context_tokens) or not self.contexts)
+                and set(self.batches) <= set(calibration.batch_sizes))
 
 
 def grid_shapes(spec: GridSpec) -> Shapes:
     configs = [config for config in spec.configs() if not config.decode.is_ar]
     shapes = [shape for c in configs for shape in c.decode.verify.block_shapes(c.decode.gamma, len(c.decode.methods))]
     return Shapes(spec.gamma, tuple(sorted({nodes + 1 for _, nodes, _ in shapes})),
-                  tuple(sorted({rows for _, _, rows in shapes})))
+                  tuple(sorted({rows for _, _, rows in shapes})), batches=tuple(sorted(set(spec.batch) - {1})))
 
 
 def measure(target: str, drafts: tuple[str, ...], dtype: str, shapes: Shapes, repeats: int, rounds: int,
@@ -81,7 +83,7 @@ def measure(target: str, drafts: tuple[str, ...], dtype: str, shapes: Shapes, re
 
     results = calibrate_drafts(loaded, [models[d] for d in drafts], gammas=shapes.gammas, verify_tokens=shapes.verify_tokens,
                                draft_rows=shapes.draft_rows, repeats=repeats, rounds=rounds, progress=progress,
-                               contexts=shapes.contexts)
+                               contexts=shapes.contexts, batches=shapes.batches)
     for result, draft in zip(results, drafts):
         result.target, result.draft, result.dtype = target, draft, dtype  # the grid's names, as in the results rows
     return results
@@ -195,6 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds, target and draft alternating (default: %(default)s)")
     parser.add_argument("--contexts", type=int, nargs="*", default=list(CONTEXTS),
                         help="prompt lengths to time one draft and target step at (default: %(default)s; none: skip)")
+    parser.add_argument("--batch", type=int, nargs="*", default=None,
+                        help="batch sizes to time the same steps at (default: the grid's, else none)")
     parser.add_argument("--ray", action="store_true", help="measure each pair in a Ray task with one GPU")
     args = parser.parse_args(argv)
     shapes = Shapes(tuple(args.gamma or (DecodeConfig.gamma,)))
@@ -207,6 +211,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         parser.error("give --grid, or --target and --draft")
     shapes = replace(shapes, contexts=tuple(args.contexts))
+    if args.batch is not None:
+        shapes = replace(shapes, batches=tuple(sorted(set(args.batch) - {1})))
     if args.ray:
         import ray
 

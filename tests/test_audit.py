@@ -52,3 +52,22 @@ def test_each_differing_row_says_where_it_first_left_the_targets_output():
     assert differ["method_label"].tolist() == ["M", "MT"]
     text = lossless_text(lossless_table(rows), differ)
     assert "first leave it at new token 2 (median; earliest 2, latest 2)" in text and BF16_NOTE in text
+
+
+def test_a_batched_row_is_compared_with_ar_at_its_batch_and_with_the_request_decoded_alone():
+    """Batching may round the last bits differently: SD at batch 2 must equal AR at batch 2, and
+    the audit counts (never assumes) how many batched rows equal the request decoded alone."""
+    batched = lambda methods, ids, sample="s0": {**row(methods, ids, sample=sample), "batch": 2}
+    rows = pd.DataFrame([
+        {**row("AR", [1, 2, 3]), "batch": 1}, {**row("AR", [5, 6]), "batch": None, "sample_id": "s1"},
+        batched("AR", [1, 2, 4]), batched("M", [1, 2, 4]),  # batching changed the AR output: SD follows it
+        batched("AR", [5, 6], "s1"), batched("M", [5, 6], "s1"),
+        {**row("M", [1, 2, 3]), "batch": 1},
+    ])
+    audited = with_lossless_column(rows)
+    assert audited["matches_ar"].tolist() == [None, None, None, True, None, True, True]
+    assert audited["matches_batch1"].tolist() == [None, None, False, False, True, True, None]
+    table = lossless_table(rows)
+    assert table[["rows", "equal to AR", "batched rows", "equal to batch 1"]].values.tolist() == [[3, 3, 2, 1]]
+    assert "Of the 2 greedy speculative rows decoded in batches over 1, 1 give" in lossless_text(table)
+    assert "batched rows" not in lossless_table(rows[rows["batch"] != 2])  # no batches: the table as before

@@ -1,6 +1,8 @@
 """Calibration: the speedup formulas by hand, and a measurement that round-trips to disk."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from pipeline.decoding.config import DecodeConfig
@@ -121,3 +123,23 @@ def test_calibration_times_a_step_after_prompts_of_several_lengths(tiny_pair, tm
     costs = read_calibrations(tmp_path).context_costs()
     assert list(costs["context"]) == [16, 128] and (costs["Tq/Tp"] > 0).all()
     assert context_cost_figure(costs) is not None
+
+
+def test_calibration_times_the_same_steps_at_each_batch_size(tiny_pair, tmp_path):
+    """The batch-aware Eq. 1 needs Tp, Tp(n) and Tq(m rows) with B requests in the batch."""
+    target, draft = tiny_pair
+    result = calibrate(target, draft, gammas=(3,), repeats=2, rounds=2, draft_rows=(6,), batches=(1, 2, 4))
+    assert result.batch_sizes == [2, 4]  # batch 1 is the calibration's own fields
+    assert [len(r) for r in result.batch_verify_ratios] == [1, 1] and min(min(result.batch_verify_ratios)) > 0
+    assert [len(r) for r in result.batch_draft_ratios] == [5, 5]  # rows 1..4 and 6, each times the batch
+    assert result.target_step_s(1) == result.target_token_s and result.target_step_s(4) > 0
+    assert result.verify_ratio(4, batch=2) == result.batch_verify_ratios[0][0]
+    assert result.draft_ratio(6, batch=4) == result.batch_draft_ratios[1][-1]
+    assert result.verify_ratio(4, batch=1) == result.verify_ratios[0]
+    assert all(map(math.isnan, (result.verify_ratio(4, batch=3), result.draft_ratio(6, batch=8),
+                                result.target_step_s(3))))
+    write_calibration(tmp_path, result)
+    stored = read_calibrations(tmp_path).all[0]
+    assert stored.batch_sizes == [2, 4] and stored.draft_ratio(6, batch=4) == pytest.approx(result.draft_ratio(6, 4))
+    older = {k: v for k, v in result.to_row().items() if not k.startswith("batch_")}
+    assert Calibration.from_row(older).batch_sizes == [] and math.isnan(Calibration.from_row(older).verify_ratio(4, 2))

@@ -90,7 +90,7 @@ def calibrate_drafts(
     rounds: int = 5, image: Image.Image | None = None, engine: str | None = None,
     verify_tokens: Sequence[int] = (),
     draft_rows: Sequence[int] = (), progress: Callable[[int, int, float], None] | None = None,
-    contexts: Sequence[int] = (),
+    contexts: Sequence[int] = (), batches: Sequence[int] = (),
 ) -> list[Calibration]:
     """Measure Tp, Tp(n) for n = gamma + 1 of every gamma and every other of `verify_tokens`
     (a tree's nodes + 1: the verify-latency curve), and for each draft Tq with 1..4 rows and
@@ -99,7 +99,9 @@ def calibrate_drafts(
     device's default, as decoding picks it); and one step of each after text prompts of
     `contexts` tokens (those that fit). The target is measured once per round for all its
     drafts, each draft right after it, so every pair's ratios come from steps timed seconds
-    apart. Times are medians over rounds; ratios are the medians of each round's ratios.
+    apart. Times are medians over rounds; ratios are the medians of each round's ratios. For
+    each of `batches` (requests decoded as one batch) the same target steps with that many
+    rows and the same draft steps with that many times the rows are timed in every round.
     `progress(round, rounds, the first draft's Tq/Tp that round)` is called after each round."""
     load_before = machine_load()
     engine = engine or default_engine(target, *drafts)
@@ -111,19 +113,29 @@ def calibrate_drafts(
     target_rows = _prefilled(target, sample, 1, engine, max(sizes))
     target_lengths = [n for n in sorted(set(contexts)) if _fits(target, n)]
     target_long = {n: _prefilled_context(target, n, engine) for n in target_lengths}
-    batches = [[_prefilled(draft, sample, n, engine, gamma) for n in counts] for draft in drafts]
+    draft_batches = [[_prefilled(draft, sample, n, engine, gamma) for n in counts] for draft in drafts]
     lengths = [[n for n in target_lengths if _fits(draft, n)] for draft in drafts]
     long_prompts = [{n: _prefilled_context(draft, n, engine) for n in mine}
                     for draft, mine in zip(drafts, lengths)]
-    token, verify, at_length = [], [], []
+    batches = sorted(set(batches) - {1})
+    target_batched = {b: _prefilled(target, sample, b, engine, max(sizes)) for b in batches}
+    drafts_batched = [{b: [_prefilled(draft, sample, b * n, engine, gamma) for n in counts] for b in batches}
+                      for draft in drafts]
+    token, verify, at_length, batched = [], [], [], []
     measured = [([], []) for _ in drafts]  # per draft: its step per batch, its step per context, each round
+    batched_drafts = [[] for _ in drafts]  # per draft, each round: {batch: its step per row count}
     for done in range(1, rounds + 1):
         token.append(_step_seconds(target, target_rows, 1, repeats))
         verify.append([_step_seconds(target, target_rows, n, repeats) for n in sizes])
         at_length.append({n: _step_seconds(target, rows, 1, repeats) for n, rows in target_long.items()})
-        for draft, mine, long, (steps, context_steps) in zip(drafts, batches, long_prompts, measured):
+        for draft, mine, long, (steps, context_steps) in zip(drafts, draft_batches, long_prompts, measured):
             steps.append([_step_seconds(draft, rows, 1, repeats) for rows in mine])
             context_steps.append({n: _step_seconds(draft, rows, 1, repeats) for n, rows in long.items()})
+        batched.append({b: [_step_seconds(target, rows, n, repeats) for n in (1, *sizes)]
+                        for b, rows in target_batched.items()})
+        for mine, steps in zip(drafts_batched, batched_drafts):
+            steps.append({b: [_step_seconds(draft, rows, 1, repeats) for rows in each]
+                          for b, each in mine.items()})
         if progress:
             progress(done, rounds, measured[0][0][-1][0] / token[-1])
     curve = [[v[i] / t for v, t in zip(verify, token)] for i in range(len(sizes))]
@@ -137,10 +149,13 @@ def calibrate_drafts(
         device_name=device_name(target.device),
         verify_tokens=sizes, verify_s=[median(v[i] for v in verify) for i in range(len(sizes))],
         verify_ratios=[median(r) for r in curve], draft_row_counts=counts, verify_ratio_rounds=curve,
-        load_before=load_before, load_after=machine_load(), cpu_cores=cpu_cores(),
+        load_before=load_before, load_after=machine_load(), cpu_cores=cpu_cores(), batch_sizes=batches,
+        batch_target_token_s=[median(r[b][0] for r in batched) for b in batches],
+        batch_verify_ratios=[[median(r[b][1 + i] / r[b][0] for r in batched) for i in range(len(sizes))]
+                             for b in batches],
     )
     results = []
-    for draft, mine, (steps, context_steps) in zip(drafts, lengths, measured):
+    for draft, mine, (steps, context_steps), steps_batched in zip(drafts, lengths, measured, batched_drafts):
         rows_ratio = [[d[m] / t for d, t in zip(steps, token)] for m in range(len(counts))]
         results.append(Calibration(
             draft=draft.name, draft_token_s=median(d[0] for d in steps),
@@ -148,6 +163,9 @@ def calibrate_drafts(
             ratio_draft_target_rounds=rows_ratio[0], draft_rows_ratio=[median(r) for r in rows_ratio],
             draft_rows_ratio_rounds=rows_ratio, context_tokens=mine,
             context_target_s=[median(r[n] for r in at_length) for n in mine],
-            context_draft_s=[median(r[n] for r in context_steps) for n in mine], **shared,
+            context_draft_s=[median(r[n] for r in context_steps) for n in mine],
+            batch_draft_ratios=[[median(d[b][m] / t[b][0] for d, t in zip(steps_batched, batched))
+                                 for m in range(len(counts))] for b in batches],
+            **shared,
         ))
     return results

@@ -12,11 +12,13 @@ from typing import Any, Mapping
 
 MAX_ROWS = 4  # the largest ensemble (MTCP) drafts four rows per step
 INT_FIELDS = {"gamma", "repeats", "rounds", "cpu_cores", "verify_tokens", "draft_row_counts",
-              "context_tokens"}
+              "context_tokens", "batch_sizes"}
 
 
 def expected_speedup(tau: float, gamma: int, ratio_draft_target: float, ratio_verify: float = 1.0) -> float:
-    """Paper Eq. 1 when `ratio_verify` is 1; the CPU-corrected form otherwise."""
+    """Paper Eq. 1 when `ratio_verify` is 1; the CPU-corrected form otherwise. At batch B both
+    ratios are B's (a draft step of B x m rows and a verify of B rows over a target step of B
+    rows), tau each request's: the batch-aware form."""
     return tau / (gamma * ratio_draft_target + ratio_verify)
 
 
@@ -63,6 +65,13 @@ class Calibration:
     context_tokens: list[int] = field(default_factory=list)
     context_target_s: list[float] = field(default_factory=list)
     context_draft_s: list[float] = field(default_factory=list)
+    # several requests in one batch (`pipeline.decoding.batch_loop`), per batch size over 1,
+    # medians over rounds: Tp with that many target rows, Tp(n)/Tp at that batch per
+    # verify_tokens entry, and Tq(batch x rows)/Tp at that batch per draft_row_counts entry
+    batch_sizes: list[int] = field(default_factory=list)
+    batch_target_token_s: list[float] = field(default_factory=list)
+    batch_verify_ratios: list[list[float]] = field(default_factory=list)
+    batch_draft_ratios: list[list[float]] = field(default_factory=list)
 
     @property
     def ratio_draft_target(self) -> float:
@@ -81,11 +90,12 @@ class Calibration:
         """Where it was measured: the device's name (e.g. the GPU model), else `cpu`/`cuda:0`."""
         return self.device_name or self.device
 
-    def verify_ratio(self, tokens: int) -> float:
-        """Tp(tokens)/Tp(1) from the verify curve; NaN when that token count was not measured."""
+    def verify_ratio(self, tokens: int, batch: int = 1) -> float:
+        """Tp(tokens)/Tp(1) from the verify curve, with `batch` target rows; NaN when not measured."""
         if tokens not in self.verify_tokens:
             return math.nan
-        return self.verify_ratios[self.verify_tokens.index(tokens)]
+        ratios = self._at_batch(batch, self.verify_ratios, self.batch_verify_ratios)
+        return ratios[self.verify_tokens.index(tokens)]
 
     def verify_rounds(self, tokens: int) -> list[float]:
         """Tp(tokens)/Tp of every round ([] when not measured or not kept)."""
@@ -94,11 +104,29 @@ class Calibration:
             return []
         return list(rounds[self.verify_tokens.index(tokens)])
 
-    def draft_ratio(self, rows: int) -> float:
+    def draft_ratio(self, rows: int, batch: int = 1) -> float:
         """Tq with `rows` rows in the draft batch over Tp (an m-method ensemble drafts m rows, a
-        candidate tree one group of them per branch); NaN when that batch was not timed."""
+        candidate tree one group of them per branch), each `batch` times over for `batch`
+        requests (over Tp with `batch` rows); NaN when not timed."""
         counts = self.draft_row_counts
-        return self.draft_rows_ratio[counts.index(rows)] if rows in counts else math.nan
+        if rows not in counts:
+            return math.nan
+        return self._at_batch(batch, self.draft_rows_ratio, self.batch_draft_ratios)[counts.index(rows)]
+
+    def target_step_s(self, batch: int = 1) -> float:
+        """Tp with `batch` target rows (one token each); NaN when not measured."""
+        if batch == 1:
+            return self.target_token_s
+        if batch not in self.batch_sizes:
+            return math.nan
+        return self.batch_target_token_s[self.batch_sizes.index(batch)]
+
+    def _at_batch(self, batch: int, alone: list[float], batched: list[list[float]]) -> list[float]:
+        if batch == 1:
+            return alone
+        if batch not in self.batch_sizes:
+            return [math.nan] * len(alone)
+        return batched[self.batch_sizes.index(batch)]
 
     def draft_rounds(self, rows: int) -> list[float]:
         """Tq(rows)/Tp of every round ([] when not timed or not kept)."""

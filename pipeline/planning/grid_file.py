@@ -31,11 +31,8 @@ MODES = ("live", "replay", "auto")
 MAX_GAMMA = 64  # proposals per block: the paper uses 5; thousands only make every block slower
 MAX_BATCH = 64  # requests decoded together
 
-FIELDS = {
-    "name", "datasets", "turns", "pairs", "methods", "policies", *AXES,
-    "max_new_tokens", "limit", "captioner", "shard_size", "mode", "live_samples", "live_seed", "sources", "calibrate",
-    "drafting_methods", "max_image_pixels",
-}
+FIELDS = {"name", "datasets", "turns", "pairs", "methods", "policies", *AXES, "max_new_tokens", "limit", "captioner",
+          "shard_size", "mode", "live_samples", "live_seed", "sources", "calibrate", "drafting_methods", "max_image_pixels"}
 
 
 def load_grid(path: str | Path, catalog: Catalog | None = None) -> GridSpec:
@@ -249,16 +246,14 @@ def _window(value: Any, where: str) -> int | None:
 
 
 def _verify(value: Any, where: str) -> tuple[VerifySpec, bool, tuple[str, ...] | None]:
-    """A verify entry, whether it runs live on the grid's `live_samples` (`timed: false`, not
-    part of the configuration, replays it there too) and the method sets it runs on
-    (`methods:`, None: every one). A kind may be an import path."""
+    """A verify entry (its kind may be an import path), whether it runs live on `live_samples`
+    (`timed: false` replays it there too) and its `methods:` (None: all; grid_checks checks them)."""
     if isinstance(value, VerifySpec):  # the axis's default
         return value, True, None
     entry = dict(value) if isinstance(value, dict) else {"kind": value}
     timed = _bool(entry.pop("timed", True), f"{where}.timed")
     only = entry.pop("methods", None)
-    if only is not None:
-        only = tuple(str(m) for m in _list(only, f"{where}.methods"))  # checked against the grid's (grid_checks)
+    only = None if only is None else tuple(str(m) for m in _list(only, f"{where}.methods"))
     if "kind" in entry:
         entry["kind"] = verify_kind(entry["kind"], f"{where}.kind")
     try:

@@ -7,7 +7,8 @@ and `choices[0]` with `turns` (the answer text), `new_tokens`, `wall_time` (the 
 clock), `decoding_steps` (blocks) and `accept_lengths`: tokens produced per block, i.e. accepted
 drafts + 1, our tau convention (Spec-Bench's "mean accepted tokens"; subtract 1 for EAGLE's
 tau0). Only rows decoded live carry a walltime, so only they are exported; replayed rows have
-accepted counts but no time of their own.
+accepted counts but no time of their own. Spec-Bench times one request at a time, so rows
+decoded in batches over 1 are left out (their walltime is their batch's).
 """
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ from urllib.parse import quote
 
 import pandas as pd
 
-from pipeline.results.report import with_tree_labels
+from pipeline.results.report import decoded_alone, with_tree_labels
 
 FORMATS = ("spec-bench",)
 
 
 def spec_bench_lines(rows: pd.DataFrame) -> dict[str, list[dict]]:
     """File name -> answer lines, for the live rows (and AR rows) of `rows`."""
+    rows = decoded_alone(rows)
     live = with_tree_labels(rows[rows["error"].isna() & rows["mode"].isin(["live", "ar"])])
     files: dict[str, list[dict]] = {}
     for row in live.to_dict("records"):

@@ -40,6 +40,19 @@ def with_tree_labels(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.assign(method_label=rows["method_label"].where(~tree, rows["method_label"] + " (" + rows["verify"] + ")"))
 
 
+def batch_of(rows: pd.DataFrame) -> pd.Series:
+    """Each row's batch size: requests decoded together (1 for rows from before the batch axis)."""
+    if "batch" not in rows:
+        return pd.Series(1, index=rows.index, dtype=int)
+    return rows["batch"].astype(object).where(rows["batch"].notna(), 1).astype(int)
+
+
+def decoded_alone(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows of batch 1, which every table but the batch sweep's and the audit reads: a
+    batched row's walltime is its batch's and its configuration is counted at batch 1."""
+    return rows[batch_of(rows) == 1]
+
+
 def pooled_tau(group: pd.DataFrame) -> float:
     accepted = group["accepted_per_block"].map(sum).sum()
     blocks = group["blocks"].sum()

@@ -17,6 +17,8 @@ import pandas as pd
 from pipeline.results.acceptance import CONFIG, acceptance_table, per_position_table, request_taus
 from pipeline.results.acceptance_plots import per_position_figure, request_tau_figure
 from pipeline.results.audit import GROUP_KEYS, audit, lossless_text
+from pipeline.results.batch_plots import batch_figure
+from pipeline.results.batch_sweep import batch_table, batch_text
 from pipeline.results.calibration_section import calibration_section
 from pipeline.results.calibration_store import Calibrations, read_calibrations
 from pipeline.results.completeness import completeness_table, completeness_text, grids_text
@@ -26,7 +28,9 @@ from pipeline.results.manifest import expected_rows, run_grids
 from pipeline.results.noise import noise_section, shown
 from pipeline.results.paper_check import paper_check
 from pipeline.results.plots import save, tau_figure, weight_ratio_figure
-from pipeline.results.report import category_table, error_counts, findings_text, markdown_table, method_findings, tau_table
+from pipeline.results.report import (
+    category_table, decoded_alone, error_counts, findings_text, markdown_table, method_findings, tau_table,
+)
 from pipeline.results.run_lock import lock_holder
 from pipeline.results.speedup import draft_size_table, speedup_table
 from pipeline.results.store import report_dir
@@ -51,8 +55,9 @@ def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
     return text
 
 
-def _write_report(out: str | Path, run: str, rows: pd.DataFrame, folder: Path) -> str:
+def _write_report(out: str | Path, run: str, everything: pd.DataFrame, folder: Path) -> str:
     calibrations = read_calibrations(out)
+    rows = decoded_alone(everything)  # batched rows: the batch sweep and the audit read them
     tables = {
         "tau": ("Block efficiency tau per dataset (tau = accepted proposals + 1 per block, the paper's convention; "
                 "tau0 = tau - 1 below; pooled over blocks; Avg. = benchmark datasets)", tau_table(rows)),
@@ -67,8 +72,8 @@ def _write_report(out: str | Path, run: str, rows: pd.DataFrame, folder: Path) -
             speedup_table(rows, calibrations),
         ),
     }
-    sections = [f"# Run {run}: {len(rows)} rows, {rows['error'].notna().sum()} failed",
-                completeness_section(out, run, rows, folder)]
+    sections = [f"# Run {run}: {len(everything)} rows, {everything['error'].notna().sum()} failed",
+                completeness_section(out, run, everything, folder)]
     for name, (title, table) in tables.items():
         table.to_csv(folder / f"{name}.csv")
         sections.append(f"## {title}\n\n{markdown_table(shown(table))}")
@@ -80,9 +85,10 @@ def _write_report(out: str | Path, run: str, rows: pd.DataFrame, folder: Path) -
         "## M vs T, and where TABED lands (pooled tau; rank among the SD configurations run, 1 = best)\n\n"
         f"{findings_text(findings)}\n\n{markdown_table(findings, mark_best=False)}"
     )
-    sections += [acceptance_section(rows, folder), paper_section(rows, folder), audit_section(rows, folder), fidelity_section(rows, folder),
+    sections += [batch_section(everything, calibrations, folder), acceptance_section(rows, folder),
+                 paper_section(rows, folder), audit_section(everything, folder), fidelity_section(everything, folder),
                  image_conversions_text(rows)]
-    errors = error_counts(rows)
+    errors = error_counts(everything)
     if not errors.empty:
         lines = [f"| {r.dataset} | {r.turn} | {r.errors} |" for r in errors.itertuples()]
         sections.append("## Failed samples (left out of every table)\n\n| dataset | turn | errors |\n|---|---|---|\n" + "\n".join(lines))
@@ -117,6 +123,25 @@ def audit_section(rows: pd.DataFrame, folder: Path) -> str:
     differ.to_csv(folder / "divergences.csv", index=False)
     return checked_section(folder, "lossless", "Lossless audit: greedy speculative output vs the target's own greedy output",
                            lossless_text(table, differ), table, GROUP_KEYS)
+
+
+def batch_section(rows: pd.DataFrame, calibrations: Calibrations, folder: Path) -> str:
+    """Speedup over AR at the same batch against the batch size (`pipeline.results.batch_sweep`);
+    empty unless the run decoded batches over 1."""
+    table = batch_table(rows, calibrations)
+    if table.empty:
+        return ""
+    table.to_csv(folder / "batch.csv")
+    lines = ["## Batch sweep: where speculative decoding stops paying (first turns, live rows; speedup = AR walltime / "
+             "SD walltime decoding the same requests in batches of the same size; `expected` = Eq. 1 corrected, with "
+             "draft and verify costs calibrated at that batch size; `latency s` = median per-request latency; "
+             "`= AR here` / `= batch 1`: outputs equal to AR at this batch / to the sample decoded alone)",
+             batch_text(table), markdown_table(shown(table), mark_best=False)]
+    made = batch_figure(table)
+    if made is not None:
+        save(made[0], folder / "batch")
+        lines.append(f"![batch](batch.png)\n\n> {made[1]}")
+    return "\n\n".join(lines)
 
 
 def acceptance_section(rows: pd.DataFrame, folder: Path) -> str:

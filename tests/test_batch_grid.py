@@ -1,0 +1,134 @@
+"""The grid's `batch` axis: requests decoded B at a time, AR and SD alike. Batch 1 keeps the keys
+rows had before the axis; what a batch cannot decode is refused naming the entry; a batch
+size's configurations and its AR baseline are planned live together in whole batches; and
+through the job, rows record their batch, the report gives speedup against the batch size
+and the audit counts how many batched rows equal the same request decoded alone."""
+from __future__ import annotations
+
+import copy
+import re
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from pipeline.data.sample import Sample
+from pipeline.planning.grid import Catalog, GridError
+from pipeline.planning.grid_file import parse_grid
+from pipeline.planning.shards import plan_shards
+
+ROOT = Path(__file__).resolve().parents[1]
+CATALOG = Catalog(datasets=("toy",), turn_tasks=())
+BASE = {"name": "t", "datasets": ["toy"], "turns": ["first"], "pairs": [{"target": "tiny:target", "draft": "tiny:draft"}],
+        "methods": ["AR", "M", "MT"], "policies": ["static", {"kind": "grid", "measure": "hard+soft"}],
+        "gamma": [3], "max_new_tokens": 12, "shard_size": 3}
+
+
+def grid(**changes):
+    raw = copy.deepcopy(BASE)
+    raw.update(changes)
+    return parse_grid(raw, CATALOG)
+
+
+def test_batch_one_keeps_the_keys_rows_had_before_the_axis():
+    before = {c.key() for c in grid().configs()}
+    swept = grid(batch=[1, 2, 4]).configs()
+    assert {c.key() for c in swept if c.batch == 1} == before
+    assert len({c.key() for c in swept}) == len(swept) == 3 * len(before)  # every batch size its own rows
+    assert {c.batch for c in swept} == {1, 2, 4}
+
+
+@pytest.mark.parametrize("changes, named", [
+    ({"batch": [0]}, "batch[0]: expected an integer from 1 to 64, got 0"),
+    ({"batch": [2, 65]}, "batch[1]: expected an integer from 1 to 64, got 65"),
+    ({"batch": ["two"]}, "batch[0]: expected an integer"),
+    ({"batch": [2], "verify": [{"kind": "dynamic"}]}, "batch[0] 2 with verify[0] dynamic(n=16,k=4)"),
+    ({"batch": [1, 3], "verify": ["chain", {"kind": "shape", "shape": [2, 1]}]}, "batch[1] 3 with verify[1] shape"),
+    ({"batch": [2], "temperature": [0.0, 1.0]}, "batch[0] 2: a batch decodes greedily only"),
+    ({"batch": [2], "pairs": [{"target": "tiny:bigram_target", "draft": "tiny:mamba_draft"}]},
+     "batch[0] 2 with pairs[0].draft 'tiny:mamba_draft': a state-space draft"),
+])
+def test_what_a_batch_cannot_decode_is_refused_naming_the_entry(changes, named):
+    with pytest.raises(GridError, match=re.escape(named)):
+        grid(**changes)
+
+
+def test_chains_and_candidate_trees_batch():
+    configs = grid(batch=[2], verify=["chain", "candidates"]).configs()
+    assert {c.decode.verify.kind for c in configs if not c.decode.is_ar} == {"chain", "candidates"}
+
+
+def test_a_batch_size_is_planned_live_with_its_ar_row_in_whole_batches():
+    spec = grid(batch=[1, 2], verify=["chain", "candidates"])
+    samples = [Sample("toy", "test", i, "first", "USER: hi ASSISTANT:") for i in range(5)]
+    shards = plan_shards("r", spec.units(), lambda u: samples, shard_size=3, grid_mode="auto")
+    batched = [s for s in shards if any(c.batch == 2 for c, _ in s.items)]
+    assert all(s.mode == "live" and {c.batch for c, _ in s.items} == {2} for s in batched)  # never replayed
+    assert all(any(c.decode.is_ar for c, _ in s.items) for s in batched)  # AR at the same batch rides along
+    # shards of 4 samples (3 rounded up to whole batches of 2), then the last one
+    assert [len({sid for _, sid in s.items}) for s in batched] == [4, 1]
+    keys = [k for s in shards for k in s.keys]
+    assert len(keys) == len(set(keys)) == len(spec.configs()) * 5
+    alone = [s for s in shards if all(c.batch == 1 for c, _ in s.items)]
+    assert {s.mode for s in alone} == {"replay"}  # batch 1 replays greedy configurations as before
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """The job on a small batch sweep of the tiny pair: AR, M and MT* chains and the MT* candidate
+    tree at batch 1, 2 and 4 over five requests (the last batch of 4 holds one)."""
+    folder = tmp_path_factory.mktemp("batch_sweep")
+    raw = {"name": "sweep", "datasets": ["embedded_describe"], "turns": ["first"],
+           "pairs": [{"target": "tiny:target", "draft": "tiny:draft", "dtype": "fp32"}], "methods": ["AR", "M", "MT"],
+           "policies": [{"kind": "grid", "measure": "hard+soft"}], "gamma": [3], "verify": ["chain", "candidates"],
+           "batch": [1, 2, 4], "max_new_tokens": 16, "limit": 5, "shard_size": 4, "mode": "live", "calibrate": True}
+    (folder / "sweep.yaml").write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    command = [sys.executable, "jobs/full_grid.py", "--grid", str(folder / "sweep.yaml"), "--out", str(folder / "out")]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    return folder / "out", done.stdout, again.stdout
+
+
+@pytest.mark.slow
+def test_the_job_records_each_rows_batch_and_resumes_without_recomputing(swept):
+    from pipeline.results.store import read_results
+
+    out, _, rerun = swept
+    rows = read_results(out, "sweep")
+    assert len(rows) == rows["key"].nunique() == 4 * 3 * 5 and rows["error"].isna().all()
+    assert "run sweep: 0 rows written" in rerun
+    batched = rows[rows["batch"] > 1]
+    assert set(batched["mode"]) == {"live", "ar"}  # a batch is decoded, never replayed
+    assert sorted(batched[batched["batch"] == 4]["batch_requests"].value_counts().items()) == [(1, 4), (4, 16)]
+    assert (rows["time_request_s"] <= rows["time_wall_s"] + 1e-9).all() and rows["batch_tokens_per_s"].gt(0).all()
+    first = rows[(rows["batch"] == 2) & (rows["mode"] == "ar")].sort_values("sample_id")
+    assert first["time_request_s"].nunique() > 1  # requests of one batch finish at different times
+
+
+@pytest.mark.slow
+def test_the_report_gives_speedup_against_the_batch_and_where_it_stops_paying(swept):
+    out, stdout, _ = swept
+    report = out / "_report-sweep"
+    table = pd.read_csv(report / "batch.csv")
+    assert (report / "batch.png").stat().st_size > 0 and "## Batch sweep" in stdout
+    assert set(table["batch"]) == {1, 2, 4} and set(table["method_label"]) == {"M", "MT*", "MT* (candidates)"}
+    assert table["speedup"].gt(0).all() and table["expected"].gt(0).all()  # calibrated at every batch size
+    losses = table.groupby("method_label")["stops paying at batch"].first()
+    for label, line in table.groupby("method_label"):
+        below = line[line["speedup"] < 1]["batch"]
+        assert str(losses[label]) == (str(below.min()) if len(below) else "-")
+    assert (table["= AR here"] == table["requests"].astype(str) + "/" + table["requests"].astype(str)).all()
+    lossless = pd.read_csv(report / "lossless.csv")
+    assert (lossless["equal to AR"] == lossless["rows"]).all()  # fp32: exact at every batch
+    assert int(lossless["batched rows"].sum()) == 3 * 2 * 5  # M, MT*, the tree at batch 2 and 4
+    assert "decoded in batches over 1" in (report / "summary.md").read_text()
+    speedup = pd.read_csv(report / "speedup.csv")
+    assert len(speedup) == 4  # batch 1 only: a batched row never enters the batch-1 tables

@@ -68,8 +68,7 @@ def speculative_decode_batch(
 
 class BatchDecoder:
     """A batch's SD run between blocks: each request's rows, pending tokens, weight state,
-    output and record; `kept` is the host's copy of each request's kept tokens per role. A
-    candidate tree drafts `branches` groups of the m method rows per request (the ensembled
+    output and record. A candidate tree drafts `branches` groups of the m method rows per request (the ensembled
     chain and each method's own), verified as one tree of a fixed node count per request."""
 
     def __init__(self, target_rows: RaggedRows, draft_rows: RaggedRows, first: torch.Tensor,
@@ -84,7 +83,6 @@ class BatchDecoder:
         self.target_pending = first
         # the draft's pending tokens, right-aligned: one, or two after a fully accepted chain
         self.draft_pending, self.draft_valid = torch.stack([first, first], 1), [1] * self.batch
-        self.kept = {"target": [0] * self.batch, "draft": [0] * self.batch}
         self.outputs: list[list[int]] = [[] for _ in records]
         self.stopped = [False] * self.batch
 
@@ -121,7 +119,7 @@ class BatchDecoder:
         own) and each method's distributions along them `[B, branches, gamma, m, V]`."""
         batch, m, branches, gamma = self.batch, self.methods, self.branches, self.config.gamma
         per_request = branches * m
-        valid = torch.tensor(self.draft_valid, device=self.device).repeat_interleave(per_request)
+        valid = [v for v in self.draft_valid for _ in range(per_request)]
         logits = self.draft_rows.feed_ragged(self.draft_pending.repeat_interleave(per_request, 0), valid)
         own = torch.arange(m, device=self.device)
         tokens, method_probs = [], []
@@ -193,11 +191,8 @@ class BatchDecoder:
             return history
         if self.branches > 1:
             self.draft_rows.copy_branches(self.branches, branch)
-        for role, rows, keep, per, order in (("target", self.target_rows, target_keep, 1, path),
-                                             ("draft", self.draft_rows, draft_keep, m * self.branches, None)):
-            self.kept[role] = [k + n for k, n in zip(self.kept[role], keep)]
-            per_row = torch.tensor(keep, device=self.device).repeat_interleave(per)
-            rows.settle(per_row, max(self.kept[role]), order)
+        self.target_rows.settle(target_keep, path)
+        self.draft_rows.settle([k for k in draft_keep for _ in range(m * self.branches)])
         return history
 
 
@@ -214,7 +209,7 @@ def autoregressive_decode_batch(
         prompts = [tokenize(target, s) for s in samples]
         rows = _rows(target, prompts, "M", None, engine, max_new_tokens + 1, "target", steps, timer)
     pending = torch.tensor([p.ids[-1] for p in prompts], device=device)
-    outputs, stopped, kept = [[] for _ in samples], [False] * batch, [0] * batch
+    outputs, stopped = [[] for _ in samples], [False] * batch
     records = [SampleRecord(sample_id=s.sample_id, mode="ar", engine=engine, batch_requests=len(samples))
                for s in samples]
     while not all(stopped):
@@ -232,9 +227,8 @@ def autoregressive_decode_batch(
                 if outcome.stop:
                     records[b].time_request_s = time.perf_counter() - timer.started
                 keep[b] = 0 if outcome.stop else 1
-            kept = [k + n for k, n in zip(kept, keep)]
             if not all(stopped):
-                rows.settle(torch.tensor(keep, device=device), max(kept))
+                rows.settle(keep)
     tokens = sum(len(output) for output in outputs)
     for record, output in zip(records, outputs):
         finish_record(record, output, target, timer, steps, batch_tokens=tokens)

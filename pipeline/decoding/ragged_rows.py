@@ -17,8 +17,9 @@ slots (one write position, static shapes), and each row keeps its own accepted p
   row's end: the cache never holds more than the longest request's tokens plus one block;
 - `copy_branches` gives every branch's rows of a request its accepted branch's block.
 
-Masks and positions are built on the device from `kept` and `skip`; the host only knows the
-shared `base` and `fed`, which the block's one transfer gives it.
+Masks and positions are built on the device from `kept` and `skip`; the host keeps its own copy
+of both (the counts come back in the block's one transfer), so it knows when nothing has to
+move: every row of an AR step, or of a block all rows accepted alike, keeps its tokens in place.
 """
 from __future__ import annotations
 
@@ -30,24 +31,23 @@ from pipeline.decoding.rows import DynamicCacheRows, StaticCacheRows
 class Ragged:
     """The ragged verbs over a KV-cache rows class (mixed in before it)."""
 
-    kept: torch.Tensor
-    skip: torch.Tensor
+    kept: torch.Tensor  # [rows] on the device; `kept_counts` on the host
+    skip: torch.Tensor  # [rows] on the device; `skips` on the host
     base: int
 
     def start_ragged(self) -> None:
-        device = self.model.device
-        self.kept = torch.zeros(self.rows, dtype=torch.long, device=device)
-        self.skip = torch.zeros(self.rows, dtype=torch.long, device=device)
+        self.kept_counts, self.skips = [0] * self.rows, [0] * self.rows
+        self.kept, self.skip = self._on_device(self.kept_counts), self._on_device(self.skips)
         self.base = self.fed
 
-    def feed_ragged(self, ids: torch.Tensor, valid: torch.Tensor | None = None,
-                    keep: int = 1) -> torch.Tensor:
-        """Append `ids` `[rows, n]`; `valid` `[rows]` (only as a block's first feed): the row's
-        last `valid_r` tokens are real, the others fillers. fp32 logits of the last `keep`."""
+    def feed_ragged(self, ids: torch.Tensor, valid: list[int] | None = None, keep: int = 1) -> torch.Tensor:
+        """Append `ids` `[rows, n]`; `valid` (only as a block's first feed): row r's last
+        `valid[r]` tokens are real, the others fillers. fp32 logits of the last `keep`."""
         if valid is not None:
             if self.fed != self.base:
                 raise ValueError("fillers go at the start of a block only")
-            self.skip = ids.shape[1] - valid
+            self.skips = [ids.shape[1] - v for v in valid]
+            self.skip = self._on_device(self.skips)
         n = ids.shape[1]
         limit = getattr(self, "slots", None)  # a static cache's size
         if limit is not None and self.width + self.fed + n > limit:
@@ -65,7 +65,8 @@ class Ragged:
         if self.fed != self.base:
             raise ValueError("a tree is a block's only feed")
         n = ids.shape[1]
-        self.skip = torch.zeros_like(self.skip)
+        self.skips = [0] * self.rows
+        self.skip = self._on_device(self.skips)
         mask = self._ragged_mask(n)
         first = self.width + self.base
         blocked = torch.finfo(mask.dtype).min
@@ -87,30 +88,38 @@ class Ragged:
                 index = source.view(-1, 1, 1, 1, 1, 1).expand(-1, 1, *grouped.shape[2:])
                 grouped.copy_(grouped.gather(1, index).expand_as(grouped))
 
-    def settle(self, keep: torch.Tensor, longest: int, order: torch.Tensor | None = None) -> None:
-        """Each row keeps `keep_r` real tokens of the block (`[rows]`, on the device): its first
-        ones, or those at block positions `order` `[rows, span]` (a tree's accepted path, root
-        first); `longest`: the largest `kept_r` afterwards (the host's copy: the next block's start)."""
+    def settle(self, keep: list[int], order: torch.Tensor | None = None) -> None:
+        """Row r keeps `keep[r]` real tokens of the block: its first ones, or those at block
+        positions `order` `[rows, span]` (a tree's accepted path, root first), moved in place
+        behind its earlier ones; the next block starts after the longest row."""
         span = self.fed - self.base
-        if span:
-            steps = torch.arange(span, device=keep.device)
+        in_place = order is None and all(n == 0 or (k == self.base and s == 0)
+                                         for k, n, s in zip(self.kept_counts, keep, self.skips))
+        if span and not in_place:
+            counts = self._on_device(keep)
+            steps = torch.arange(span, device=counts.device)
             if order is None:
                 order = self.skip[:, None] + steps[None, :]
             # entries past keep_r repeat the last kept one (the same write twice), or write a
             # slot onto itself in a row that keeps nothing: no two writes differ
-            entry = torch.minimum(steps[None, :], (keep[:, None] - 1).clamp_min(0))
+            entry = torch.minimum(steps[None, :], (counts[:, None] - 1).clamp_min(0))
             source = self.width + self.base + order.gather(1, entry)
-            target = torch.where(keep[:, None] > 0, self.width + self.kept[:, None] + entry, source)
+            target = torch.where(counts[:, None] > 0, self.width + self.kept[:, None] + entry, source)
             for layer in self.cache.layers:
                 for states in (layer.keys, layer.values):
                     heads, width = states.shape[1], states.shape[3]
                     index = lambda slots: slots[:, None, :, None].expand(-1, heads, -1, width)
                     moved = states.gather(2, index(source))
                     states.scatter_(2, index(target), moved)
-        self.kept = self.kept + keep
-        self.skip = torch.zeros_like(self.skip)
+        self.kept_counts = [k + n for k, n in zip(self.kept_counts, keep)]
+        self.skips = [0] * self.rows
+        self.kept, self.skip = self._on_device(self.kept_counts), self._on_device(self.skips)
+        longest = max(self.kept_counts)
         self._rewind(longest)
         self.base = self.fed = longest
+
+    def _on_device(self, counts: list[int]) -> torch.Tensor:
+        return torch.tensor(counts, dtype=torch.long, device=self.model.device)
 
     def _ragged_positions(self, n: int) -> torch.Tensor:
         slots = torch.arange(self.fed, self.fed + n, device=self.kept.device)

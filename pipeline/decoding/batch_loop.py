@@ -68,8 +68,9 @@ def speculative_decode_batch(
 
 class BatchDecoder:
     """A batch's SD run between blocks: each request's rows, pending tokens, weight state,
-    output and record. A candidate tree drafts `branches` groups of the m method rows per request (the ensembled
-    chain and each method's own), verified as one tree of a fixed node count per request."""
+    output and record. A candidate tree drafts `branches` groups of the m method rows per
+    request (the ensembled chain and each method's own), verified as one tree of a fixed node
+    count per request."""
 
     def __init__(self, target_rows: RaggedRows, draft_rows: RaggedRows, first: torch.Tensor,
                  config: DecodeConfig, records: list[SampleRecord], eos: frozenset[int],

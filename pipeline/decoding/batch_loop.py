@@ -96,9 +96,7 @@ class BatchDecoder:
                 weights = torch.stack([state.choose() for state in self.states])  # [B, m] float64
             chains, method_probs = self._propose(mixing_weights(weights)[:, None, :])
         with timer.phase("verify"):
-            logits, accepted, next_token, path = self._verify(chains)
-            branch = torch.zeros_like(accepted) if path is None else ((path.gather(1, accepted[:, None])[:, 0]
-                                                                       - 1).clamp_min(0) // gamma)
+            logits, accepted, next_token, path, branch = self._verify(chains)
             path_tokens = chains[torch.arange(batch, device=self.device), branch]  # [B, gamma]
             summary = torch.cat([accepted, next_token, path_tokens.flatten()]).double()
             # the one transfer
@@ -138,7 +136,7 @@ class BatchDecoder:
     def _verify(self, chains: torch.Tensor):
         """The target's one forward over each request's pending token and proposals, and greedy
         acceptance: (logits `[B, fed, V]`, accepted `[B]`, next token `[B]`, the accepted
-        path's fed positions `[B, gamma + 1]`, None for a chain)."""
+        path's fed positions `[B, gamma + 1]` (None for a chain), the branch that drafted it `[B]`)."""
         gamma = self.config.gamma
         if self.branches == 1:
             proposals = chains[:, 0]
@@ -146,7 +144,8 @@ class BatchDecoder:
             logits = self.target_rows.feed_ragged(fed, keep=gamma + 1)  # [B, gamma + 1, V]
             target_ids = logits.argmax(-1)
             accepted = (proposals == target_ids[:, :-1]).long().cumprod(1).sum(1)  # [B]
-            return logits, accepted, target_ids.gather(1, accepted[:, None])[:, 0], None
+            next_token = target_ids.gather(1, accepted[:, None])[:, 0]
+            return logits, accepted, next_token, None, torch.zeros_like(accepted)
         trees = [candidate_tree(c, merge=True) for c in chains]
         fed = torch.stack([torch.cat([p.view(1), t.tokens]) for p, t in zip(self.target_pending, trees)])
         depths = torch.stack([t.fed_depths() for t in trees])
@@ -154,7 +153,10 @@ class BatchDecoder:
         logits = self.target_rows.feed_ragged_tree(fed, depths, sees, keep=fed.shape[1])
         outcomes = [follow_tree(t, l.argmax(-1)) for t, l in zip(trees, logits)]
         stack = lambda name: torch.stack([getattr(o, name) for o in outcomes])
-        return logits, stack("accepted"), stack("next_token"), stack("path")
+        accepted, path = stack("accepted"), stack("path")
+        # the first branch holding the deepest accepted node; the ensembled one when none was
+        branch = (path.gather(1, accepted[:, None])[:, 0] - 1).clamp_min(0) // gamma
+        return logits, accepted, stack("next_token"), path, branch
 
     def _learn(self, history: list[int], logits: torch.Tensor, path: torch.Tensor | None,
                method_probs: torch.Tensor, branch: torch.Tensor) -> None:

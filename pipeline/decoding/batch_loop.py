@@ -204,21 +204,20 @@ def autoregressive_decode_batch(
     target: LVLM, samples: list[Sample], *, max_new_tokens: int, engine: str | None = None,
 ) -> list[SampleRecord]:
     """The greedy baseline of a batch: the target alone, one token per request per forward,
-    through the same ragged rows as SD at that batch."""
+    through the same ragged rows as SD at that batch; the first token comes from the prefill,
+    as in transformers' `generate`."""
     DecodeConfig(max_new_tokens=max_new_tokens).validate()
     engine = engine or default_engine(target)
-    timer, steps, batch, device = PhaseTimer(target.device), StepLog(), len(samples), target.device
+    timer, steps = PhaseTimer(target.device), StepLog()
     with timer.phase("prefill"), timer.phase("target_prefill"):
         prompts = [tokenize(target, s) for s in samples]
-        rows = _rows(target, prompts, "M", None, engine, max_new_tokens + 1, "target", steps, timer)
-    pending = torch.tensor([p.ids[-1] for p in prompts], device=device)
-    outputs, stopped = [[] for _ in samples], [False] * batch
+        rows = _rows(target, prompts, "M", None, engine, max_new_tokens, "target", steps, timer, whole=True)
+    pending = rows.prefilled[:, -1].argmax(-1)
+    outputs, stopped = [[] for _ in samples], [False] * len(samples)
     records = [SampleRecord(sample_id=s.sample_id, mode="ar", engine=engine, batch_requests=len(samples))
                for s in samples]
-    while not all(stopped):
+    while True:
         with timer.phase("verify"):
-            pending = rows.feed_ragged(pending[:, None])[:, -1].argmax(-1)
-            keep = [0] * batch
             for b, token in enumerate(pending.tolist()):  # the step's one transfer
                 if stopped[b]:
                     continue
@@ -229,9 +228,10 @@ def autoregressive_decode_batch(
                 stopped[b] = outcome.stop
                 if outcome.stop:
                     records[b].time_request_s = time.perf_counter() - timer.started
-                keep[b] = 0 if outcome.stop else 1
-            if not all(stopped):
-                rows.settle(keep)
+            if all(stopped):
+                break
+            pending = rows.feed_ragged(pending[:, None])[:, -1].argmax(-1)
+            rows.settle([0 if stop else 1 for stop in stopped])  # the token fed, by those still going
     tokens = sum(len(output) for output in outputs)
     for record, output in zip(records, outputs):
         finish_record(record, output, target, timer, steps, batch_tokens=tokens)
@@ -263,9 +263,10 @@ def _check(config: DecodeConfig) -> None:
 
 
 def _rows(model: LVLM, prompts: list[Prompt], methods: str, captioner: Captioner | None, engine: str,
-          capacity: int, role: str, steps: StepLog, timer: PhaseTimer):
+          capacity: int, role: str, steps: StepLog, timer: PhaseTimer, whole: bool = False):
     """Ragged rows of every prompt under every method (request-major), prefilled with
-    `prompt[:-1]`; the last token is fed with the first block."""
+    `prompt[:-1]`: the last token is fed with the first block. `whole`: prefilled with the whole
+    prompt (AR reads its first token from the prefill); `rows.prefilled` holds the logits."""
     check_engine(engine)
     if getattr(model, "recurrent", False):
         raise ModelInputError(f"{model.name}: a state-space model cannot decode a batch of requests yet")
@@ -278,7 +279,8 @@ def _rows(model: LVLM, prompts: list[Prompt], methods: str, captioner: Captioner
                 if captioner is None:
                     raise ModelInputError(f"caption drafting in {methods!r} needs a captioner")
                 captions = [captioner.caption(image) for image in prompt.images]
-            mine = [method_embeddings(model, m, prompt.ids, prompt.images, captions)[:-1] for m in methods]
+            cut = None if whole else -1
+            mine = [method_embeddings(model, m, prompt.ids, prompt.images, captions)[:cut] for m in methods]
             check_fits(model, max(len(e) for e in mine) + 1 + capacity, prompt)
             embeds += mine
     if engine == "eager":
@@ -286,6 +288,6 @@ def _rows(model: LVLM, prompts: list[Prompt], methods: str, captioner: Captioner
     else:
         rows = RaggedStaticRows(model, embeds, capacity=capacity, compiled=compiles(model.device), role=role,
                                 step_log=steps)
-    rows.prefill()
+    rows.prefilled = rows.prefill()
     rows.start_ragged()
     return rows

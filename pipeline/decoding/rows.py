@@ -101,12 +101,14 @@ class DynamicCacheRows:
         self.fed = 0
         self.tree_start = 0  # the continuation slot where the tree being fed began (`begin_tree`)
 
-    def prefill(self) -> None:
-        """Run the padded prompts once; padded slots get position 0 and are masked out."""
+    def prefill(self) -> torch.Tensor:
+        """Run the padded prompts once; padded slots get position 0 and are masked out. Returns
+        the fp32 logits after each row's last prompt token, `[B, 1, V]`."""
         positions = (self._padding.long().cumsum(-1) - 1).clamp_min(0)
         mask = self._attention_mask(start=0, n=self.width)
-        self._forward(mask, positions, keep=1, inputs_embeds=self._prompt_embeds, step=False)
+        logits = self._forward(mask, positions, keep=1, inputs_embeds=self._prompt_embeds, step=False)
         self._prompt_embeds = None  # the cache holds them now
+        return logits
 
     def feed(self, token_ids: list[int] | torch.Tensor, keep: int = 1) -> torch.Tensor:
         """Append tokens to every row (`[n]`: the same in each; `[rows, n]`: each row its own);

@@ -12,6 +12,7 @@ from the image on: prompt embeddings computed inside each timing, left-padded), 
 `name=value`.
 
     python bench/record.py bench/batch.py                     # the embedded pair, 8 samples
+    python bench/record.py --label ar-vs-generate bench/batch.py --sd --rounds 5   # AR alone
     python bench/batch.py --batches 1 2 4 --samples 4 --max-new-tokens 24
 """
 from __future__ import annotations
@@ -32,7 +33,12 @@ from pipeline.decoding.config import DecodeConfig  # noqa: E402
 from pipeline.decoding.rows import left_padded  # noqa: E402
 from pipeline.drafting.methods import method_embeddings  # noqa: E402
 from pipeline.decoding.verify_kinds import CandidateTree  # noqa: E402
-from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy, StaticPolicy  # noqa: E402
+from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy  # noqa: E402
+
+
+SD_CONFIGS = {"M": DecodeConfig("M"), "MT*": DecodeConfig("MT", GridSearchPolicy()),
+              "MTCP*": DecodeConfig("MTCP", InverseErrorPolicy(temperature=1.0)),
+              "MT* (candidates)": DecodeConfig("MT", GridSearchPolicy(), verify=CandidateTree())}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -43,6 +49,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2, help="CPU threads")
     parser.add_argument("--rounds", type=int, default=2, help="timings per decoder and batch size (fastest kept)")
+    parser.add_argument("--sd", nargs="*", default=list(SD_CONFIGS), choices=list(SD_CONFIGS),
+                        help="SD configurations to time (none: our AR against generate only)")
     return parser.parse_args(argv)
 
 
@@ -65,10 +73,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     transformers.logging.disable_progress_bar()
     torch.set_num_threads(args.threads)
     target, draft, captioner, samples = embedded_case(argparse.Namespace(samples=args.samples))
-    chain = lambda methods, policy: DecodeConfig(methods, policy, gamma=args.gamma, max_new_tokens=args.max_new_tokens)
-    configs = {"M": chain("M", StaticPolicy()), "MT*": chain("MT", GridSearchPolicy()),
-               "MTCP*": chain("MTCP", InverseErrorPolicy(temperature=1.0)),
-               "MT* (candidates)": replace(chain("MT", GridSearchPolicy()), verify=CandidateTree())}
+    configs = {name: replace(SD_CONFIGS[name], gamma=args.gamma, max_new_tokens=args.max_new_tokens)
+               for name in args.sd}
     ids = lambda records: [r.output_ids for r in records]
     runs = {"ar": lambda b: ids(autoregressive_decode_batch(target, b, max_new_tokens=args.max_new_tokens)),
             "hf_ar": lambda b: hf_generate(target, b, args.max_new_tokens),

@@ -47,12 +47,13 @@ def speculative_decode_batch(
     with timer.phase("prefill"):
         with timer.phase("target_prefill"):
             prompts = [tokenize(target, s) for s in samples]
-            target_rows = _rows(target, prompts, "M", None, engine, target_capacity, "target", steps, timer)
+            target_rows, _ = _rows(target, prompts, "M", None, engine, target_capacity, "target", steps,
+                                   timer)
         with timer.phase("draft_prefill"):
             draft_prompts = [tokenize(draft, s) for s in samples]
             # + 1: a request's block may start with two pending tokens where another's has one
-            draft_rows = _rows(draft, draft_prompts, config.methods * copies, captioner, engine,
-                               draft_capacity + 1, "draft", steps, timer)
+            draft_rows, _ = _rows(draft, draft_prompts, config.methods * copies, captioner, engine,
+                                  draft_capacity + 1, "draft", steps, timer)
     records = [SampleRecord(sample_id=s.sample_id, mode="live", engine=engine, batch_requests=len(samples))
                for s in samples]
     first = torch.tensor([p.ids[-1] for p in prompts], device=target.device)
@@ -193,7 +194,7 @@ class BatchDecoder:
         if all(self.stopped):
             return history
         if self.branches > 1:
-            self.draft_rows.copy_branches(self.branches, branch)
+            self.draft_rows.copy_rows(self.branches, branch, self.draft_rows.base)
         self.target_rows.settle(target_keep, path)
         self.draft_rows.settle([k for k in draft_keep for _ in range(m * self.branches)])
         return history
@@ -211,8 +212,9 @@ def autoregressive_decode_batch(
     timer, steps = PhaseTimer(target.device), StepLog()
     with timer.phase("prefill"), timer.phase("target_prefill"):
         prompts = [tokenize(target, s) for s in samples]
-        rows = _rows(target, prompts, "M", None, engine, max_new_tokens, "target", steps, timer, whole=True)
-    pending = rows.prefilled[:, -1].argmax(-1)
+        rows, prefilled = _rows(target, prompts, "M", None, engine, max_new_tokens, "target", steps, timer,
+                                whole=True)
+    pending = prefilled[:, -1].argmax(-1)
     outputs, stopped = [[] for _ in samples], [False] * len(samples)
     records = [SampleRecord(sample_id=s.sample_id, mode="ar", engine=engine, batch_requests=len(samples))
                for s in samples]
@@ -263,10 +265,11 @@ def _check(config: DecodeConfig) -> None:
 
 
 def _rows(model: LVLM, prompts: list[Prompt], methods: str, captioner: Captioner | None, engine: str,
-          capacity: int, role: str, steps: StepLog, timer: PhaseTimer, whole: bool = False):
+          capacity: int, role: str, steps: StepLog, timer: PhaseTimer,
+          whole: bool = False) -> tuple[RaggedRows, torch.Tensor]:
     """Ragged rows of every prompt under every method (request-major), prefilled with
-    `prompt[:-1]`: the last token is fed with the first block. `whole`: prefilled with the whole
-    prompt (AR reads its first token from the prefill); `rows.prefilled` holds the logits."""
+    `prompt[:-1]`: the last token is fed with the first block; and the prefill's last logits.
+    `whole`: prefilled with the whole prompt (AR reads its first token from those logits)."""
     check_engine(engine)
     if getattr(model, "recurrent", False):
         raise ModelInputError(f"{model.name}: a state-space model cannot decode a batch of requests yet")
@@ -288,6 +291,6 @@ def _rows(model: LVLM, prompts: list[Prompt], methods: str, captioner: Captioner
     else:
         rows = RaggedStaticRows(model, embeds, capacity=capacity, compiled=compiles(model.device), role=role,
                                 step_log=steps)
-    rows.prefilled = rows.prefill()
+    prefilled = rows.prefill()
     rows.start_ragged()
-    return rows
+    return rows, prefilled

@@ -15,7 +15,7 @@ slots (one write position, static shapes), and each row keeps its own accepted p
 - `settle(keep, order)` moves each row's first `keep_r` kept block tokens (in block order, or
   a tree's accepted path) down to `kept_r`, in place, and the next block starts at the longest
   row's end: the cache never holds more than the longest request's tokens plus one block;
-- `copy_branches` gives every branch's rows of a request its accepted branch's block.
+- `copy_rows` (the rows' own) gives every branch's rows of a request its accepted branch's block.
 
 Masks and positions are built on the device from `kept` and `skip`; the host keeps its own copy
 of both (the counts come back in the block's one transfer), so it knows when nothing has to
@@ -76,17 +76,6 @@ class Ragged:
         logits = self._forward(mask, positions, keep=keep, input_ids=ids, step=True)
         self.fed += n
         return logits
-
-    def copy_branches(self, branches: int, source: torch.Tensor) -> None:
-        """Rows are request-major, then `branches` equal groups: every group of request b takes
-        group `source[b]`'s block (`[requests]`, on the device), the tokens fed since the block began."""
-        first, end = self.width + self.base, self.width + self.fed
-        requests = source.shape[0]
-        for layer in self.cache.layers:
-            for states in (layer.keys, layer.values):
-                grouped = states.view(requests, branches, -1, *states.shape[1:])[..., first:end, :]
-                index = source.view(-1, 1, 1, 1, 1, 1).expand(-1, 1, *grouped.shape[2:])
-                grouped.copy_(grouped.gather(1, index).expand_as(grouped))
 
     def settle(self, keep: list[int], order: torch.Tensor | None = None) -> None:
         """Row r keeps `keep[r]` real tokens of the block: its first ones, or those at block

@@ -158,12 +158,15 @@ class DynamicCacheRows:
     def copy_rows(self, groups: int, source: torch.Tensor, start: int) -> None:
         """Give every one of `groups` equal groups of rows the continuation of group `source`
         (0-d device tensor) from continuation slot `start` on: after a candidate tree, every
-        branch's rows continue the accepted branch."""
+        branch's rows continue the accepted branch. Rows of several requests (request-major,
+        `pipeline.decoding.ragged_rows`) take `source` `[requests]`: each request's own group."""
         first, end = self.width + start, self.width + self.fed
+        sources = source.view(-1)
         for layer in self.cache.layers:
             for states in (layer.keys, layer.values):
-                grouped = states.view(groups, self.rows // groups, *states.shape[1:])[:, :, :, first:end]
-                grouped.copy_(grouped.index_select(0, source.view(1)).expand_as(grouped))
+                grouped = states.view(sources.shape[0], groups, -1, *states.shape[1:])[..., first:end, :]
+                index = sources.view(-1, 1, 1, 1, 1, 1).expand(-1, 1, *grouped.shape[2:])
+                grouped.copy_(grouped.gather(1, index).expand_as(grouped))
 
     def _step_mask(self, n: int) -> torch.Tensor:
         """The attention mask of the next `n` continuation tokens."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from pipeline.decoding.calibration import expected_speedup
 from pipeline.results.audit import with_lossless_column
 from pipeline.results.calibration_store import Calibrations
 from pipeline.results.report import batch_of, method_order, pooled_tau, with_tree_labels
@@ -103,8 +104,8 @@ def _expected(rows: pd.DataFrame, where: dict, calibrations: Calibrations) -> fl
     verify, methods = block_shape(rows)
     steps, nodes, draft_rows = verify.block_shapes(int(where["gamma"]), methods)[0]
     batch = int(where["batch"])
-    cost = steps * calib.draft_ratio(draft_rows, batch) + calib.verify_ratio(nodes + 1, batch)
-    return float(pooled_tau(rows) / cost)
+    return expected_speedup(pooled_tau(rows), steps, calib.draft_ratio(draft_rows, batch),
+                            calib.verify_ratio(nodes + 1, batch))
 
 
 def _first_loss(lines: pd.DataFrame) -> str:

@@ -1,44 +1,56 @@
-"""Where SD stops paying as the batch grows: AR and greedy SD (M, MT* and MTCP* chains, the MT*
-candidate tree) at batch 1, 2, 4 and 8, side by side in one run with transformers' own batched
-`generate` for AR.
+"""Where SD stops paying as the batch grows: AR and SD at batch 1, 2, 4 and 8 on the embedded
+pair, side by side in one run with transformers' own batched `generate` for AR, and with another
+checkout of this repository (`--against DIR`, e.g. the main branch before a change).
 
-The same samples are decoded at every batch size (ceil(samples / B) batches of B), so each
-batch size does the same work; tokens/s counts every request's new tokens over the summed
-walltime of its batches. Every decoder runs `--rounds` times per batch size, in turn, and its
-fastest round is kept (noise on a shared machine only ever adds time). SD's speedup is over our
-AR at the same batch; `ours_vs_hf_ar` is our batched AR tokens/s over `generate`'s (both greedy,
-from the image on: prompt embeddings computed inside each timing, left-padded), and
-`*_equals_ar` counts the requests whose output equals AR's at that batch. Last lines are
-`name=value`.
+Configurations: M, MT* and MTCP* chains and the MT* candidate tree (greedy), and the MT*
+chain sampled at temperature 1, the MT* dynamic tree, the MT* bandit over the paper's three
+shapes, and the M chain of the state-space draft (`embedded:ssm_draft`). The same samples are
+decoded at every batch size (ceil(samples / B) batches of B), so each batch size does the same
+work; tokens/s counts every request's new tokens over the summed walltime of its batches. Each
+checkout decodes in a process of its own (`--serve`), one decode at a time, the two taking
+turns; every decoder runs `--rounds` times per batch size, in turn, and its fastest round is
+kept (noise on a shared machine only ever adds time). A checkout that cannot decode a
+configuration at a batch size (before one decoder served every batch size: anything but greedy
+chains and candidate trees of the Llama draft at batch > 1) reports it `unmeasured`.
 
-    python bench/record.py bench/batch.py                     # the embedded pair, 8 samples
-    python bench/record.py --label ar-vs-generate bench/batch.py --sd --rounds 5   # AR alone
-    python bench/batch.py --batches 1 2 4 --samples 4 --max-new-tokens 24
+Lines, `name=value` (`<who>`: ours, or base for `--against`; `<key>`: m, mt_star, ...):
+- `<who>_b<B>_<key>_speedup`: AR time / SD time at batch B, in that checkout;
+- `<who>_b<B>_<key>_tabed_share`: TABED's share (choosing weights, mixing, scoring history) of
+  the SD decode's time;
+- `b<B>_<key>_speedup_vs_base`: ours over base (1: as fast);
+- `<who>_b<B>_<key>_equals_ar`: greedy requests whose output equals AR's at that batch; for
+  the sampled chain, requests whose output equals their own batch-1 output;
+- `b<B>_ar_tokens_per_s`, `b<B>_hf_ar_tokens_per_s`, `b<B>_ours_vs_hf_ar`, `b<B>_hf_ar_equals_ar`.
+
+    python bench/record.py bench/batch.py                         # ours alone, the embedded pair
+    python bench/record.py --label vs-main bench/batch.py --against ../main-before
+    python bench/batch.py --batches 1 2 --samples 4 --max-new-tokens 16 --sd m mt_star
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
-import torch
-import transformers
+ROOT = Path(__file__).resolve().parents[1]
+# a served checkout imports its own pipeline package, and this file's neighbours from here
+sys.path.insert(0, os.environ.get("BENCH_CHECKOUT", str(ROOT)))
+sys.path.insert(1, str(ROOT))
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.trees import embedded_case, timed  # noqa: E402
-from pipeline.decoding.batch_loop import autoregressive_decode_batch, speculative_decode_batch  # noqa: E402
-from pipeline.decoding.config import DecodeConfig  # noqa: E402
-from pipeline.decoding.rows import left_padded  # noqa: E402
-from pipeline.drafting.methods import method_embeddings  # noqa: E402
-from pipeline.decoding.verify_kinds import CandidateTree  # noqa: E402
-from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy  # noqa: E402
-
-
-SD_CONFIGS = {"M": DecodeConfig("M"), "MT*": DecodeConfig("MT", GridSearchPolicy()),
-              "MTCP*": DecodeConfig("MTCP", InverseErrorPolicy(temperature=1.0)),
-              "MT* (candidates)": DecodeConfig("MT", GridSearchPolicy(), verify=CandidateTree())}
+# name -> (methods, policy, verify, temperature, draft)
+SD_CONFIGS = {
+    "m": ("M", "static", "chain", 0.0, "small_draft"),
+    "mt_star": ("MT", "grid", "chain", 0.0, "small_draft"),
+    "mtcp_star": ("MTCP", "inverse", "chain", 0.0, "small_draft"),
+    "mt_star_candidates": ("MT", "grid", "candidates", 0.0, "small_draft"),
+    "mt_star_sampled": ("MT", "grid", "chain", 1.0, "small_draft"),
+    "mt_star_dynamic": ("MT", "grid", {"kind": "dynamic", "nodes": 16, "top_k": 4}, 0.0, "small_draft"),
+    "mt_star_bandit": ("MT", "grid", "bandit", 0.0, "small_draft"),
+    "m_ssm": ("M", "static", "chain", 0.0, "ssm_draft"),
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -51,60 +63,107 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="timings per decoder and batch size (fastest kept)")
     parser.add_argument("--sd", nargs="*", default=list(SD_CONFIGS), choices=list(SD_CONFIGS),
                         help="SD configurations to time (none: our AR against generate only)")
+    parser.add_argument("--against", type=Path, help="another checkout of this repository, timed side by side")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
-def hf_generate(target, samples, max_new_tokens: int) -> list[list[int]]:
-    """transformers' batched greedy `generate` on the same prompt embeddings our rows prefill,
-    left-padded with an attention mask; each request cut after its first EOS as ours are."""
-    embeds = [method_embeddings(target, "M", target.tokenize_prompt(s.prompt), s.images) for s in samples]
-    batch, padding = left_padded(embeds)
-    out = target.model.generate(inputs_embeds=batch, attention_mask=padding.long(), max_new_tokens=max_new_tokens,
-                                do_sample=False, pad_token_id=target.tokenizer.pad_token_id or 0)
-    cut = []
-    for row in out.tolist():
-        stop = next((i for i, t in enumerate(row) if t in target.eos_token_ids), None)
-        cut.append(row if stop is None else row[: stop + 1])
-    return cut
+class Served:
+    """One checkout's decoders in a process of its own, driven one decode at a time."""
+
+    def __init__(self, checkout: Path, args: argparse.Namespace) -> None:
+        command = [sys.executable, str(Path(__file__).resolve()), "--serve", "--samples", str(args.samples),
+                   "--gamma", str(args.gamma), "--max-new-tokens", str(args.max_new_tokens),
+                   "--threads", str(args.threads)]
+        env = {**os.environ, "BENCH_CHECKOUT": str(checkout.resolve())}
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+
+    def __call__(self, name: str, batch: int, start: int) -> dict:
+        self.process.stdin.write(json.dumps({"name": name, "batch": batch, "start": start}) + "\n")
+        self.process.stdin.flush()
+        return json.loads(self.process.stdout.readline())
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def serve(args: argparse.Namespace) -> None:
+    """Decode what the driver asks on stdin; answer seconds, outputs and TABED's time."""
+    from batch_decoders import Decoders  # beside this file (the served checkout may have none)
+
+    decoders = Decoders(args, SD_CONFIGS)
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        ask = json.loads(line)
+        print(json.dumps(decoders.run(ask["name"], ask["batch"], ask["start"])), flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
-    transformers.logging.disable_progress_bar()
-    torch.set_num_threads(args.threads)
-    target, draft, captioner, samples = embedded_case(argparse.Namespace(samples=args.samples))
-    configs = {name: replace(SD_CONFIGS[name], gamma=args.gamma, max_new_tokens=args.max_new_tokens)
-               for name in args.sd}
-    ids = lambda records: [r.output_ids for r in records]
-    runs = {"ar": lambda b: ids(autoregressive_decode_batch(target, b, max_new_tokens=args.max_new_tokens)),
-            "hf_ar": lambda b: hf_generate(target, b, args.max_new_tokens),
-            **{name: (lambda b, c=config: ids(speculative_decode_batch(target, draft, b, c, captioner)))
-               for name, config in configs.items()}}
-    for run in runs.values():  # warm-up
-        run(samples[:2])
-    out: dict[str, float] = {}
+    if args.serve:
+        serve(args)
+        return {}
+    servers = {"ours": Served(ROOT, args)}
+    if args.against:
+        servers["base"] = Served(args.against, args)
+    for server in servers.values():
+        json.loads(server.process.stdout.readline())  # models loaded
+    names = ["ar", "hf_ar", *args.sd]
+    for server in servers.values():  # warm-up
+        for name in names:
+            server(name, 2, 0)
+    best: dict[tuple, dict] = {}
     for batch in args.batches:
-        groups = [samples[i : i + batch] for i in range(0, len(samples), batch)]
-        seconds, outputs = {}, {}
         for _ in range(args.rounds):
-            for name, run in runs.items():
-                took = [timed(lambda g=group: run(g), target.device) for group in groups]
-                seconds[name] = min(seconds.get(name, float("inf")), sum(t for t, _ in took))
-                outputs[name] = [o for _, done in took for o in done]
-        tokens = sum(len(o) for o in outputs["ar"])
-        out[f"b{batch}_ar_tokens_per_s"] = tokens / seconds["ar"]
-        out[f"b{batch}_hf_ar_tokens_per_s"] = sum(len(o) for o in outputs["hf_ar"]) / seconds["hf_ar"]
-        out[f"b{batch}_ours_vs_hf_ar"] = out[f"b{batch}_ar_tokens_per_s"] / out[f"b{batch}_hf_ar_tokens_per_s"]
-        out[f"b{batch}_hf_ar_equals_ar"] = sum(a == h for a, h in zip(outputs["ar"], outputs["hf_ar"]))
-        for name in configs:
-            key = name.replace("*", "_star").replace(" (candidates)", "_candidates")
-            out[f"b{batch}_{key}_tokens_per_s"] = sum(len(o) for o in outputs[name]) / seconds[name]
-            out[f"b{batch}_{key}_speedup"] = seconds["ar"] / seconds[name]
-            out[f"b{batch}_{key}_equals_ar"] = sum(a == s for a, s in zip(outputs["ar"], outputs[name]))
-    print(f"# embedded pair on {target.device}, {len(samples)} samples x {args.max_new_tokens} new tokens, "
-          f"gamma {args.gamma}, batches {args.batches}, fastest of {args.rounds} rounds, {args.threads} threads")
+            for name in names:
+                for who, server in servers.items():
+                    if who == "base" and name == "hf_ar":
+                        continue
+                    done = [server(name, batch, start) for start in range(0, args.samples, batch)]
+                    if any("unmeasured" in d for d in done):
+                        best[(who, batch, name)] = {"unmeasured": done[0]["unmeasured"]}
+                        continue
+                    seconds = sum(d["seconds"] for d in done)
+                    if seconds < best.get((who, batch, name), {}).get("seconds", float("inf")):
+                        best[(who, batch, name)] = {"seconds": seconds, "outputs": [o for d in done for o in d["outputs"]],
+                                                    "tabed": sum(d["tabed_s"] for d in done),
+                                                    "total": sum(d["total_s"] for d in done)}
+    for server in servers.values():
+        server.close()
+    out = figures(best, list(servers), names, args)
+    print(f"# embedded pair on cpu, {args.samples} samples x {args.max_new_tokens} new tokens, gamma {args.gamma}, "
+          f"batches {args.batches}, fastest of {args.rounds} rounds, {args.threads} threads"
+          + (f", against {args.against}" if args.against else ""))
     for name, value in out.items():
-        print(f"{name}={value}" if isinstance(value, int) else f"{name}={value:.6g}")
+        print(f"{name}={value}" if isinstance(value, (int, str)) else f"{name}={value:.6g}")
+    return out
+
+
+def figures(best: dict[tuple, dict], checkouts: list[str], names: list[str],
+            args: argparse.Namespace) -> dict[str, float | int | str]:
+    out: dict[str, float | int | str] = {}
+    tokens = lambda outputs: sum(len(o) for o in outputs)
+    for batch in args.batches:
+        ar = best[("ours", batch, "ar")]
+        out[f"b{batch}_ar_tokens_per_s"] = tokens(ar["outputs"]) / ar["seconds"]
+        hf = best[("ours", batch, "hf_ar")]
+        out[f"b{batch}_hf_ar_tokens_per_s"] = tokens(hf["outputs"]) / hf["seconds"]
+        out[f"b{batch}_ours_vs_hf_ar"] = out[f"b{batch}_ar_tokens_per_s"] / out[f"b{batch}_hf_ar_tokens_per_s"]
+        out[f"b{batch}_hf_ar_equals_ar"] = sum(a == h for a, h in zip(ar["outputs"], hf["outputs"]))
+        for name in names[2:]:
+            for who in checkouts:
+                sd, base_ar = best[(who, batch, name)], best[(who, batch, "ar")]
+                if "unmeasured" in sd:
+                    out[f"{who}_b{batch}_{name}_speedup"] = f"unmeasured ({sd['unmeasured']})"
+                    continue
+                out[f"{who}_b{batch}_{name}_speedup"] = base_ar["seconds"] / sd["seconds"]
+                out[f"{who}_b{batch}_{name}_tabed_share"] = sd["tabed"] / sd["total"] if sd["total"] else 0.0
+                reference = best[(who, 1, name)]["outputs"] if SD_CONFIGS[name][3] else base_ar["outputs"]
+                out[f"{who}_b{batch}_{name}_equals_ar"] = sum(a == s for a, s in zip(reference, sd["outputs"]))
+            ours, base = out.get(f"ours_b{batch}_{name}_speedup"), out.get(f"base_b{batch}_{name}_speedup")
+            if isinstance(ours, float) and isinstance(base, float):
+                out[f"b{batch}_{name}_speedup_vs_base"] = ours / base
     return out
 
 

@@ -155,13 +155,14 @@ def draft_step_ms(draft: HFLlava, sample: Sample, methods: str, engine: str, gam
     """One draft step for `len(methods)` rows: blocks of `gamma` one-token feeds, each block
     rolled back, as drafting does (the first block, which compiles, is not timed)."""
     prompt = tokenize(draft, sample)
-    rows = prefilled_rows(draft, prompt, methods, ColourCaptioner(), engine=engine, capacity=capacity, role="draft")
+    rows, _ = prefilled_rows(draft, [prompt], methods, ColourCaptioner(), engine=engine, capacity=capacity,
+                             role="draft")
     token = torch.tensor([prompt.ids[-1]], device=draft.device)
 
     def block() -> None:
         for _ in range(gamma):
             rows.feed(token)
-        rows.keep_shared(0)
+        rows.settle([0] * rows.rows)
 
     block()
     synchronize(draft.device)
@@ -176,7 +177,7 @@ def draft_step_ms(draft: HFLlava, sample: Sample, methods: str, engine: str, gam
 def draft_agreement(draft: HFLlava, sample: Sample, output: list[int]) -> int:
     """How many tokens of the target's `output` the draft's greedy next token predicts."""
     prompt = tokenize(draft, sample)
-    rows = prefilled_rows(draft, prompt, "M", None, engine="eager", capacity=len(output), role="draft")
+    rows, _ = prefilled_rows(draft, [prompt], "M", None, engine="eager", capacity=len(output), role="draft")
     inputs = [prompt.ids[-1], *output[:-1]]
     guesses = rows.feed(inputs, keep=len(inputs))[0].argmax(-1).tolist()
     return sum(g == t for g, t in zip(guesses, output))
@@ -197,12 +198,12 @@ def contenders(target: HFLlava, draft: HFLlava, args: argparse.Namespace) -> dic
     draft.model.generation_config.assistant_confidence_threshold = 0.0
     runs: dict[str, Decode] = {}
     for engine in args.engines:
-        runs[f"{engine}_ar"] = lambda s, e=engine: autoregressive_decode(target, s, max_new_tokens=new, engine=e)
+        runs[f"{engine}_ar"] = lambda s, e=engine: autoregressive_decode(target, [s], max_new_tokens=new, engine=e)[0]
         for name, (methods, policy) in SD_CONFIGS.items():
             config = DecodeConfig(methods=methods, policy=policy, gamma=args.gamma, max_new_tokens=new)
             runs[f"{engine}_{name}"] = lambda s, e=engine, c=config: speculative_decode(
-                target, draft, s, c, ColourCaptioner(), engine=e
-            )
+                target, draft, [s], c, ColourCaptioner(), engine=e
+            )[0]
     runs["hf_greedy_dynamic"] = lambda s: hf_generate(target, s, new)
     runs["hf_greedy_static"] = lambda s: hf_generate(target, s, new, cache_implementation="static")
     runs["hf_assisted"] = lambda s: hf_generate(target, s, new, assistant_model=draft.model)

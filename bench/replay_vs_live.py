@@ -75,11 +75,11 @@ def main() -> None:
     counted_target, counted_draft = ForwardCounter(target), ForwardCounter(draft)
 
     # warm-up (lazy inits, captions) outside both timings
-    speculative_decode(target, draft, samples[0], next(iter(grid.values())), captioner)
+    speculative_decode(target, draft, [samples[0]], next(iter(grid.values())), captioner)[0]
     collect_traces(target, draft, samples[0], methods, captioner, max_new_tokens=args.max_new_tokens)
 
     start = time.perf_counter()
-    live = {(name, s.sample_id): speculative_decode(counted_target, counted_draft, s, config, captioner)
+    live = {(name, s.sample_id): speculative_decode(counted_target, counted_draft, [s], config, captioner)[0]
             for s in samples for name, config in grid.items()}
     live_s = time.perf_counter() - start
     live_forwards = counted_target.forwards, counted_draft.forwards

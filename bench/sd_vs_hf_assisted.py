@@ -72,10 +72,10 @@ def main() -> None:
     torch.manual_seed(0)
 
     config = DecodeConfig(methods="M", gamma=args.gamma, max_new_tokens=args.max_new_tokens)
-    ours = lambda s: live.speculative_decode(target, draft, s, config).output_ids
+    ours = lambda s: live.speculative_decode(target, draft, [s], config)[0].output_ids
     assisted = lambda s: hf_generate(target, draft, s, args.max_new_tokens, args.gamma)
     plain_hf = lambda s: hf_generate(target, draft, s, args.max_new_tokens, None)
-    plain_ours = lambda s: live.autoregressive_decode(target, s, max_new_tokens=args.max_new_tokens).output_ids
+    plain_ours = lambda s: live.autoregressive_decode(target, [s], max_new_tokens=args.max_new_tokens)[0].output_ids
     for s in data[:1]:  # warm-up and a losslessness check on the same inputs
         assert ours(s) == plain_hf(s) == plain_ours(s), "SD output differs from greedy decoding"
 
@@ -96,7 +96,7 @@ def main() -> None:
     overhead = {}
     for label, methods, policy in [("mt_grid", "MT", GridSearchPolicy()), ("mtcp_inverse", "MTCP", InverseErrorPolicy())]:
         config = DecodeConfig(methods=methods, policy=policy, gamma=args.gamma, max_new_tokens=args.max_new_tokens)
-        records = [live.speculative_decode(target, draft, s, config, captioner=_ColourCaptioner()) for s in data]
+        records = [live.speculative_decode(target, draft, [s], config, captioner=_ColourCaptioner())[0] for s in data]
         block_time = sum(r.time_draft_s + r.time_verify_s for r in records)
         overhead[label] = sum(r.time_tabed_s for r in records) / block_time
 

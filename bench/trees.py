@@ -92,15 +92,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     runs = {(kind, name): replace(DecodeConfig(methods=methods, policy=policy, gamma=args.gamma,
                                                max_new_tokens=args.max_new_tokens), verify=make_verify(VERIFY[kind]))
             for kind in VERIFY for name, (methods, policy) in CONFIGS.items()}
-    ar = lambda s: autoregressive_decode(target, s, max_new_tokens=args.max_new_tokens)
+    ar = lambda s: autoregressive_decode(target, [s], max_new_tokens=args.max_new_tokens)[0]
     ar(samples[0])  # warm-up (and compiles, on a GPU)
     for config in runs.values():
-        speculative_decode(target, draft, samples[0], config, captioner)
+        speculative_decode(target, draft, [samples[0]], config, captioner)[0]
     seconds = {key: 0.0 for key in [("ar", "")] + list(runs)}
     records: dict[tuple, list] = {key: [] for key in seconds}
     for sample in samples:
         for key in seconds:
-            fn = (lambda: ar(sample)) if key[0] == "ar" else (lambda: speculative_decode(target, draft, sample, runs[key], captioner))
+            fn = (lambda: ar(sample)) if key[0] == "ar" else (lambda: speculative_decode(target, draft, [sample], runs[key], captioner)[0])
             took, record = timed(fn, device)
             seconds[key] += took
             records[key].append(record)

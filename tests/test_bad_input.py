@@ -32,7 +32,7 @@ IMAGE_PROMPT = "USER: <image>\nWhat is this? ASSISTANT:"
 def test_invalid_config_is_rejected_before_decoding(tiny_pair, config, message):
     target, draft = tiny_pair
     with pytest.raises(ValueError, match=message):
-        speculative_decode(target, draft, Sample("u", "t", 0, "first", IMAGE_PROMPT, (solid((1, 2, 3)),)), config)
+        speculative_decode(target, draft, [Sample("u", "t", 0, "first", IMAGE_PROMPT, (solid((1, 2, 3)),))], config)[0]
 
 
 @pytest.mark.parametrize(
@@ -48,27 +48,27 @@ def test_image_count_must_match_placeholders(tiny_pair):
     target, draft = tiny_pair
     sample = Sample("u", "t", 0, "first", "USER: <image> <image> Compare. ASSISTANT:", (solid((1, 2, 3)),))
     with pytest.raises(ValueError, match=r"2 <image> placeholder\(s\) but 1 image"):
-        speculative_decode(target, draft, sample, DecodeConfig())
+        speculative_decode(target, draft, [sample], DecodeConfig())[0]
 
 
 def test_sample_with_load_error_is_refused_with_its_message(tiny_pair):
     target, draft = tiny_pair
     sample = Sample("u", "t", 0, "first", IMAGE_PROMPT, (), error="image 0 is unreadable: truncated file")
     with pytest.raises(ModelInputError, match="unreadable"):
-        speculative_decode(target, draft, sample, DecodeConfig())
+        speculative_decode(target, draft, [sample], DecodeConfig())[0]
 
 
 def test_prompt_ending_in_an_image_is_refused(tiny_pair):
     target, draft = tiny_pair
     sample = Sample("u", "t", 0, "first", "USER: <image>", (solid((1, 2, 3)),))
     with pytest.raises(ModelInputError, match="must end with text"):
-        speculative_decode(target, draft, sample, DecodeConfig())
+        speculative_decode(target, draft, [sample], DecodeConfig())[0]
 
 
 def test_caption_method_without_captioner(tiny_pair):
     target, draft = tiny_pair
     with pytest.raises(ModelInputError, match="captioner"):
-        speculative_decode(target, draft, Sample("u", "t", 0, "first", IMAGE_PROMPT, (solid((1, 2, 3)),)), DecodeConfig(methods="MC"))
+        speculative_decode(target, draft, [Sample("u", "t", 0, "first", IMAGE_PROMPT, (solid((1, 2, 3)),))], DecodeConfig(methods="MC"))[0]
 
 
 def test_draft_with_another_tokenizer_is_refused(tiny_dirs, tmp_path):

@@ -1,5 +1,6 @@
 """The grid's `batch` axis: requests decoded B at a time, AR and SD alike. Batch 1 keeps the keys
-rows had before the axis; what a batch cannot decode is refused naming the entry; a batch
+rows had before the axis; a bad batch size is refused naming the entry, every verify kind,
+sampling and state-space drafts batch; a batch
 size's configurations and its AR baseline are planned live together in whole batches; and
 through the job, rows record their batch, the report gives speedup against the batch size
 and the audit counts how many batched rows equal the same request decoded alone."""
@@ -46,20 +47,20 @@ def test_batch_one_keeps_the_keys_rows_had_before_the_axis():
     ({"batch": [0]}, "batch[0]: expected an integer from 1 to 64, got 0"),
     ({"batch": [2, 65]}, "batch[1]: expected an integer from 1 to 64, got 65"),
     ({"batch": ["two"]}, "batch[0]: expected an integer"),
-    ({"batch": [2], "verify": [{"kind": "dynamic"}]}, "batch[0] 2 with verify[0] dynamic(n=16,k=4)"),
-    ({"batch": [1, 3], "verify": ["chain", {"kind": "shape", "shape": [2, 1]}]}, "batch[1] 3 with verify[1] shape"),
-    ({"batch": [2], "temperature": [0.0, 1.0]}, "batch[0] 2: a batch decodes greedily only"),
-    ({"batch": [2], "pairs": [{"target": "tiny:bigram_target", "draft": "tiny:mamba_draft"}]},
-     "batch[0] 2 with pairs[0].draft 'tiny:mamba_draft': a state-space draft"),
 ])
-def test_what_a_batch_cannot_decode_is_refused_naming_the_entry(changes, named):
+def test_a_bad_batch_size_is_refused_naming_the_entry(changes, named):
     with pytest.raises(GridError, match=re.escape(named)):
         grid(**changes)
 
 
-def test_chains_and_candidate_trees_batch():
-    configs = grid(batch=[2], verify=["chain", "candidates"]).configs()
-    assert {c.decode.verify.kind for c in configs if not c.decode.is_ar} == {"chain", "candidates"}
+def test_every_verify_kind_sampling_and_a_state_space_draft_batch():
+    kinds = ["chain", "candidates", {"kind": "dynamic"}, {"kind": "shape", "shape": [2, 1]}, {"kind": "bandit"}]
+    pairs = [{"target": "tiny:target", "draft": "tiny:draft"}, {"target": "tiny:bigram_target", "draft": "tiny:mamba2_draft"}]
+    configs = grid(batch=[2, 3], verify=kinds, temperature=[0.0, 1.0], pairs=pairs, mode="auto").configs()
+    sd = [c for c in configs if not c.decode.is_ar]
+    assert {c.decode.verify.kind for c in sd} == {"chain", "candidates", "dynamic", "shape", "bandit"}
+    assert {(c.batch, c.decode.temperature, c.pair.draft) for c in sd} == {
+        (b, t, d) for b in (2, 3) for t in (0.0, 1.0) for d in ("tiny:draft", "tiny:mamba2_draft")}
 
 
 def test_a_batch_size_is_planned_live_with_its_ar_row_in_whole_batches():

@@ -21,8 +21,9 @@ def run_rows(model, methods: str, continuation: list[list[int]]) -> torch.Tensor
     out = []
     for chunk in continuation:
         out.append(rows.feed(chunk)[:, -1])
-        rows.keep_shared(rows.fed - 1)  # drop the last token again: exercises cache cropping
+        rows.settle([len(chunk) - 1] * rows.rows)  # drop the last token again: exercises cache cropping
         rows.feed(chunk[-1:])
+        rows.settle([1] * rows.rows)
     return torch.stack(out)
 
 

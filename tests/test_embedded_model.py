@@ -191,7 +191,7 @@ def test_target_answers_name_colour_and_shape(pair, test_images):
     target, _ = pair
     for i, item in enumerate(test_images[:3]):
         sample = Sample("easy-vqa", "test", item.image_id, "first", SHORT, (image_of(item),))
-        record = autoregressive_decode(target, sample, max_new_tokens=10)
+        record = autoregressive_decode(target, [sample], max_new_tokens=10)[0]
         assert names(record.output_text, item), (item.caption, record.output_text)
 
 
@@ -200,11 +200,11 @@ def test_speculative_decoding_is_lossless_and_accepts_proposals(pair, test_image
     target, draft = pair
     item = test_images[0]
     sample = Sample("easy-vqa", "test", item.image_id, "first", DESCRIBE, (image_of(item),))
-    reference = autoregressive_decode(target, sample, max_new_tokens=48)
+    reference = autoregressive_decode(target, [sample], max_new_tokens=48)[0]
     assert len(reference.output_ids) >= 40  # a long, image-grounded answer
     assert item.color in reference.output_text.lower()
     for methods in ("M", "MT"):
-        record = speculative_decode(target, draft, sample, DecodeConfig(methods=methods, max_new_tokens=48))
+        record = speculative_decode(target, draft, [sample], DecodeConfig(methods=methods, max_new_tokens=48))[0]
         assert record.output_ids == reference.output_ids
         assert record.tau > 1.5, (methods, record.accepted_per_block)
 
@@ -215,14 +215,14 @@ def test_small_draft_is_lossless_with_every_method(models, test_images):
     target, _, small = models
     item = test_images[1]
     sample = Sample("easy-vqa", "test", item.image_id, "first", DESCRIBE, (image_of(item),))
-    reference = autoregressive_decode(target, sample, max_new_tokens=32)
+    reference = autoregressive_decode(target, [sample], max_new_tokens=32)[0]
 
     class Captions:
         def caption(self, image):
             return item.caption
 
     for methods in ("M", "T", "C", "P", "MTCP"):
-        record = speculative_decode(target, small, sample, DecodeConfig(methods=methods, max_new_tokens=32), Captions())
+        record = speculative_decode(target, small, [sample], DecodeConfig(methods=methods, max_new_tokens=32), Captions())[0]
         assert record.output_ids == reference.output_ids, methods
         assert record.tau > 1.5, (methods, record.accepted_per_block)
 

@@ -56,7 +56,7 @@ def test_greedy_sd_equals_target_generate(tiny_pair, references, config_name, ga
     target, draft = tiny_pair
     name, text, images = prompt
     config = DecodeConfig(**{**CONFIGS[config_name].__dict__, "gamma": gamma, "max_new_tokens": MAX_NEW})
-    record = speculative_decode(target, draft, sample_of(name, text, images), config, captioner=FixedCaptioner())
+    record = speculative_decode(target, draft, [sample_of(name, text, images)], config, captioner=FixedCaptioner())[0]
     assert record.output_ids == references[name]
     assert sum(a + 1 for a in record.accepted_per_block) >= len(record.output_ids)
     assert all(0 <= a <= gamma for a in record.accepted_per_block)
@@ -67,7 +67,7 @@ def test_greedy_sd_equals_target_generate(tiny_pair, references, config_name, ga
 def test_autoregressive_baseline_equals_generate(tiny_pair, references):
     target, _ = tiny_pair
     name, text, images = PROMPTS[1]
-    record = autoregressive_decode(target, sample_of(name, text, images), max_new_tokens=MAX_NEW)
+    record = autoregressive_decode(target, [sample_of(name, text, images)], max_new_tokens=MAX_NEW)[0]
     assert record.output_ids == references[name]
     assert record.tau == 1.0 and record.mode == "ar"
 
@@ -92,7 +92,7 @@ def test_llava_next_target_is_lossless(tiny_dirs, tiny_pair):
     sample = sample_of(name, text, images)
     reference = reference_greedy(next_target, sample, MAX_NEW)
     for methods in ("M", "MT"):
-        record = speculative_decode(next_target, draft, sample, DecodeConfig(methods=methods, gamma=3, max_new_tokens=MAX_NEW))
+        record = speculative_decode(next_target, draft, [sample], DecodeConfig(methods=methods, gamma=3, max_new_tokens=MAX_NEW))[0]
         assert record.output_ids == reference
 
 
@@ -100,7 +100,7 @@ def test_text_only_prompt_is_lossless(tiny_pair):
     target, draft = tiny_pair
     sample = sample_of("text", "USER: What is the answer to the question? ASSISTANT:", [])
     reference = reference_greedy(target, sample, MAX_NEW)
-    record = speculative_decode(target, draft, sample, DecodeConfig(methods="MT", gamma=4, max_new_tokens=MAX_NEW))
+    record = speculative_decode(target, draft, [sample], DecodeConfig(methods="MT", gamma=4, max_new_tokens=MAX_NEW))[0]
     assert record.output_ids == reference
 
 
@@ -109,7 +109,7 @@ def test_identical_draft_accepts_every_proposal(tiny_dirs, tiny_pair):
     same = load_model(tiny_dirs["target"])
     name, text, images = PROMPTS[0]
     gamma = 4
-    record = speculative_decode(target, same, sample_of(name, text, images), DecodeConfig(methods="M", gamma=gamma, max_new_tokens=MAX_NEW))
+    record = speculative_decode(target, same, [sample_of(name, text, images)], DecodeConfig(methods="M", gamma=gamma, max_new_tokens=MAX_NEW))[0]
     assert record.accepted_per_block[:-1] == [gamma] * (record.blocks - 1)
     assert record.tau > gamma  # only the last block may be cut by max_new_tokens / EOS
 
@@ -118,7 +118,7 @@ def test_max_new_tokens_cut_inside_a_block(tiny_pair, references):
     target, draft = tiny_pair
     name, text, images = PROMPTS[0]
     for limit in (1, 2, 7):
-        record = speculative_decode(target, draft, sample_of(name, text, images), DecodeConfig(methods="M", gamma=5, max_new_tokens=limit))
+        record = speculative_decode(target, draft, [sample_of(name, text, images)], DecodeConfig(methods="M", gamma=5, max_new_tokens=limit))[0]
         assert record.output_ids == references[name][:limit]
         assert sum(record.accepted_per_block) + record.blocks >= limit
 
@@ -132,7 +132,7 @@ def test_eos_ends_generation(tiny_pair, references):
     original = target.model.generation_config.eos_token_id
     target.model.generation_config.eos_token_id = ref[stop_at]
     try:
-        record = speculative_decode(target, draft, sample_of(name, text, images), DecodeConfig(methods="MT", gamma=5, max_new_tokens=MAX_NEW))
+        record = speculative_decode(target, draft, [sample_of(name, text, images)], DecodeConfig(methods="MT", gamma=5, max_new_tokens=MAX_NEW))[0]
     finally:
         target.model.generation_config.eos_token_id = original
     assert record.output_ids == ref[: stop_at + 1]
@@ -146,13 +146,13 @@ def test_captions_computed_once_per_image(tiny_pair):
     captioner = CachedCaptioner(inner)
     name, text, images = PROMPTS[1]
     for gamma in (2, 3):
-        speculative_decode(target, draft, sample_of(name, text, images), DecodeConfig(methods="MC", gamma=gamma, max_new_tokens=8), captioner)
+        speculative_decode(target, draft, [sample_of(name, text, images)], DecodeConfig(methods="MC", gamma=gamma, max_new_tokens=8), captioner)[0]
     assert inner.calls == 2  # two distinct images, two runs
 
 
 def test_timings_recorded(tiny_pair):
     target, draft = tiny_pair
     name, text, images = PROMPTS[0]
-    record = speculative_decode(target, draft, sample_of(name, text, images), DecodeConfig(methods="MT", max_new_tokens=8))
+    record = speculative_decode(target, draft, [sample_of(name, text, images)], DecodeConfig(methods="MT", max_new_tokens=8))[0]
     assert record.time_prefill_s > 0 and record.time_draft_s > 0 and record.time_verify_s > 0
     assert record.time_total_s == pytest.approx(record.time_prefill_s + record.time_draft_s + record.time_verify_s)

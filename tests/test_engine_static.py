@@ -34,7 +34,7 @@ BLOCK_CONFIGS = {  # one of each block kind: single method, grid weights, invers
 
 def decode_both(tiny_pair, config: DecodeConfig, sample):
     target, draft = tiny_pair
-    return [speculative_decode(target, draft, sample, config, FixedCaptioner(), engine=e) for e in ("static", "eager")]
+    return [speculative_decode(target, draft, [sample], config, FixedCaptioner(), engine=e)[0] for e in ("static", "eager")]
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 5])
@@ -64,7 +64,7 @@ def test_autoregressive_engines_agree(tiny_pair):
     target, _ = tiny_pair
     for name, text, images in PROMPTS:
         sample = sample_of(name, text, images)
-        runs = [autoregressive_decode(target, sample, max_new_tokens=MAX_NEW, engine=e) for e in ("static", "eager")]
+        runs = [autoregressive_decode(target, [sample], max_new_tokens=MAX_NEW, engine=e)[0] for e in ("static", "eager")]
         assert runs[0].output_ids == runs[1].output_ids
 
 
@@ -93,9 +93,9 @@ def counting_host_reads():
 
 
 def reads_per_block(monkeypatch, tiny_pair, config: DecodeConfig, engine: str) -> list[int]:
-    """Host reads during each `SpeculativeDecoder.block` call of one decode."""
+    """Host reads during each `Decoder.block` call of one decode."""
     per_block: list[int] = []
-    block = live.SpeculativeDecoder.block
+    block = live.Decoder.block
 
     def measured(self):
         with counting_host_reads() as counts:
@@ -103,10 +103,10 @@ def reads_per_block(monkeypatch, tiny_pair, config: DecodeConfig, engine: str) -
         per_block.append(counts["reads"])
         return result
 
-    monkeypatch.setattr(live.SpeculativeDecoder, "block", measured)
+    monkeypatch.setattr(live.Decoder, "block", measured)
     name, text, images = PROMPTS[2]
     target, draft = tiny_pair
-    record = speculative_decode(target, draft, sample_of(name, text, images), config, FixedCaptioner(), engine=engine)
+    record = speculative_decode(target, draft, [sample_of(name, text, images)], config, FixedCaptioner(), engine=engine)[0]
     assert len(per_block) == record.blocks > 3
     return per_block
 
@@ -143,8 +143,8 @@ def test_one_device_sync_per_block_on_gpu(tiny_dirs):
     name, text, images = PROMPTS[2]
     sample = sample_of(name, text, images)
     config = DecodeConfig(methods="MT", policy=GridSearchPolicy(), max_new_tokens=MAX_NEW)
-    speculative_decode(target, draft, sample, config, engine="static")  # compile outside the count
-    block, per_block = live.SpeculativeDecoder.block, []
+    speculative_decode(target, draft, [sample], config, engine="static")[0]  # compile outside the count
+    block, per_block = live.Decoder.block, []
 
     def measured(self):
         with warnings.catch_warnings(record=True) as caught:
@@ -157,11 +157,11 @@ def test_one_device_sync_per_block_on_gpu(tiny_dirs):
         per_block.append([f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)])
         return result
 
-    live.SpeculativeDecoder.block = measured
+    live.Decoder.block = measured
     try:
-        speculative_decode(target, draft, sample, config, engine="static")
+        speculative_decode(target, draft, [sample], config, engine="static")[0]
     finally:
-        live.SpeculativeDecoder.block = block
+        live.Decoder.block = block
     assert all(len(sites) == 1 for sites in per_block), per_block  # the sites name any extra wait
 
 
@@ -176,8 +176,8 @@ def test_captured_steps_match_eager_on_gpu(tiny_dirs, config):
     for name, text, images in PROMPTS:
         static, eager = decode_both(pair, config, sample_of(name, text, images))
         assert (static.output_ids, static.accepted_per_block) == (eager.output_ids, eager.accepted_per_block)
-    ar = autoregressive_decode(pair[0], sample_of(*PROMPTS[0]), max_new_tokens=MAX_NEW, engine="static")
-    assert ar.output_ids == autoregressive_decode(pair[0], sample_of(*PROMPTS[0]), max_new_tokens=MAX_NEW, engine="eager").output_ids
+    ar = autoregressive_decode(pair[0], [sample_of(*PROMPTS[0])], max_new_tokens=MAX_NEW, engine="static")[0]
+    assert ar.output_ids == autoregressive_decode(pair[0], [sample_of(*PROMPTS[0])], max_new_tokens=MAX_NEW, engine="eager")[0].output_ids
 
 
 def test_static_caches_are_allocated_once_and_reused(tiny_pair):
@@ -185,9 +185,9 @@ def test_static_caches_are_allocated_once_and_reused(tiny_pair):
     target, draft = tiny_pair
     name, text, images = PROMPTS[0]
     config = DecodeConfig(methods="MT", max_new_tokens=MAX_NEW)
-    speculative_decode(target, draft, sample_of(name, text, images), config, engine="static")
+    speculative_decode(target, draft, [sample_of(name, text, images)], config, engine="static")[0]
     pooled = {key: [layer.keys.data_ptr() for layer in cache.layers] for key, cache in draft._static_caches.items()}
-    record = speculative_decode(target, draft, sample_of(name, text, images), config, engine="static")
+    record = speculative_decode(target, draft, [sample_of(name, text, images)], config, engine="static")[0]
     assert any(a < 4 for a in record.accepted_per_block)  # rejections happened
     again = {key: [layer.keys.data_ptr() for layer in cache.layers] for key, cache in draft._static_caches.items()}
     assert again == pooled
@@ -205,12 +205,12 @@ def test_compiled_static_steps_match_eager_and_compile_once(monkeypatch, tiny_di
     target, draft = load_pair(tiny_dirs["target"], tiny_dirs["draft"])
     config = DecodeConfig(methods="MT", gamma=3, max_new_tokens=24)
     samples = [sample_of(*PROMPTS[0]), sample_of(*PROMPTS[2])]
-    first = speculative_decode(target, draft, samples[0], config, engine="static")
+    first = speculative_decode(target, draft, [samples[0]], config, engine="static")[0]
     graphs = counters["stats"]["unique_graphs"]
     assert graphs > 0  # the steps really went through the compiler
-    second = speculative_decode(target, draft, samples[1], config, engine="static")
+    second = speculative_decode(target, draft, [samples[1]], config, engine="static")[0]
     assert counters["stats"]["unique_graphs"] == graphs
     monkeypatch.setenv("TABED_COMPILE", "0")
     for compiled, sample in zip((first, second), samples):
-        eager = speculative_decode(target, draft, sample, config, engine="eager")
+        eager = speculative_decode(target, draft, [sample], config, engine="eager")[0]
         assert (compiled.output_ids, compiled.accepted_per_block) == (eager.output_ids, eager.accepted_per_block)

@@ -72,11 +72,11 @@ def with_backend(models, backend) -> None:
 
 def test_a_failed_compile_falls_back_once_per_step_shape_and_the_record_says_so(fresh_pair, monkeypatch, caplog):
     target, draft = fresh_pair
-    expected = autoregressive_decode(target, sample(), max_new_tokens=CONFIG.max_new_tokens, engine="eager").output_ids
+    expected = autoregressive_decode(target, [sample()], max_new_tokens=CONFIG.max_new_tokens, engine="eager")[0].output_ids
     backend = FailingBackend()
     with_backend(fresh_pair, backend)
     with caplog.at_level(logging.WARNING, logger="pipeline.models.hf"):
-        first = speculative_decode(target, draft, sample(), CONFIG, engine="static")
+        first = speculative_decode(target, draft, [sample()], CONFIG, engine="static")[0]
     assert first.output_ids == expected and first.error is None
     assert first.steps == "uncompiled" and first.engine == "static"
     assert "compiled 2x1 step failed (" in first.fallback and "injected compiler failure" in first.fallback
@@ -85,10 +85,10 @@ def test_a_failed_compile_falls_back_once_per_step_shape_and_the_record_says_so(
     assert backend.refused == shapes and len(warned) == shapes >= 2  # draft steps and the verify, once each
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="pipeline.models.hf"):
-        second = speculative_decode(target, draft, sample(1), CONFIG, engine="static")
+        second = speculative_decode(target, draft, [sample(1)], CONFIG, engine="static")[0]
     assert backend.refused == shapes and not caplog.records  # known failures are not tried again
     assert second.steps == "uncompiled" and second.fallback  # the rows still say how they ran
-    eager = speculative_decode(target, draft, sample(1), CONFIG, engine="eager")
+    eager = speculative_decode(target, draft, [sample(1)], CONFIG, engine="eager")[0]
     assert (second.output_ids, second.accepted_per_block) == (eager.output_ids, eager.accepted_per_block)
     assert eager.steps == "uncompiled" and eager.fallback is None
 
@@ -98,11 +98,11 @@ def test_only_the_failing_step_shape_falls_back(fresh_pair):
     target, draft = fresh_pair
     backend = FailingBackend(tokens=CONFIG.gamma + 1)
     with_backend(fresh_pair, backend)
-    record = speculative_decode(target, draft, sample(), CONFIG, engine="static")
+    record = speculative_decode(target, draft, [sample()], CONFIG, engine="static")[0]
     assert record.steps == "compiled+uncompiled"
     assert record.fallback.startswith("compiled 1x4 step failed") and ";" not in record.fallback
     assert list(target._failed_steps) == [(1, 4, 4, 256)] and not draft._failed_steps
-    eager = speculative_decode(target, draft, sample(), CONFIG, engine="eager")
+    eager = speculative_decode(target, draft, [sample()], CONFIG, engine="eager")[0]
     assert (record.output_ids, record.accepted_per_block) == (eager.output_ids, eager.accepted_per_block)
 
 
@@ -119,7 +119,7 @@ def test_a_plain_forward_error_is_not_taken_for_a_compile_failure(fresh_pair):
 
     target._forward = broken
     with pytest.raises(ValueError, match="a bad input"):
-        speculative_decode(target, draft, sample(), CONFIG, engine="static")
+        speculative_decode(target, draft, [sample()], CONFIG, engine="static")[0]
     assert not target._failed_steps
 
 
@@ -192,7 +192,7 @@ def test_a_failed_cuda_graph_capture_falls_back_on_gpu(tiny_dirs):
         return run
 
     with_backend((target,), syncing_backend)
-    record = speculative_decode(target, draft, sample(), CONFIG, engine="static")
-    eager = speculative_decode(target, draft, sample(), CONFIG, engine="eager")
+    record = speculative_decode(target, draft, [sample()], CONFIG, engine="static")[0]
+    eager = speculative_decode(target, draft, [sample()], CONFIG, engine="eager")[0]
     assert (record.output_ids, record.accepted_per_block) == (eager.output_ids, eager.accepted_per_block)
     assert record.steps == "captured+uncompiled" and "compiled 1x4 step failed" in record.fallback

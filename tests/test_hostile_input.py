@@ -138,7 +138,7 @@ def test_a_prompt_longer_than_the_context_is_an_input_error(tiny_pair):
     target, draft = tiny_pair
     long = Sample("unit", "test", 0, "first", "USER: <image>\n" + "word " * 5000 + "ASSISTANT:", (solid((1, 2, 3)),))
     with pytest.raises(ModelInputError, match="the model's context holds 4096") as refused:
-        speculative_decode(target, draft, long, DecodeConfig(methods="M", max_new_tokens=8))
+        speculative_decode(target, draft, [long], DecodeConfig(methods="M", max_new_tokens=8))[0]
     assert error_category(refused.value) == "input"
 
 
@@ -155,8 +155,8 @@ def test_the_draft_never_runs_more_steps_than_the_tokens_left(tiny_pair, monkeyp
     monkeypatch.setattr(type(draft), "logits", lambda self, **kw: calls.append(self is draft) or real(self, **kw))
     case = Sample("unit", "test", 0, "first", "USER: <image>\nDescribe it. ASSISTANT:", (solid((200, 30, 30)),))
     config = DecodeConfig(methods="MT", gamma=8, max_new_tokens=5, verify=make_verify(verify))
-    record = speculative_decode(target, draft, case, config, None)
-    assert record.output_ids == autoregressive_decode(target, case, max_new_tokens=5).output_ids
+    record = speculative_decode(target, draft, [case], config, None)[0]
+    assert record.output_ids == autoregressive_decode(target, [case], max_new_tokens=5)[0].output_ids
     produced, allowed = 0, 0
     for accepted in record.accepted_per_block:
         allowed += min(8, 5 - produced)  # forwards the block may run: never past the budget

@@ -56,13 +56,13 @@ def test_each_family_is_lossless(family_pair, prompt):
     text, images = PROMPTS[prompt]
     sample = Sample("unit", "test", 0, prompt, text, images)
     reference = hf_greedy(target, sample, MAX_NEW)
-    assert autoregressive_decode(target, sample, max_new_tokens=MAX_NEW).output_ids == reference
+    assert autoregressive_decode(target, [sample], max_new_tokens=MAX_NEW)[0].output_ids == reference
     methods = ["M", "T", "MT"] + (["P", "MTP"] if FAMILIES[family].pooling else [])
     for name in methods:
-        record = speculative_decode(target, draft, sample, DecodeConfig(methods=name, gamma=3, max_new_tokens=MAX_NEW))
+        record = speculative_decode(target, draft, [sample], DecodeConfig(methods=name, gamma=3, max_new_tokens=MAX_NEW))[0]
         assert record.output_ids == reference, name
     star = DecodeConfig(methods="MT", policy=GridSearchPolicy(), gamma=3, max_new_tokens=MAX_NEW)
-    assert speculative_decode(target, draft, sample, star).output_ids == reference
+    assert speculative_decode(target, draft, [sample], star)[0].output_ids == reference
 
 
 def fake_checkpoint(path, config: dict):

@@ -121,7 +121,7 @@ def test_rows_equal_units_times_samples_and_engine_values(full_run, tiny_dirs, t
     target, draft = tiny_pair
     source = ToySource()
     first = source.first_turn("toy", None)
-    answers = {s.sample_id: autoregressive_decode(target, s, max_new_tokens=12).output_text for s in first[:4]}
+    answers = {s.sample_id: autoregressive_decode(target, [s], max_new_tokens=12)[0].output_text for s in first[:4]}
     samples = {s.sample_id: s for s in first + source.second_turn(first, answers, "again")}
     configs = {c.key(): c for c in runner.spec.configs()}
     for row in df.itertuples():
@@ -131,9 +131,9 @@ def test_rows_equal_units_times_samples_and_engine_values(full_run, tiny_dirs, t
             assert expected_error in row.error and row.blocks == 0
             continue
         if config.decode.is_ar:
-            expected = autoregressive_decode(target, sample, max_new_tokens=12)
+            expected = autoregressive_decode(target, [sample], max_new_tokens=12)[0]
         else:
-            expected = speculative_decode(target, draft, sample, config.decode)
+            expected = speculative_decode(target, draft, [sample], config.decode)[0]
         assert pd.isna(row.error), row.error
         assert list(row.output_ids) == expected.output_ids and row.output_text == expected.output_text
         assert list(row.accepted_per_block) == expected.accepted_per_block

@@ -30,7 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 # and so were the structured verify columns (`verify_kind`, `verify_nodes`, `verify_top_k`, `verify_shapes`) and
 # `shape_per_block`. The bigram target's rows with the Mamba and Mamba2 drafts were added when the smoke grid
 # gained them, the first pair's rows equal to those before. The `batch` (1) and `batch_requests` (null)
-# columns were added to rows whose other columns all matched.
+# columns were added to rows whose other columns all matched, and so were `verify_knobs` and
+# `verify_block_shapes` when one decoder came to serve every batch size.
 SMOKE_ROWS = REPO / "tests" / "fixtures" / "smoke_rows.json"
 # where it ran, how busy the machine was and how fast it went, not what it computed
 MACHINE = ("device_name", "torch_version", "transformers_version", "cpu_cores", "load_before", "load_after",

@@ -179,7 +179,7 @@ def test_replay_equals_live_exactly(fake_pair, traces, gamma):
     for config in policy_configs():
         config = replace(config, gamma=gamma, max_new_tokens=MAX_NEW)
         for sample in SAMPLES:
-            live = speculative_decode(target, draft, sample, config, captioner=FixedCaptioner())
+            live = speculative_decode(target, draft, [sample], config, captioner=FixedCaptioner())[0]
             replayed = replay(traces[sample.sample_id], config)
             where = f"{config.methods} {config.policy} gamma={gamma} {sample.sample_id}"
             assert replayed.mode == "replay"
@@ -203,7 +203,7 @@ def test_shorter_budget_replays_like_a_shorter_live_run(fake_pair, traces, budge
     target, draft = fake_pair
     config = DecodeConfig(methods="MTCP", policy=GridSearchPolicy(), gamma=5, max_new_tokens=budget)
     for sample in SAMPLES[:8]:
-        live = speculative_decode(target, draft, sample, config, captioner=FixedCaptioner())
+        live = speculative_decode(target, draft, [sample], config, captioner=FixedCaptioner())[0]
         replayed = replay(traces[sample.sample_id], config)
         assert (replayed.output_ids, replayed.accepted_per_block, replayed.weights_per_block) == (
             live.output_ids, live.accepted_per_block, live.weights_per_block
@@ -214,10 +214,11 @@ def test_target_forwards_are_counted(fake_pair, traces):
     target, draft = fake_pair
     sample = SAMPLES[0]
     trace = traces[sample.sample_id]
-    # greedy decoding: prefill + one per token; teacher forcing: prefill + one forward
-    assert trace.target_forwards == (1 + len(trace.output_ids)) + 2
+    # greedy decoding: the prefill gives the first token, then one forward per token; teacher
+    # forcing: prefill + one forward
+    assert trace.target_forwards == len(trace.output_ids) + 2
     counted = ForwardCounter(target)
-    live = speculative_decode(counted, draft, sample, DecodeConfig(methods="MT", max_new_tokens=MAX_NEW), FixedCaptioner())
+    live = speculative_decode(counted, draft, [sample], DecodeConfig(methods="MT", max_new_tokens=MAX_NEW), FixedCaptioner())[0]
     assert counted.forwards == 1 + live.blocks  # prefill, then one verify forward per block
 
 

@@ -162,7 +162,7 @@ def test_replay_matches_live_on_tiny_fp32_models(tiny_pair):
             ties.append(f"{sample.sample_id}: teacher-forced target argmax differs from y at {tf} (log-gap {log_gap(trace.target_probs[tf]):.2e})")
         for j in range(RUNS_PER_PROMPT):
             config = COMBOS[(i * RUNS_PER_PROMPT + j) % len(COMBOS)]
-            live = speculative_decode(target, draft, sample, config, captioner=FixedCaptioner())
+            live = speculative_decode(target, draft, [sample], config, captioner=FixedCaptioner())[0]
             result = compare(trace, config, live, replay(trace, config))
             compared += 1
             blocks += result.blocks
@@ -194,7 +194,7 @@ def test_replay_equals_live_exactly_when_models_compute_in_fp64(tiny_dirs):
         for config in configs:
             for gamma in (1, 3, 5):
                 config = replace(config, gamma=gamma, max_new_tokens=MAX_NEW)
-                live = speculative_decode(target, draft, sample, config, captioner=FixedCaptioner())
+                live = speculative_decode(target, draft, [sample], config, captioner=FixedCaptioner())[0]
                 replayed = replay(trace, config)
                 assert (replayed.accepted_per_block, replayed.weights_per_block, replayed.output_ids) == (
                     live.accepted_per_block, live.weights_per_block, live.output_ids

@@ -3,6 +3,8 @@ a DecodeConfig) stay the keys of the same configurations: a run written then res
 nothing computed again. `pipeline.planning.grid.key_fields` holds every rule that keeps them."""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -61,3 +63,51 @@ def test_a_run_written_before_resumes_with_nothing_computed_again(tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "0 rows written" in done.stdout and "336 already present, 0 computed again" in done.stdout, done.stdout
+
+
+# The embedded grid's rows as the code before one decoder served every batch size wrote them
+# (commit 3919a34, `python jobs/full_grid.py` on configs/embedded.yaml): every configuration
+# key, and per row key a digest of its output, accepted counts, weights and bandit shapes.
+EMBEDDED_ROWS = json.loads((ROOT / "tests" / "fixtures" / "embedded_rows.json").read_text())
+
+
+def row_digest(output_ids, accepted, weights, shapes) -> str:
+    """As the fixture's: sha1 of the JSON of the four lists, 12 hex digits."""
+    plain = lambda v: [plain(x) for x in v] if isinstance(v, (list, tuple)) else v
+    values = [plain(list(output_ids)), plain(list(accepted)), plain([list(w) for w in weights]), plain(list(shapes))]
+    return hashlib.sha1(json.dumps(values).encode()).hexdigest()[:12]
+
+
+def test_the_embedded_grid_plans_the_configurations_its_earlier_run_wrote():
+    planned = {config.key() for config in load_grid(ROOT / "configs" / "embedded.yaml").configs()}
+    assert planned == set(EMBEDDED_ROWS["configs"])
+
+
+@pytest.mark.slow
+def test_a_sample_of_the_embedded_grid_keeps_its_rows():
+    """One first-turn sample (replayed) under every configuration of the small and the
+    state-space draft, computed as a worker computes it: the same outputs, accepted counts,
+    weights and bandit shapes as before, row for row."""
+    from dataclasses import replace
+
+    from pipeline.drafting.captioner import load_captioner
+    from pipeline.execution.shard_records import ShardRecords
+    from pipeline.models.loading import load_target_and_drafts
+    from pipeline.planning.samples import RegistrySource
+    from pipeline.planning.shards import plan_shards
+
+    spec = load_grid(ROOT / "configs" / "embedded.yaml")
+    drafts = ("embedded:small_draft", "embedded:ssm_draft")
+    sample = next(s for s in RegistrySource().first_turn("embedded_vqa", spec.limit) if s.row == 1)
+    units = [u for u in spec.units(["first"]) if u.dataset == "embedded_vqa"]
+    [shard] = plan_shards("embedded", units, lambda unit: [sample], shard_size=spec.shard_size, grid_mode="replay")
+    shard = replace(shard, items=tuple(item for item in shard.items if item[0].pair.draft in drafts or
+                                       item[0].decode.is_ar))
+    target, models = load_target_and_drafts("embedded:target", {d: d for d in drafts})
+    records = ShardRecords(target, models, load_captioner("embedded", target.device)).of(shard, {sample.sample_id: sample})
+    assert len(records) == len(shard.items) == 3 + 2 * 20  # an AR row per pair, 20 configurations per draft
+    for key, (config, sample_id) in zip(shard.keys, shard.items):
+        r = records[(config, sample_id)]
+        assert r.error is None
+        assert row_digest(r.output_ids, r.accepted_per_block, r.weights_per_block, r.shape_per_block) == \
+            EMBEDDED_ROWS["rows"][key], (config.decode.method_label, config.decode.verify.label, config.pair.draft)

@@ -2,6 +2,8 @@
 ensemble alike. Checked end to end through the engine on a word-level model with 11 tokens."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 
 import pytest
 import torch
@@ -60,13 +62,14 @@ def exact_two_token_distribution(model, methods: str = "M", weights=None) -> dic
         return (w[:, None] * probs).sum(0)
 
     first = next_probs([ids[-1]])
+    rows.settle([1] * rows.rows)
     out = {}
     for t1 in range(len(WORDS)):
         if t1 in model.eos_token_ids:
             out[(t1,)] = float(first[t1])
             continue
         second = next_probs([t1])
-        rows.keep_shared(1)
+        rows.settle([0] * rows.rows)
         for t2 in range(len(WORDS)):
             out[(t1, t2)] = float(first[t1] * second[t2])
     return out
@@ -76,16 +79,25 @@ def total_variation(a: dict, b: dict) -> float:
     return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("methods,policy,verify", [
+SAMPLED = [
     ("M", "static", "chain"), ("MP", "static", "chain"), ("MP", "inverse", "chain"),
     # a candidate tree: three sampled chains (the mixture's and each method's) below one root
     ("MP", "static", "candidates"), ("MP", "inverse", "candidates"),
     # trees whose children are kept by rank: the target samples at every node (SpecExec's rule)
     ("MP", "static", {"kind": "dynamic", "nodes": 6, "top_k": 3}), ("M", "static", {"kind": "dynamic", "nodes": 4, "top_k": 2}),
     ("MP", "inverse", {"kind": "shape", "shape": [3, 2]}), ("M", "static", {"kind": "bandit", "shapes": [[2, 2], [3, 1]]}),
-])
-def test_sd_sampling_matches_target_distribution(word_pair, methods, policy, verify):
+]
+
+
+# in batches of 4: one configuration of each acceptance rule
+CASES = [(*case, 1) for case in SAMPLED] + [(*SAMPLED[i], 4) for i in (2, 3, 5, 8)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("methods,policy,verify,batch", CASES)
+def test_sd_sampling_matches_target_distribution(word_pair, methods, policy, verify, batch):
+    """Alone, one request per seed; in batches of 4, requests of one seed that differ by sample
+    id (each draws from its own generator): either way the target's distribution."""
     target, draft = word_pair
     exact_target = exact_two_token_distribution(target)
     exact_draft = exact_two_token_distribution(draft, methods)
@@ -93,9 +105,12 @@ def test_sd_sampling_matches_target_distribution(word_pair, methods, policy, ver
     counts: dict[tuple[int, ...], int] = {}
     config = DecodeConfig(methods=methods, policy=make_policy(policy), gamma=2, temperature=1.0, max_new_tokens=2,
                           verify=make_verify(verify))
-    for seed in range(RUNS):
-        out = tuple(speculative_decode(target, draft, SAMPLE, DecodeConfig(**{**config.__dict__, "seed": seed})).output_ids)
-        counts[out] = counts.get(out, 0) + 1
+    for start in range(0, RUNS, batch):
+        seed = start if batch == 1 else 0
+        requests = [replace(SAMPLE, row=start + i) for i in range(batch)] if batch > 1 else [SAMPLE]
+        for record in speculative_decode(target, draft, requests, replace(config, seed=seed)):
+            out = tuple(record.output_ids)
+            counts[out] = counts.get(out, 0) + 1
     empirical = {k: v / RUNS for k, v in counts.items()}
     assert total_variation(empirical, exact_target) < TOLERANCE
     assert total_variation(empirical, exact_draft) > 0.25

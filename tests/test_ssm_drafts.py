@@ -58,11 +58,11 @@ def test_greedy_sd_with_a_state_space_draft_is_the_targets_own_greedy_output(mod
     for target_name in targets:
         target = loaded[target_name]
         for engine in ("static", "eager"):
-            reference = autoregressive_decode(target, sample(), max_new_tokens=MAX_NEW, engine=engine).output_ids
+            reference = autoregressive_decode(target, [sample()], max_new_tokens=MAX_NEW, engine=engine)[0].output_ids
             for (name, config), verify in [(item, v) for item in METHODS.items() for v in VERIFY]:
                 for gamma in (1, 3, 5) if target_name == "bigram_target" else (3,):
                     run = replace(config, gamma=gamma, max_new_tokens=MAX_NEW, verify=verify_at(verify, gamma))
-                    record = speculative_decode(target, draft, sample(), run, FixedCaptioner(), engine=engine)
+                    record = speculative_decode(target, draft, [sample()], run, FixedCaptioner(), engine=engine)[0]
                     assert record.output_ids == reference, (dtype, kind, target_name, engine, name, verify, gamma)
                     if target_name == "bigram_target":
                         accepted += [(a, gamma) for a in record.accepted_per_block]
@@ -87,7 +87,7 @@ def test_replay_gives_live_accepted_counts_exactly_with_a_state_space_draft(tiny
         for (name, config), verify in [(item, v) for item in METHODS.items() for v in VERIFY]:
             for gamma in (1, 5):
                 run = replace(config, gamma=gamma, max_new_tokens=MAX_NEW, verify=verify_at(verify, gamma))
-                live = speculative_decode(target, draft, case, run, FixedCaptioner(), engine="eager")
+                live = speculative_decode(target, draft, [case], run, FixedCaptioner(), engine="eager")[0]
                 replayed = replay(traces, run)
                 assert replayed.accepted_per_block == live.accepted_per_block, (kind, name, verify, gamma)
                 assert replayed.shape_per_block == live.shape_per_block, (kind, name, verify, gamma)

@@ -1,6 +1,8 @@
 """The rows of a state-space draft: a roll-back is bitwise the state of a run that never went
 further; a left-padded row is the row alone; a candidate tree's groups continue the accepted one;
-one token per forward, so Mamba (v1)'s multi-token restart never reaches the engine. The first
+a tree level read by batch expansion gives each node what a row fed its path gives, and a row
+settles on an accepted node's state; one token per forward, so Mamba (v1)'s multi-token restart
+never reaches the engine. The first
 test is the canary for the non-public transformers cache fields the adapter reads: if it fails
 after a transformers upgrade, `pipeline/models/recurrent.py` is the one place to fix."""
 from __future__ import annotations
@@ -36,10 +38,10 @@ def draft(request, tiny_dirs):
 PROMPTS = [torch.randint(5, 300, (n,), generator=torch.Generator().manual_seed(n)) for n in range(1, 9)]
 
 
-def rows_of(model, lengths=(7, 4), span=8):
+def rows_of(model, lengths=(7, 4), span=8, per_request=1):
     """Rows of fixed prompts of the given lengths (left-padded to the longest)."""
     prompts = [model.embed_tokens(PROMPTS[n - 1]) for n in lengths]
-    rows = new_rows(model, prompts, engine="static", capacity=32, role="draft", span=span)
+    rows = new_rows(model, prompts, engine="static", capacity=32, role="draft", span=span, per_request=per_request)
     rows.prefill()
     return rows
 
@@ -63,16 +65,40 @@ def test_the_cache_fields_the_adapter_reads_are_there(draft):
 def test_a_roll_back_is_bitwise_the_state_of_a_run_that_never_went_further(draft):
     rows, straight = rows_of(draft), rows_of(draft)
     rows.feed([21, 22, 23, 24, 25])
-    rows.keep_shared(2)
+    rows.settle([2] * rows.rows)
     rolled = rows.feed([31, 32, 33], keep=3)
     straight.feed([21, 22])
     assert torch.equal(rolled, straight.feed([31, 32, 33], keep=3))
-    with pytest.raises(ValueError, match="only 5 were fed"):
-        rows.keep_shared(9)
+    with pytest.raises(ValueError, match="only 3 were fed"):
+        rows.settle([9] * rows.rows)
     deep = rows_of(draft, span=2)  # a ring of 4 saved states
     deep.feed(list(range(40, 50)))
     with pytest.raises(ValueError, match="saved states reach back"):
-        deep.keep_shared(1)
+        deep.settle([1] * deep.rows)
+
+
+def test_fillers_leave_a_row_where_the_block_began(draft):
+    """A request with one pending token beside one with two is right-aligned behind a filler:
+    its row's state is as if the filler was never fed."""
+    rows, alone = rows_of(draft, lengths=(5, 5)), rows_of(draft, lengths=(5,))
+    fed = rows.feed(torch.tensor([[99, 7], [6, 7]]), keep=1, valid=[1, 2])
+    assert torch.allclose(fed[0], alone.feed([7], keep=1)[0], atol=1e-5)  # two rows round apart from one
+    rows.settle([1, 2])
+    assert torch.allclose(rows.feed([8])[0], alone.feed([8])[0], atol=1e-5)
+
+
+def test_a_tree_level_read_by_expansion_is_each_path_fed_as_a_row(draft):
+    rows = rows_of(draft, lengths=(5, 5), per_request=2)  # one request, two method rows
+    rows.feed([30])
+    rows.begin_tree()
+    first = rows.feed_level(torch.tensor([[41, 42]]), torch.tensor([[0, 0]]))  # [1, 2 nodes, 2 rows, V]
+    second = rows.feed_level(torch.tensor([[51, 52, 53]]), torch.tensor([[1, 1, 0]]))
+    path = rows_of(draft, lengths=(5, 5))
+    chain = path.feed([30, 42, 52], keep=2)  # node 42 at level 1, its child 52 at level 2
+    assert torch.allclose(first[0, 1], chain[:, 0], atol=1e-5) and torch.allclose(second[0, 1], chain[:, 1], atol=1e-5)
+    # keep the pending token and the path 42 -> 52: block positions 0, then the level slots 1 + 1, 1 + 2 + 1
+    rows.settle([3, 3], torch.tensor([[0, 2, 4]] * 2))
+    assert torch.allclose(rows.feed([60])[:, -1], path.feed([60])[:, -1], atol=1e-5)
 
 
 def test_a_left_padded_row_is_the_row_alone_and_one_token_steps_are_a_full_forward(draft):
@@ -88,21 +114,17 @@ def test_a_left_padded_row_is_the_row_alone_and_one_token_steps_are_a_full_forwa
 
 def test_a_candidate_trees_groups_continue_the_accepted_one(draft):
     rows, source_alone = rows_of(draft, lengths=(5, 5, 5)), rows_of(draft, lengths=(5,))
-    start = rows.fed
     rows.feed(torch.tensor([[41, 42], [51, 52], [61, 62]]))
-    rows.copy_rows(3, torch.tensor(1), start)
+    rows.copy_rows(3, torch.tensor([1]), 0)
     source_alone.feed([51, 52])
     continued = rows.feed([70], keep=1)
     expected = source_alone.feed([70], keep=1)[0]
     assert all(torch.allclose(continued[row], expected, atol=1e-5) for row in range(3))
-    rows.keep_shared(start + 1)  # the saved states after `start` were copied too
+    rows.settle([1] * rows.rows)  # the states saved in the block were copied too
     assert torch.allclose(rows.feed([52, 70], keep=1)[2], expected, atol=1e-5)
 
 
 def test_what_a_state_space_model_cannot_do_is_refused_by_name(draft, tiny_dirs, tmp_path):
-    rows = rows_of(draft)
-    with pytest.raises(NotImplementedError, match="cannot read a token tree"):
-        rows.begin_tree()
     with pytest.raises(ModelInputError, match="2-D padding mask"):
         draft.logits(cache=draft.new_cache(), attention_mask=torch.zeros(2, 1, 3, 3), input_ids=torch.ones(2, 3, dtype=torch.long))
     assert isinstance(draft, RecurrentLlava)
@@ -111,11 +133,9 @@ def test_what_a_state_space_model_cannot_do_is_refused_by_name(draft, tiny_dirs,
     raw = {"name": "g", "datasets": ["embedded_vqa"], "methods": ["AR", "MT"]}
     with pytest.raises(GridError, match=r"pairs\[0\].target: .*can only be a draft"):
         parse_grid(raw | {"pairs": [{"target": "tiny:mamba2_draft", "draft": "tiny:draft"}]})
-    with pytest.raises(GridError, match=r"verify\[1\] dynamic\(n=16,k=4\) with pairs\[0\].draft 'tiny:mamba_draft'"):
-        parse_grid(raw | {"pairs": [{"target": "tiny:bigram_target", "draft": "tiny:mamba_draft"}],
-                          "verify": ["chain", {"kind": "dynamic"}]})
+    # every verify kind drafts with it: a tree's levels are read by batch expansion
     assert parse_grid(raw | {"pairs": [{"target": "tiny:bigram_target", "draft": "tiny:mamba_draft"}],
-                             "verify": ["chain", "candidates"]}).pairs
+                             "verify": ["chain", "candidates", {"kind": "dynamic"}], "batch": [1, 3]}).pairs
 
 
 def test_plain_mamba_checkpoints_draft_text_and_hybrids_are_refused(tiny_dirs, tmp_path):

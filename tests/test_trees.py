@@ -54,7 +54,7 @@ def test_greedy_trees_equal_the_targets_own_greedy_output(family_case, verify):
         for gamma in (1, 3, 5):
             for engine in ("static", "eager"):
                 run = replace(config, gamma=gamma, max_new_tokens=MAX_NEW, verify=VERIFY[verify])
-                record = speculative_decode(target, draft, sample, run, FixedCaptioner(), engine=engine)
+                record = speculative_decode(target, draft, [sample], run, FixedCaptioner(), engine=engine)[0]
                 assert record.output_ids == reference, (family, verify, name, gamma, engine)
                 assert all(0 <= a <= gamma for a in record.accepted_per_block)
                 assert all(abs(sum(w) - 1) < 1e-5 for w in record.weights_per_block)
@@ -66,36 +66,40 @@ def test_trees_accept_more_than_the_chain_on_a_draft_that_disagrees(tiny_pair):
     target, draft = tiny_pair
     sample = Sample("unit", "test", 0, "first", "USER: <image>\nWhat is in this image? ASSISTANT:", (solid((200, 20, 20)),))
     base = DecodeConfig(methods="MT", policy=GridSearchPolicy(), gamma=5, max_new_tokens=32)
-    tau = {kind: speculative_decode(target, draft, sample, replace(base, verify=spec), FixedCaptioner()).tau
+    tau = {kind: speculative_decode(target, draft, [sample], replace(base, verify=spec), FixedCaptioner())[0].tau
            for kind, spec in VERIFY.items()}
     assert tau["candidates"] > tau["chain"] and tau["dynamic"] > tau["chain"], tau
 
 
 def test_a_candidate_tree_merges_equal_prefixes():
     chains = torch.tensor([[5, 6, 7], [5, 6, 9], [8, 6, 7]])
-    tree = candidate_tree(chains, merge=True)
-    assert tree.valid.tolist() == [True, True, True, False, False, True, True, True, True]
+    other = torch.tensor([[1, 2, 3], [4, 2, 3], [1, 2, 3]])  # a second request's chains: its own tree
+    tree = candidate_tree(torch.stack([chains, other]), merge=True)
+    assert tree.valid[0].tolist() == [True, True, True, False, False, True, True, True, True]
     # branch 1 shares 5, 6 with branch 0: its third node hangs under branch 0's second (fed 2)
-    assert tree.parents.tolist() == [0, 1, 2, 0, 1, 2, 0, 7, 8]
-    assert tree.depths.tolist() == [1, 2, 3] * 3
-    apart = candidate_tree(chains, merge=False)
-    assert apart.valid.all() and apart.parents.tolist() == [0, 1, 2, 0, 4, 5, 0, 7, 8]
+    assert tree.parents[0].tolist() == [0, 1, 2, 0, 1, 2, 0, 7, 8]
+    assert tree.depths[0].tolist() == [1, 2, 3] * 3
+    assert tree.valid[1].tolist() == [True] * 6 + [False] * 3 and tree.parents[1].tolist() == [0, 1, 2, 0, 4, 5, 0, 1, 2]
+    apart = candidate_tree(chains[None], merge=False)
+    assert apart.valid.all() and apart.parents[0].tolist() == [0, 1, 2, 0, 4, 5, 0, 7, 8]
 
 
 def test_greedy_tree_verification_follows_the_targets_choice():
-    """root -> 5 -> {6 -> 7, 9}, and a second branch 8; the target wants 5, 9, then 4."""
-    tree = Tree(tokens=torch.tensor([5, 6, 7, 9, 8]), parents=torch.tensor([0, 1, 2, 1, 0]),
-                depths=torch.tensor([1, 2, 3, 2, 1]), valid=torch.ones(5, dtype=torch.bool), gamma=3)
-    wanted = torch.tensor([5, 9, 0, 0, 4, 0])  # the target's argmax at each fed position (root first)
+    """root -> 5 -> {6 -> 7, 9}, and a second branch 8; the target wants 5, 9, then 4. A second
+    request with the same tree wants 8, then 2: each request walks its own path."""
+    tree = Tree(tokens=torch.tensor([[5, 6, 7, 9, 8]] * 2), parents=torch.tensor([[0, 1, 2, 1, 0]] * 2),
+                depths=torch.tensor([[1, 2, 3, 2, 1]] * 2), valid=torch.ones(2, 5, dtype=torch.bool), gamma=3)
+    wanted = torch.tensor([[5, 9, 0, 0, 4, 0], [8, 0, 0, 0, 0, 2]])  # the target's argmax at each fed position
     logits = torch.nn.functional.one_hot(wanted, 10).float()
     outcome = verify_tree_greedy(tree, logits)
-    assert (int(outcome.accepted), int(outcome.next_token)) == (2, 4)
-    assert outcome.path.tolist() == [0, 1, 4, 0]  # root, 5, 9
-    seen = tree.ancestry()
+    assert outcome.accepted.tolist() == [2, 1] and outcome.next_token.tolist() == [4, 2]
+    assert outcome.path.tolist() == [[0, 1, 4, 0], [0, 5, 0, 0]]  # root, 5, 9; root, 8
+    seen = tree.ancestry()[0]
     assert seen[3].tolist() == [True, True, True, True, False, False]  # 7 sees root, 5, 6, itself
     assert seen[5].tolist() == [True, False, False, False, False, True]
-    nothing = verify_tree_greedy(tree, torch.nn.functional.one_hot(torch.tensor([3, 0, 0, 0, 0, 0]), 10).float())
-    assert (int(nothing.accepted), int(nothing.next_token), nothing.path.tolist()) == (0, 3, [0, 0, 0, 0])
+    nothing = verify_tree_greedy(tree, torch.nn.functional.one_hot(torch.tensor([[3, 0, 0, 0, 0, 0]] * 2), 10).float())
+    assert nothing.accepted.tolist() == [0, 0] and nothing.next_token.tolist() == [3, 3]
+    assert nothing.path.tolist() == [[0, 0, 0, 0]] * 2
 
 
 def test_the_verify_axis_in_grids_keys_and_modes():
@@ -144,11 +148,11 @@ def test_greedy_trees_are_lossless_in_fp16(tiny_dirs):
     target, draft = load_pair(tiny_dirs["target"], tiny_dirs["draft"], dtype="fp16")
     for name, text, images in PROMPTS:
         sample = sample_of(name, text, images)
-        reference = autoregressive_decode(target, sample, max_new_tokens=MAX_NEW).output_ids
+        reference = autoregressive_decode(target, [sample], max_new_tokens=MAX_NEW)[0].output_ids
         for verify in ("candidates", "dynamic"):
             for config in (DecodeConfig(methods="MT", policy=GridSearchPolicy()), DecodeConfig(methods="MTCP", policy=InverseErrorPolicy())):
                 run = replace(config, gamma=3, max_new_tokens=MAX_NEW, verify=VERIFY[verify])
-                assert speculative_decode(target, draft, sample, run, FixedCaptioner()).output_ids == reference, (name, verify)
+                assert speculative_decode(target, draft, [sample], run, FixedCaptioner())[0].output_ids == reference, (name, verify)
 
 
 SHAPES = {1: [3], 3: [3, 2, 1], 5: [2, 2, 2, 1, 1]}  # a shape tree's depth is its gamma
@@ -164,7 +168,7 @@ def test_greedy_shape_and_bandit_trees_equal_the_targets_own_greedy_output(famil
             entry = {"kind": "shape", "shape": SHAPES[gamma]} if verify == "shape" else {"kind": "bandit", "lambda": 0.5}
             for engine in ("static", "eager"):
                 run = replace(config, max_new_tokens=MAX_NEW, verify=make_verify(entry))
-                record = speculative_decode(target, draft, sample, run, FixedCaptioner(), engine=engine)
+                record = speculative_decode(target, draft, [sample], run, FixedCaptioner(), engine=engine)[0]
                 assert record.output_ids == reference, (family, verify, name, gamma, engine)
                 if verify == "bandit":
                     assert len(record.shape_per_block) == len(record.accepted_per_block)
@@ -189,14 +193,14 @@ def test_shape_and_bandit_trees_replay_exactly(tiny_dirs):
     for name, config in configs(True).items():
         for entry in entries:
             run = replace(config, max_new_tokens=MAX_NEW, verify=make_verify(entry))
-            live = speculative_decode(target, draft, sample, run, FixedCaptioner(), engine="eager")
+            live = speculative_decode(target, draft, [sample], run, FixedCaptioner(), engine="eager")[0]
             replayed = replay(traces, run)
             assert (replayed.accepted_per_block, replayed.shape_per_block) == (live.accepted_per_block, live.shape_per_block)
             assert replayed.output_ids == live.output_ids, (name, entry)
 
 
 def test_the_bandit_plays_each_shape_then_the_best_bound():
-    from pipeline.decoding.draft_shapes import UCB1
+    from pipeline.decoding.draft_bandit import UCB1
 
     bandit = UCB1(3, c=1.0)
     for arm, reward in ((0, -1.0), (1, -0.2), (2, -0.5)):
@@ -218,8 +222,8 @@ def test_spec_llavas_own_tree_runs_as_a_dynamic_entry(tiny_pair):
     target, draft = tiny_pair
     sample = Sample("unit", "test", 0, "first", "USER: <image>\nDescribe the image. ASSISTANT:", (solid((90, 20, 160)),))
     spec = make_verify({"kind": "dynamic", "nodes": 127, "top_k": 31})
-    greedy = speculative_decode(target, draft, sample, DecodeConfig(methods="MT", gamma=5, max_new_tokens=16, verify=spec))
-    assert greedy.output_ids == autoregressive_decode(target, sample, max_new_tokens=16).output_ids
-    sampled = speculative_decode(target, draft, sample, DecodeConfig(methods="MT", gamma=5, max_new_tokens=16, verify=spec,
-                                                                     temperature=1.0, seed=3))
+    greedy = speculative_decode(target, draft, [sample], DecodeConfig(methods="MT", gamma=5, max_new_tokens=16, verify=spec))[0]
+    assert greedy.output_ids == autoregressive_decode(target, [sample], max_new_tokens=16)[0].output_ids
+    sampled = speculative_decode(target, draft, [sample], DecodeConfig(methods="MT", gamma=5, max_new_tokens=16, verify=spec,
+                                                                     temperature=1.0, seed=3))[0]
     assert len(sampled.output_ids) == 16 and sampled.error is None

@@ -39,7 +39,6 @@ PROMPT = "USER: <image>\nDescribe the image in detail. ASSISTANT:"
 def _step_seconds(model: LVLM, rows: Rows, n_tokens: int, repeats: int, warmup: int = 3) -> float:
     """Median seconds of feeding `n_tokens` to the cached rows, rolled back after each try."""
     tokens = [model.tokenizer.eos_token_id or 0] * n_tokens
-    base = rows.fed
     samples = []
     for i in range(warmup + repeats):
         model.synchronize()
@@ -48,7 +47,7 @@ def _step_seconds(model: LVLM, rows: Rows, n_tokens: int, repeats: int, warmup: 
         model.synchronize()
         if i >= warmup:
             samples.append(time.perf_counter() - start)
-        rows.keep_shared(base)
+        rows.settle([0] * rows.rows)  # back to where the tries began
     return median(samples)
 
 
@@ -61,6 +60,7 @@ def _prefilled_context(model: LVLM, tokens: int, engine: str) -> Rows:
     rows = new_rows(model, [prompt], engine=engine, capacity=4, role="context", span=2)
     rows.prefill()
     rows.feed(ids[-1:])
+    rows.settle([1])
     return rows
 
 
@@ -75,6 +75,7 @@ def _prefilled(model: LVLM, sample: Sample, n_rows: int, engine: str, gamma: int
     rows = new_rows(model, [embeds] * n_rows, engine=engine, capacity=gamma + 2, role="calibration")
     rows.prefill()
     rows.feed(ids[-1:])
+    rows.settle([1] * n_rows)
     return rows
 
 

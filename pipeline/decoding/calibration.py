@@ -65,7 +65,7 @@ class Calibration:
     context_tokens: list[int] = field(default_factory=list)
     context_target_s: list[float] = field(default_factory=list)
     context_draft_s: list[float] = field(default_factory=list)
-    # several requests in one batch (`pipeline.decoding.batch_loop`), per batch size over 1,
+    # several requests in one batch (`pipeline.decoding.loop`), per batch size over 1,
     # medians over rounds: Tp with that many target rows, Tp(n)/Tp at that batch per
     # verify_tokens entry, and Tq(batch x rows)/Tp at that batch per draft_row_counts entry
     batch_sizes: list[int] = field(default_factory=list)
@@ -103,6 +103,14 @@ class Calibration:
         if tokens not in self.verify_tokens or not rounds:
             return []
         return list(rounds[self.verify_tokens.index(tokens)])
+
+    def block_cost(self, used: list[tuple[tuple[int, int, int], int]], batch: int = 1) -> float:
+        """A block's cost in target steps, averaged over the blocks of each (draft steps, nodes,
+        draft rows) shape `used` (with its count of blocks): gamma Tq(rows)/Tp + Tp(nodes + 1)/Tp,
+        Eq. 1's corrected denominator (`expected_speedup`), at `batch` requests."""
+        blocks = sum(n for _, n in used)
+        return sum(n * (steps * self.draft_ratio(rows, batch) + self.verify_ratio(nodes + 1, batch))
+                   for (steps, nodes, rows), n in used) / blocks
 
     def draft_ratio(self, rows: int, batch: int = 1) -> float:
         """Tq with `rows` rows in the draft batch over Tp (an m-method ensemble drafts m rows, a

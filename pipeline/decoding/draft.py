@@ -1,69 +1,97 @@
-"""The draft's side of a block: a proposer turns the draft rows into proposals — a chain or a
-token tree — and, once the target has checked them, rolls its rows back to the accepted path.
+"""The draft's side of a block: a proposer turns the draft's rows into each request's proposals
+— a chain or a token tree — and, once the target has checked them, rolls its rows back to the
+accepted path.
 
 A proposer is to the decoding loop what a candidate generator is to transformers' assisted
-generation: `propose` (the block's proposals, on the device), `history` (each drafting
-method's distributions along the accepted path, for the TABED weights) and `keep` (roll back,
-return the tokens the rows have not seen yet). It also owns its kind's two rules that depend
-on what it proposes: `accept_sampled` (lossless acceptance of a sampled block) and
-`replay_accepted` (greedy acceptance along the target's output, for trace replay). Each is
-registered under the verify kind it drafts (`pipeline.decoding.verify_kinds`): `PROPOSERS`
-(`pipeline.decoding.draft_kinds` finds the one for a spec). What a proposer needs back from its
-own proposal is a small dataclass of its kind (`ChainProposal`, `CandidateProposal`, ...).
-Every proposer mixes the methods with the block's weights w* exactly as the chain does; they
-differ in what they propose:
-- `ChainProposer`: gamma tokens, each the mixture's choice, fed to every method's row.
+generation, batch-first like vLLM's proposers: every tensor has a leading request dimension B,
+and a request's rows are its drafting methods (times a candidate tree's branches). `Proposer`
+declares the contract, three methods:
+- `start(rows)`: the draft's prefilled rows, once per decode;
+- `propose(pending, weights, budgets, uniforms)`: the block's proposals, on the device;
+- `learn(proposal, verified)`: roll the rows back to what the target kept (and learn whatever
+  the proposer learns from a block); returns the tokens the rows have not seen yet.
+What a proposal needs to answer for the rest of the block lives on its `Proposal`
+(`pipeline.decoding.proposals`): how a sampled block is accepted losslessly (`accept_sampled`)
+and each drafting method's distributions along the accepted path, for the TABED history
+(`history`). Greedy trace replay of a kind is the
+proposer's `replay_rule`. A verify kind names its proposer (`VerifySpec.proposer`); every
+proposer mixes the methods with each request's weights w* exactly as the chain does:
+- `ChainProposer`: gamma tokens, each the mixture's choice, fed to every method's row;
 - `CandidateProposer`: the ensembled chain and each method's own chain, each in its own group
-  of method rows (B branches x m rows in one batch), so every method's distribution is known
-  at every node and the TABED history is exactly a chain's.
-- `DynamicTreeProposer` (`pipeline.decoding.draft_dynamic`), `ShapeTreeProposer` and
-  `BanditTreeProposer` (`pipeline.decoding.draft_shapes`): trees whose children are ranked.
+  of method rows (branches x m rows per request), so every method's distribution is known at
+  every node and the TABED history is exactly a chain's;
+- ranked trees (`pipeline.decoding.draft_trees`): dynamic, static-shape and bandit trees.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+from abc import ABC, abstractmethod
+from typing import ClassVar
 
 import torch
 
-from pipeline.decoding.acceptance import (
-    probabilities, sample_token, verify_branches_sampling, verify_sampling,
-)
+from pipeline.decoding.acceptance import probabilities, sample_tokens
 from pipeline.decoding.config import DecodeConfig
+from pipeline.decoding.proposals import CandidateProposal, ChainProposal, Pending, Proposal, Verified
 from pipeline.decoding.rows import Rows
-from pipeline.decoding.trees import Tree, candidate_tree
-from pipeline.decoding.verify_kinds import candidate_branches
+from pipeline.decoding.trees import candidate_tree
+from pipeline.decoding.verify_kinds import VerifySpec
 from pipeline.drafting.scoring import mix
 
-PROPOSERS: dict[str, type["ChainProposer"]] = {}  # verify kind -> the proposer that drafts it
+
+class Proposer(ABC):
+    """What the decoding loop asks of a proposer, for B requests at once. Set by the proposer
+    itself (never by the loop): `draws_per_block` and `checks_per_block`, the uniforms a sampled
+    block takes per request for drafting and for the target's acceptance test;
+    `wants_target_hidden`: the loop hands `learn` the target's hidden states of the kept tokens
+    (an EAGLE-style head reads them); nobody pays for them when no proposer asks."""
+
+    wants_target_hidden: ClassVar[bool] = False
+
+    def __init__(self, config: DecodeConfig) -> None:
+        self.config = config
+        self.methods = len(config.methods)
+        # each method's distributions are kept for the history only when the weights learn
+        self.keep_methods = config.policy.dynamic and self.methods > 1
+        self.draws_per_block, self.checks_per_block = config.gamma, config.gamma + 1
+
+    @abstractmethod
+    def start(self, rows: Rows) -> None:
+        """The draft's rows, prefilled with every request's prompts but their last token."""
+
+    @abstractmethod
+    def propose(self, pending: Pending, weights: torch.Tensor, budgets: list[int],
+                uniforms: torch.Tensor | None) -> Proposal:
+        """`pending`: what the rows have not seen; `weights` `[B, m]` in the distributions' dtype
+        (`mixing_weights`); `budgets`: the tokens each request may still produce (0: it has
+        stopped): the draft runs at most as many forwards as the largest (a block keeps no more),
+        deeper proposals repeat the last real one; `uniforms` `[B, draws + checks]`: sampling's."""
+
+    @abstractmethod
+    def learn(self, proposal: Proposal, verified: Verified) -> Pending:
+        """Keep what the target kept of each running request in the rows; the next pending tokens."""
+
+    @classmethod
+    def replay_rule(cls, config: DecodeConfig) -> StaticRule:
+        """Greedy trace replay of this kind for one sample (`pipeline.decoding.replay`)."""
+        raise ValueError(f"{cls.__name__} has no greedy replay rule: its kind runs live")
+
+    def steps(self, budgets: list[int]) -> int:
+        """Draft forwards this block needs: the deepest proposal any running request can keep."""
+        return min(self.config.gamma, max(budgets))
 
 
-@dataclass
-class Proposal:
-    """A block's proposals on the device: `tokens` `[N]` (a chain's in order, or a tree's
-    nodes), `tree` (None for a chain) and `draws` `[N, V]` (the distribution each token was
-    drawn from: sampling's q). Each kind's subclass adds what its proposer needs back for
-    `history` and `keep`."""
-
-    tokens: torch.Tensor
-    tree: Tree | None
-    draws: torch.Tensor | None
-
-
-@dataclass
-class ChainProposal(Proposal):
-    """`methods` `[gamma, m, V]`: each method's distributions at the root and the proposals
-    (None when the weights learn nothing)."""
-
-    methods: torch.Tensor | None
-
-
-@dataclass
-class CandidateProposal(Proposal):
-    """`methods` `[B, gamma, m, V]` per branch (None when the weights learn nothing); `start`:
-    continuation tokens the rows held before the block (where branches are copied from)."""
-
-    methods: torch.Tensor | None
-    start: int
+def proposer_class(verify: VerifySpec) -> type[Proposer]:
+    """The proposer a verify kind names (`module:Class`), imported on first use."""
+    module, _, name = verify.proposer.partition(":")
+    try:
+        found = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"verify kind {verify.kind!r} names proposer {verify.proposer!r}, which cannot be "
+                         f"imported: {err}") from None
+    if not (isinstance(found, type) and issubclass(found, Proposer)):
+        raise ValueError(f"verify kind {verify.kind!r}: {verify.proposer!r} is not a Proposer subclass")
+    return found
 
 
 class StaticRule:
@@ -83,71 +111,65 @@ class StaticRule:
         """What the block accepted (a bandit learns from it)."""
 
 
-class ChainProposer:
-    """`gamma` proposals from the mixture of all rows (one row per drafting method). A subclass
-    registers for the verify kind it drafts with `kind=`."""
+class ChainProposer(Proposer):
+    """`gamma` proposals from the mixture of each request's rows (one row per drafting method);
+    with `branches` > 1 (`CandidateProposer`), each method's own chain beside it."""
 
-    def __init_subclass__(cls, kind: str = "", **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        if kind:
-            PROPOSERS[kind] = cls
+    def __init__(self, config: DecodeConfig) -> None:
+        super().__init__(config)
+        self.branches = config.verify.copies_per_method(self.methods)
+        self.draws_per_block = self.branches * config.gamma
+        self.checks_per_block = self.branches + config.gamma
 
-    def __init__(self, rows: Rows, config: DecodeConfig) -> None:
-        self.rows, self.config = rows, config
-        self.gamma = config.gamma  # this block's draft steps (a bandit's changes per block)
-        # tokens the sample may still produce, set by the decoder before each block: the draft
-        # runs at most that many forwards (a block keeps no more tokens); deeper proposals are
-        # the last real one repeated, so shapes, outputs and accepted counts stay as they were
-        self.budget = config.max_new_tokens
-        # sampling's uniforms per block: one per proposal, then the target's acceptance tests
-        # and its emitted token (`pipeline.decoding.target.check`)
-        self.draws_per_block, self.checks_per_block = config.gamma, config.gamma + 1
+    def start(self, rows: Rows) -> None:
+        self.rows = rows
+        self.fed_pending: list[int] = []  # each request's pending tokens fed this block
 
-    def propose(self, pending: torch.Tensor, weights: torch.Tensor, uniforms: torch.Tensor | None,
-                keep_methods: bool) -> Proposal:
-        """`pending`: the shared tokens the rows have not seen (1, or 2 after a fully accepted
-        chain); `weights` in the distributions' dtype (`mixing_weights`)."""
-        config = self.config
-        logits = self.rows.feed(pending)[:, -1]
-        proposals, method_probs, mixed_probs = [], [], []
+    def propose(self, pending: Pending, weights: torch.Tensor, budgets: list[int],
+                uniforms: torch.Tensor | None) -> Proposal:
+        config, branches, m = self.config, self.branches, self.methods
+        requests = len(pending.counts)
+        self.fed_pending = pending.counts
+        tokens_in, valid = pending.per_row(branches * m)
+        logits = self.rows.feed(tokens_in, valid=valid)[:, -1]
+        own = torch.arange(m, device=logits.device)
+        tokens, method_probs, draws, steps = [], [], [], self.steps(budgets)
         for i in range(config.gamma):
-            q = probabilities(logits, config.temperature)  # [m, V]
-            mixed = mix(q, weights)
+            q = probabilities(logits, config.temperature).view(requests, branches, m, -1)
+            ensemble = mix(q[:, 0], weights)[:, None]  # [B, 1, V]
+            dists = torch.cat([ensemble, q[:, 1 + own, own]], 1) if branches > 1 else ensemble
             if config.greedy:
-                token = mixed.argmax(-1, keepdim=True)
+                token = dists.argmax(-1)  # [B, branches]
             else:
-                token = sample_token(mixed, uniforms[i]).view(1)
-            proposals.append(token)
+                mine = uniforms[:, i * branches : (i + 1) * branches]
+                token = sample_tokens(dists.flatten(0, 1), mine.flatten()).view(requests, branches)
+            tokens.append(token)
             method_probs.append(q)
-            mixed_probs.append(mixed)
-            if i < min(config.gamma, self.budget) - 1:
-                logits = self.rows.feed(token)[:, -1]
-        methods = torch.stack(method_probs) if keep_methods else None
-        return ChainProposal(torch.cat(proposals), None, torch.stack(mixed_probs), methods)
+            draws.append(dists)
+            if i < steps - 1:
+                logits = self.rows.feed(token.repeat_interleave(m, 1).view(-1, 1))[:, -1]
+        chains, draws = torch.stack(tokens, 2), torch.stack(draws, 2)  # [B, branches, gamma(, V)]
+        methods = torch.stack(method_probs, 2) if self.keep_methods else None  # [B, branches, gamma, m, V]
+        gammas = [config.gamma] * requests
+        if branches == 1:
+            return ChainProposal(chains[:, 0], None, draws[:, 0], gammas, None,
+                                 None if methods is None else methods[:, 0])
+        tree = candidate_tree(chains, merge=config.greedy)
+        return CandidateProposal(tree.tokens, tree, draws.flatten(1, 2), gammas, None, methods)
 
-    def history(self, proposal: ChainProposal, path: torch.Tensor, accepted: int,
-                positions: int) -> torch.Tensor:
-        """Each method's distributions `[positions, m, V]` at the root and the accepted proposals."""
-        return proposal.methods[:positions]
-
-    def keep(self, proposal: Proposal, path: torch.Tensor, accepted: int, before: int,
-             block: torch.Tensor) -> torch.Tensor:
-        """Keep the accepted proposals the rows fed (never the last one); `block`: the accepted
-        proposals and the target's token, on the device. Returns the next pending tokens."""
-        kept = min(accepted, self.gamma - 1)
-        self.rows.keep_shared(before + kept)
-        return block[kept : accepted + 1]
-
-    def accept_sampled(self, proposal: Proposal, target_probs: torch.Tensor,
-                       uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(accepted, the target's next token, the accepted path's fed positions or None for a
-        chain) of a sampled block, keeping the target's distribution: speculative sampling."""
-        accepted, token = verify_sampling(proposal.tokens, target_probs, proposal.draws, uniforms)
-        return accepted, token, None
+    def learn(self, proposal: Proposal, verified: Verified) -> Pending:
+        """Keep the pending tokens and the accepted proposals the rows fed (never the last)."""
+        if self.branches > 1:
+            self.rows.copy_rows(self.branches, proposal.branch(verified.path, verified.accepted_device), 0)
+        per = self.branches * self.methods
+        fed = proposal.gammas[0] - 1
+        kept = [c + min(a, fed) if run else 0
+                for c, a, run in zip(self.fed_pending, verified.accepted, verified.running)]
+        self.rows.settle([k for k in kept for _ in range(per)])
+        return Pending.after(verified, proposal.gammas)
 
     @classmethod
     def replay_rule(cls, config: DecodeConfig) -> StaticRule:
-        """Greedy trace replay of this kind for one sample (`pipeline.decoding.replay`)."""
         return StaticRule(config.gamma, cls.replay_accepted)
 
     @staticmethod
@@ -164,68 +186,11 @@ class ChainProposer:
         return accepted
 
 
-PROPOSERS["chain"] = ChainProposer
-
-
-class CandidateProposer(ChainProposer, kind="candidates"):
+class CandidateProposer(ChainProposer):
     """The ensembled chain (branch 0) and each drafting method's own greedy or sampled chain
-    (branch 1 + i), `gamma` deep: B groups of the m method rows, group b fed branch b's tokens.
-    Greedy chains are merged into a prefix tree; sampled ones stay apart below the root."""
-
-    def __init__(self, rows: Rows, config: DecodeConfig) -> None:
-        super().__init__(rows, config)
-        self.methods = len(config.methods)
-        self.branches = candidate_branches(self.methods)
-        self.draws_per_block = self.branches * config.gamma
-        self.checks_per_block = self.branches + config.gamma
-
-    def propose(self, pending: torch.Tensor, weights: torch.Tensor, uniforms: torch.Tensor | None,
-                keep_methods: bool) -> Proposal:
-        config, branches, m = self.config, self.branches, self.methods
-        start = self.rows.fed
-        logits = self.rows.feed(pending)[:, -1]
-        own = torch.arange(m, device=logits.device)
-        tokens, method_probs, draws = [], [], []
-        for i in range(config.gamma):
-            q = probabilities(logits, config.temperature).view(branches, m, -1)
-            ensemble = mix(q[0], weights)[None]
-            dists = torch.cat([ensemble, q[1 + own, own]]) if branches > 1 else ensemble  # [B, V]
-            if config.greedy:
-                token = dists.argmax(-1)
-            else:
-                mine = uniforms[i * branches : (i + 1) * branches]
-                token = torch.stack([sample_token(dists[b], mine[b]) for b in range(branches)])
-            tokens.append(token)
-            method_probs.append(q)
-            draws.append(dists)
-            if i < min(config.gamma, self.budget) - 1:
-                logits = self.rows.feed(token.repeat_interleave(m)[:, None])[:, -1]
-        tree = candidate_tree(torch.stack(tokens, 1), merge=config.greedy)
-        methods = torch.stack(method_probs, 1) if keep_methods else None  # [B, gamma, m, V]
-        return CandidateProposal(tree.tokens, tree, torch.stack(draws, 1).flatten(0, 1), methods, start)
-
-    def _branch(self, path: torch.Tensor, accepted: int) -> torch.Tensor:
-        """The branch (0-d) whose rows drafted the accepted path: the first holding its deepest
-        node; the ensembled branch when nothing was accepted (every branch shares the root)."""
-        return (path[accepted] - 1).clamp_min(0) // self.gamma
-
-    def history(self, proposal: CandidateProposal, path: torch.Tensor, accepted: int,
-                positions: int) -> torch.Tensor:
-        methods = proposal.methods.index_select(0, self._branch(path, accepted).view(1))[0]
-        return methods[:positions]
-
-    def keep(self, proposal: CandidateProposal, path: torch.Tensor, accepted: int, before: int,
-             block: torch.Tensor) -> torch.Tensor:
-        if self.branches > 1:
-            self.rows.copy_rows(self.branches, self._branch(path, accepted), proposal.start)
-        return super().keep(proposal, path, accepted, before, block)
-
-    def accept_sampled(self, proposal: Proposal, target_probs: torch.Tensor,
-                       uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """SpecInfer's multi-candidate rule over the branches (`acceptance.verify_branches_sampling`)."""
-        outcome = verify_branches_sampling(proposal.tree, self.branches, target_probs, proposal.draws,
-                                           uniforms)
-        return outcome.accepted, outcome.next_token, outcome.path
+    (branch 1 + i), `gamma` deep: per request, branches groups of its m method rows, group b fed
+    branch b's tokens. Greedy chains are merged into a prefix tree; sampled ones stay apart
+    below the root."""
 
     @staticmethod
     def replay_accepted(q: torch.Tensor, y: list[int], t: int, gamma: int, mixing: torch.Tensor) -> int:

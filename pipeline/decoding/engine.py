@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import os
 from contextlib import nullcontext
+from typing import Sequence
 
 import torch
 
 from pipeline.decoding.prompts import Prompt, check_fits
-from pipeline.decoding.rows import DynamicCacheRows, Rows, StaticCacheRows
+from pipeline.decoding.rows import DynamicCacheRows, Rows
 from pipeline.decoding.state_rows import StateRows
+from pipeline.decoding.static_rows import StaticCacheRows
 from pipeline.decoding.timing import PhaseTimer
 from pipeline.drafting.captioner import Captioner
 from pipeline.drafting.methods import method_embeddings, needs_captions
@@ -57,7 +59,7 @@ def compiles(device: torch.device) -> bool:
 
 def prefilled_rows(
     model: LVLM,
-    prompt: Prompt,
+    prompts: Sequence[Prompt],
     methods: str,
     captioner: Captioner | None,
     *,
@@ -68,41 +70,50 @@ def prefilled_rows(
     step_log: StepLog | None = None,
     span: int | None = None,
     timer: PhaseTimer | None = None,
-) -> Rows:
-    """One row per method holding `prompt[:-1]` in the cache; the last token is fed later.
+    whole: bool = False,
+) -> tuple[Rows, torch.Tensor]:
+    """A row per prompt and method (request-major) holding `prompt[:-1]` in the cache (the last
+    token is fed later), and the prefill's logits after each row's prompt `[rows, 1, V]`.
 
-    `capacity`: continuation tokens the rows must hold (static engine); `span`: the most tokens
-    fed between two roll-backs (a state-space draft keeps that many saved states; None:
-    `capacity`); `compiled` overrides whether decode steps compile (None: `compiles(device)`);
-    `step_log` collects how steps ran; `timer` times image features and captions as
-    `<role>_vision`."""
-    check_fits(model, len(prompt.ids) + capacity, prompt)  # before anything is embedded or allocated
-    captions = None
+    `whole`: the whole prompt (AR reads its first token from those logits); `capacity`:
+    continuation tokens the rows must hold (static engine); `span`: the most tokens fed in one
+    block (a state-space draft keeps that many saved states; None: `capacity`); `compiled`
+    overrides whether decode steps compile (None: `compiles(device)`); `step_log` collects how
+    steps ran; `timer` times image features and captions as `<role>_vision`."""
+    cut = None if whole else -1
+    for prompt in prompts:
+        check_fits(model, len(prompt.ids) + capacity, prompt)  # before anything is embedded or allocated
+    embeds = []
     with timer.phase(f"{role}_vision") if timer else nullcontext():
-        if needs_captions(methods):
-            if captioner is None:
-                raise ModelInputError(f"caption drafting in {methods!r} needs a captioner")
-            captions = [captioner.caption(image) for image in prompt.images]
-        embeds = [method_embeddings(model, m, prompt.ids, prompt.images, captions)[:-1] for m in methods]
-    # with the image features spliced in
-    check_fits(model, max(len(e) for e in embeds) + 1 + capacity, prompt)
+        for prompt in prompts:
+            captions = None
+            if needs_captions(methods):
+                if captioner is None:
+                    raise ModelInputError(f"caption drafting in {methods!r} needs a captioner")
+                captions = [captioner.caption(image) for image in prompt.images]
+            mine = [method_embeddings(model, m, prompt.ids, prompt.images, captions)[:cut] for m in methods]
+            # with the image features spliced in
+            check_fits(model, max(len(e) for e in mine) + 1 + capacity, prompt)
+            embeds += mine
     rows = new_rows(model, embeds, engine=engine, capacity=capacity, role=role, compiled=compiled,
-                    step_log=step_log, span=span)
-    rows.prefill()
-    return rows
+                    step_log=step_log, span=span, per_request=len(methods))
+    return rows, rows.prefill()
 
 
 def new_rows(
     model: LVLM, prompts: list[torch.Tensor], *, engine: str, capacity: int, role: str,
-    compiled: bool | None = None,
-    step_log: StepLog | None = None, span: int | None = None,
+    compiled: bool | None = None, step_log: StepLog | None = None, span: int | None = None,
+    per_request: int = 1,
 ) -> Rows:
-    """Rows of prompt embeddings `[L_i, hidden]` (not prefilled), of the kind the model needs: a
-    state-space model's `StateRows` on any engine, else the engine's kind of KV cache."""
+    """Rows of prompt embeddings `[L_i, hidden]` (not prefilled), `per_request` rows per request,
+    of the kind the model needs: a state-space model's `StateRows` on any engine, else the
+    engine's kind of KV cache."""
     check_engine(engine)
-    if getattr(model, "recurrent", False):
-        return StateRows(model, prompts, span=capacity if span is None else span, step_log=step_log)
+    if model.recurrent:
+        return StateRows(model, prompts, span=capacity if span is None else span, per_request=per_request,
+                         step_log=step_log)
     if engine == "eager":
-        return DynamicCacheRows(model, prompts, step_log)
+        return DynamicCacheRows(model, prompts, per_request, step_log)
     compiled = compiles(model.device) if compiled is None else compiled
-    return StaticCacheRows(model, prompts, capacity=capacity, compiled=compiled, role=role, step_log=step_log)
+    return StaticCacheRows(model, prompts, capacity=capacity, compiled=compiled, role=role,
+                           per_request=per_request, step_log=step_log)

@@ -55,7 +55,7 @@ class SampleRecord:
     # above its cores, something competed with the walltime (pipeline.results.noise)
     load_before: float | None = None
     load_after: float | None = None
-    # requests decoded together with this one (pipeline.decoding.batch_loop); every one of them
+    # requests decoded together with this one (`pipeline.decoding.loop`); every one of them
     # carries the batch's timings (None: decoded alone)
     batch_requests: int | None = None
     error: str | None = None

@@ -24,7 +24,7 @@ from transformers import PreTrainedTokenizerBase
 
 from pipeline.decoding.acceptance import recorded_weights, settle_block
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.draft_kinds import proposer_class
+from pipeline.decoding.draft import proposer_class
 from pipeline.decoding.records import SampleRecord
 from pipeline.drafting.scoring import mixing_weights
 
@@ -93,7 +93,7 @@ def _check_replayable(traces: Traces, config: DecodeConfig) -> None:
 def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
     """The record a live greedy run of `config` would produce, computed from traces.
 
-    Mirrors `loop.SpeculativeDecoder.block` block by block: weights from the policy state's
+    Mirrors `loop.Decoder.block` block by block: weights from the policy state's
     `choose`, then the accepted count (the verify kind's proposer's `replay_accepted`: the
     proposals along y, position by position), then `settle_block`, the loop's own rule, decides
     what is kept, recorded and added to the history. Timings stay 0: replay decodes nothing, walltime comes

@@ -1,24 +1,35 @@
-"""Prompt rows decoded as ONE batch over one KV cache: the target's single row and the draft's
-rows, one per drafting method (docs/algorithm.md §3).
+"""Prompt rows decoded as ONE batch over one KV cache: B requests, each with its rows (the
+target's one row, or the draft's row per drafting method and branch), request-major
+(docs/algorithm.md §3).
 
-Rows share the tokens fed after their prompts (the continuation); only the prompts differ.
-Prompts are left-padded, each row gets its own position ids and its own 4-D attention mask
-(padding and causality, built here on the device: transformers uses a prepared mask as it
-is, where building one itself would read the mask back to the host), and every continuation
-token sits at the same cache slot in every row, so dropping rejected proposals is one
-operation for the whole batch. Beyond chains:
-- `feed` takes per-row tokens (`[rows, n]`): a candidate tree drafts each branch in its own rows;
+Every block is written at shared cache slots (one write position: static shapes), and each row
+keeps its own accepted prefix, since requests accept their own number of proposals:
+
+- row r's continuation is slots `[0, kept_r)`, plus, inside the block being fed (slots
+  `[base, fed)`), slots from `base + skip_r` on (`skip_r` leading fillers: a request with fewer
+  pending tokens than the widest is right-aligned, so the block's last token sits at one slot);
+- a token's position is the row's prompt length plus its index in that sequence, so the gap
+  `[kept_r, base + skip_r)` is invisible and costs nothing but masked keys;
 - `feed_tree` feeds tokens that see only their ancestors among the tree fed since `begin_tree`,
-  at positions root + depth: a token tree verified or drafted in one forward;
-- `keep_path` moves an accepted path's cache entries up to follow the prefix, and `copy_rows`
-  gives every group of rows one group's continuation, both in place on the device.
+  at positions root + depth (a token tree verified, or a draft tree level, in one forward);
+- `settle(keep, order)` moves each row's kept block tokens (in block order, or an accepted
+  path's) down behind its earlier ones, in place, and the next block starts at the longest
+  row's end; `copy_rows` gives every branch's rows of a request its accepted branch's block.
+
+Prompts are left-padded; masks and positions are built on the device (transformers uses a
+prepared 4-D mask as it is, where building one itself would read it back to the host). The
+host keeps its own copy of each row's counts (they come back in the block's one transfer), so
+it knows when the rows are aligned (every row keeps the same prefix, as one request's rows
+always do): then masks are the plain causal ones and nothing moves when a block settles.
 
 Two cache strategies, chosen by the engine (`pipeline.decoding.engine`):
-- `DynamicCacheRows` (engine `eager`): transformers' `DynamicCache`, grown by concatenation
-  and cropped after each block.
-- `StaticCacheRows` (engine `static`): transformers' `StaticCache`, allocated once for the
-  whole sample with a fixed-shape mask; rejecting proposals only moves the write position back,
-  and decode steps have static shapes, so on a GPU they run as captured CUDA graphs.
+- `DynamicCacheRows` (engine `eager`): transformers' `DynamicCache`, grown by concatenation and
+  cropped after each block.
+- `StaticCacheRows` (engine `static`, `pipeline.decoding.static_rows`): transformers'
+  `StaticCache`, allocated once for the whole decode with fixed-shape masks; rolling back only
+  moves the write position, and decode steps have static shapes, so on a GPU they run as
+  captured CUDA graphs.
+A state-space draft's rows (`pipeline.decoding.state_rows.StateRows`) offer the same verbs.
 """
 from __future__ import annotations
 
@@ -26,46 +37,44 @@ from typing import Protocol
 
 import torch
 
+from pipeline.decoding.trees import LevelMask
 from pipeline.models.base import LVLM, StepLog
-
-CAPACITY_STEP = 256  # static caches come in multiples of this, so compiled steps are reused across samples
 
 
 class Rows(Protocol):
-    """What proposers, verification, replay and calibration ask of a batch of prompt rows: the
-    verbs that feed and roll back, defined once. KV rows (`DynamicCacheRows`,
-    `StaticCacheRows`) do all of them; a state-space draft's rows
-    (`pipeline.decoding.state_rows.StateRows`) all but the tree verbs. `engine.new_rows` picks
-    the class from the model."""
+    """What proposers, verification, replay's traces and calibration ask of a batch of rows:
+    the verbs that feed and roll back, defined once. `engine.new_rows` picks the class from the
+    model (KV rows, or a state-space model's `StateRows`)."""
 
     model: LVLM
-    rows: int  # prompt rows in the batch
-    fed: int  # continuation tokens fed so far
-    tree_start: int  # where the tree being fed began (`begin_tree`)
+    rows: int  # rows in the batch
+    per_request: int  # rows of one request (request-major)
     step_log: StepLog
 
-    def prefill(self) -> None:
-        """Run the prompts once (their last token is fed later, as the first continuation token)."""
+    def prefill(self) -> torch.Tensor:
+        """Run the prompts once; fp32 logits after each row's last prompt token `[rows, 1, V]`."""
 
-    def feed(self, token_ids: list[int] | torch.Tensor, keep: int = 1) -> torch.Tensor:
-        """Append tokens to every row (`[n]`) or each row its own (`[rows, n]`); fp32 logits of the
-        last `keep`."""
-
-    def keep_shared(self, n: int) -> None:
-        """Roll back to the first `n` continuation tokens."""
-
-    def copy_rows(self, groups: int, source: torch.Tensor, start: int) -> None:
-        """Give every group of rows group `source`'s continuation from slot `start` on."""
+    def feed(self, token_ids: torch.Tensor | list[int], keep: int = 1, valid: list[int] | None = None,
+             hidden: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Append tokens to every row (`[n]`) or each row its own (`[rows, n]`); `valid` (a block's
+        first feed only): row r's last `valid[r]` tokens are real, the others fillers. fp32 logits
+        of the last `keep` `[rows, keep, V]` (and the hidden states the LM head read, `hidden`)."""
 
     def begin_tree(self) -> None:
-        """The next `feed_tree` tokens form a tree rooted at the last token fed."""
+        """The next tree feeds form a tree rooted at the last token fed."""
 
-    def feed_tree(self, token_ids: torch.Tensor, offsets: torch.Tensor, sees: torch.Tensor,
-                  keep: int) -> torch.Tensor:
-        """Append a tree's tokens in one forward, each seeing only its ancestors."""
+    def feed_level(self, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        """A draft tree's next level: each request's `[B, W]` nodes, children of the level above's
+        nodes `parents` (`[B, W]`; the root for the first level); fp32 logits of every node for
+        each of the request's rows `[B, W, per_request, V]`."""
 
-    def keep_path(self, slots: torch.Tensor, first: int) -> None:
-        """Move an accepted path's continuation up to follow slot `first`."""
+    def settle(self, keep: list[int], order: torch.Tensor | None = None) -> None:
+        """Row r keeps `keep[r]` tokens of the block: its first real ones, or those at block
+        positions `order[r]` (`[rows, span]`), in that order; the rest is dropped."""
+
+    def copy_rows(self, groups: int, source: torch.Tensor, start: int) -> None:
+        """Give every one of `groups` equal groups of each request's rows the block of its group
+        `source[b]` (`[B]`) from block position `start` on."""
 
 
 def left_padded(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,84 +92,103 @@ def left_padded(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor
 class DynamicCacheRows:
     """A batch of prompt rows plus the continuation fed so far (DynamicCache).
 
-    `fed` counts the continuation tokens in the cache; the caller decides which survive
-    verification with `keep_shared`. `step_log` collects how the decode steps ran (shared by a
-    decode's target and draft rows).
+    `fed` counts the continuation slots written; `base` is where the current block began;
+    `kept_counts` / `skips` (host) are each row's kept tokens and the block's leading fillers.
+    `step_log` collects how the decode steps ran (shared by a decode's target and draft rows).
     """
 
-    def __init__(self, model: LVLM, prompts: list[torch.Tensor], step_log: StepLog | None = None) -> None:
+    def __init__(self, model: LVLM, prompts: list[torch.Tensor], per_request: int = 1,
+                 step_log: StepLog | None = None) -> None:
         self.model = model
         self.step_log = StepLog() if step_log is None else step_log
-        self.rows = len(prompts)
+        self.rows, self.per_request = len(prompts), per_request
         self._prompt_embeds, padding = left_padded(prompts)
         self.width = padding.shape[1]
-        self._padding = padding.to(model.device)  # [B, width]: False where a row is padded
+        self._padding = padding.to(model.device)  # [rows, width]: False where a row is padded
         # per row: the next position
         self._next_position = torch.tensor([p.shape[0] for p in prompts], device=model.device)
         self.cache = model.new_cache()
-        self.fed = 0
+        self.base = self.fed = 0
+        self.kept_counts, self.skips = [0] * self.rows, [0] * self.rows
+        self._kept = self._skip = None  # device copies, made when rows stop being aligned
         self.tree_start = 0  # the continuation slot where the tree being fed began (`begin_tree`)
+        self._levels = LevelMask()
+
+    @property
+    def aligned(self) -> bool:
+        """Every row keeps the slots before the block and no filler: plain causal masks."""
+        return all(k == self.base for k in self.kept_counts) and not any(self.skips)
 
     def prefill(self) -> torch.Tensor:
-        """Run the padded prompts once; padded slots get position 0 and are masked out. Returns
-        the fp32 logits after each row's last prompt token, `[B, 1, V]`."""
+        """Run the padded prompts once; padded slots get position 0 and are masked out."""
         positions = (self._padding.long().cumsum(-1) - 1).clamp_min(0)
         mask = self._attention_mask(start=0, n=self.width)
         logits = self._forward(mask, positions, keep=1, inputs_embeds=self._prompt_embeds, step=False)
         self._prompt_embeds = None  # the cache holds them now
         return logits
 
-    def feed(self, token_ids: list[int] | torch.Tensor, keep: int = 1) -> torch.Tensor:
-        """Append tokens to every row (`[n]`: the same in each; `[rows, n]`: each row its own);
-        fp32 logits of the last `keep`: `[B, keep, V]`. `token_ids` may be a device tensor (the
-        engine's proposals never leave the device)."""
+    def feed(self, token_ids: list[int] | torch.Tensor, keep: int = 1, valid: list[int] | None = None,
+             hidden: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         ids = torch.as_tensor(token_ids, device=self.model.device)
         ids = ids.view(1, -1).expand(self.rows, -1) if ids.dim() < 2 else ids
         n = ids.shape[1]
-        mask, positions = self._step_mask(n), self._step_positions(n)
-        logits = self._forward(mask, positions, keep=keep, input_ids=ids, step=True)
+        if valid is not None:
+            if self.fed != self.base:
+                raise ValueError("fillers go at the start of a block only")
+            self._set_skips([n - v for v in valid])
+        mask, positions = self._mask(n), self._positions(n)
+        out = self._forward(mask, positions, keep=keep, input_ids=ids, step=True, hidden=hidden)
         self.fed += n
-        return logits
+        return out
 
     def begin_tree(self) -> None:
-        """The next `feed_tree` tokens form a tree whose root is the last token fed so far."""
         self.tree_start = self.fed
+        self._levels.begin()
 
-    def feed_tree(self, token_ids: torch.Tensor, offsets: torch.Tensor, sees: torch.Tensor,
-                  keep: int) -> torch.Tensor:
-        """Append `n` tokens of a tree to every row: token i at the position a chain token fed
-        at the tree's first slot would have, plus `offsets[i]` (its depth below that slot's
-        token), seeing the prefix before the tree and, within the tree fed since `begin_tree`,
-        what `sees[i]` allows (`[n, tree so far + n]` bool); fp32 logits of the last `keep`:
-        `[B, keep, V]`. Shapes are fixed for a tree kind, so compiled steps are reused."""
-        ids = token_ids.view(1, -1).expand(self.rows, -1)
-        n = ids.shape[1]
-        mask = self._step_mask(n).clone()
+    def feed_tree(self, token_ids: torch.Tensor, offsets: torch.Tensor, sees: torch.Tensor, keep: int,
+                  hidden: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Append `n` tokens of a tree to each row (`[rows, n]`): token i at the position a chain
+        token fed at the tree's first slot would have, plus `offsets[:, i]` (its depth below
+        that slot's token), seeing the prefix before the tree and, within the tree fed since
+        `begin_tree`, what `sees[:, i]` allows (`[rows, n, tree so far + n]` bool); fp32 logits
+        of the last `keep`. Shapes are fixed for a tree kind, so compiled steps are reused."""
+        n = token_ids.shape[1]
+        mask = self._mask(n).clone()
         first, end = self.width + self.tree_start, self.width + self.fed + n
         blocked = torch.finfo(mask.dtype).min
         tree = torch.zeros(sees.shape, dtype=mask.dtype, device=mask.device).masked_fill_(~sees, blocked)
-        mask[:, :, :, first:end] = tree
-        positions = self._next_position[:, None] + self.tree_start + offsets[None, :]
-        logits = self._forward(mask, positions, keep=keep, input_ids=ids, step=True)
+        mask[:, 0, :, first:end] = tree
+        positions = self._positions(1, self.tree_start) + offsets
+        out = self._forward(mask, positions, keep=keep, input_ids=token_ids, step=True, hidden=hidden)
         self.fed += n
-        return logits
+        return out
 
-    def keep_path(self, slots: torch.Tensor, first: int) -> None:
-        """Move the cache entries of continuation slots `slots` (`[k]`, a device tensor) to
-        slots `first, first + 1, ...` in every row and layer: an accepted path of a tree then
-        follows the prefix as a chain would. Entries left behind are dropped by `keep_shared`."""
-        source = self.width + slots
-        target = self.width + first + torch.arange(slots.shape[0], device=slots.device)
-        for layer in self.cache.layers:
-            for states in (layer.keys, layer.values):
-                states.index_copy_(2, target, states.index_select(2, source))
+    def feed_level(self, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        sees, depth = self._levels.grow(parents)
+        per, width = self.per_request, tokens.shape[1]
+        ids = tokens.repeat_interleave(per, 0)
+        logits = self.feed_tree(ids, torch.full_like(ids, depth - 1), sees.repeat_interleave(per, 0),
+                                keep=width)
+        return logits.view(-1, per, width, logits.shape[-1]).transpose(1, 2)
+
+    def settle(self, keep: list[int], order: torch.Tensor | None = None) -> None:
+        span = self.fed - self.base
+        if max(k + s for k, s in zip(keep, self.skips)) > span:
+            raise ValueError(f"cannot keep {max(keep)} tokens of the block: only {span} were fed")
+        in_place = order is None and all(n == 0 or (k == self.base and s == 0)
+                                         for k, n, s in zip(self.kept_counts, keep, self.skips))
+        if span and not in_place:
+            self._move(keep, order, span)
+        self.kept_counts = [k + n for k, n in zip(self.kept_counts, keep)]
+        self._set_skips([0] * self.rows)
+        longest = max(self.kept_counts)
+        if self.fed > longest:
+            self._rewind(longest)
+        self.base = self.fed = longest
+        self._kept = None if self.aligned else self._on_device(self.kept_counts)
 
     def copy_rows(self, groups: int, source: torch.Tensor, start: int) -> None:
-        """Give every one of `groups` equal groups of rows the continuation of group `source`
-        (0-d device tensor) from continuation slot `start` on: after a candidate tree, every
-        branch's rows continue the accepted branch. Rows of several requests (request-major,
-        `pipeline.decoding.ragged_rows`) take `source` `[requests]`: each request's own group."""
-        first, end = self.width + start, self.width + self.fed
+        first, end = self.width + self.base + start, self.width + self.fed
         sources = source.view(-1)
         for layer in self.cache.layers:
             for states in (layer.keys, layer.values):
@@ -168,37 +196,77 @@ class DynamicCacheRows:
                 index = sources.view(-1, 1, 1, 1, 1, 1).expand(-1, 1, *grouped.shape[2:])
                 grouped.copy_(grouped.gather(1, index).expand_as(grouped))
 
-    def _step_mask(self, n: int) -> torch.Tensor:
-        """The attention mask of the next `n` continuation tokens."""
-        return self._attention_mask(start=self.width + self.fed, n=n)
+    def _move(self, keep: list[int], order: torch.Tensor | None, span: int) -> None:
+        """Row r's first `keep[r]` real block tokens, or those at block positions `order[r]`,
+        moved to follow its kept prefix (a gather and a scatter per layer and tensor)."""
+        counts = self._on_device(keep)
+        steps = torch.arange(span, device=counts.device)
+        if order is None:
+            order = self._on_device(self.skips)[:, None] + steps[None, :]
+        # entries past keep_r repeat the last kept one (the same write twice), or write a slot
+        # onto itself in a row that keeps nothing: no two writes differ
+        entry = torch.minimum(steps[None, : order.shape[1]], (counts[:, None] - 1).clamp_min(0))
+        source = self.width + self.base + order.gather(1, entry)
+        kept = self._on_device(self.kept_counts)
+        target = torch.where(counts[:, None] > 0, self.width + kept[:, None] + entry, source)
+        for layer in self.cache.layers:
+            for states in (layer.keys, layer.values):
+                heads, size = states.shape[1], states.shape[3]
+                index = lambda slots: slots[:, None, :, None].expand(-1, heads, -1, size)
+                states.scatter_(2, index(target), states.gather(2, index(source)))
 
-    def _step_positions(self, n: int) -> torch.Tensor:
-        """`[B, n]` position ids of the next `n` continuation tokens in every row."""
-        offsets = torch.arange(self.fed, self.fed + n, device=self.model.device)
-        return self._next_position[:, None] + offsets[None, :]
+    def _set_skips(self, skips: list[int]) -> None:
+        self.skips = skips
+        self._skip = self._on_device(skips) if any(skips) else None
 
-    def keep_shared(self, n: int) -> None:
-        """Drop every cached continuation token after the first `n` (rejected proposals)."""
-        drop = self.fed - n
-        if drop < 0:
-            raise ValueError(f"cannot keep {n} continuation tokens: only {self.fed} were fed")
-        if drop:
-            self.cache.crop(-drop)
-            self.fed = n
+    def _on_device(self, counts: list[int]) -> torch.Tensor:
+        return torch.tensor(counts, dtype=torch.long, device=self.model.device)
+
+    def _positions(self, n: int, start: int | None = None) -> torch.Tensor:
+        """`[rows, n]` position ids of continuation slots `start, start + 1, ...` (default: the
+        next `n`)."""
+        start = self.fed if start is None else start
+        if self.aligned:
+            offsets = torch.arange(start, start + n, device=self.model.device)
+            return self._next_position[:, None] + offsets[None, :]
+        slots = torch.arange(start, start + n, device=self.model.device)
+        skip = 0 if self._skip is None else self._skip[:, None]
+        kept = self._kept if self._kept is not None else self._on_device(self.kept_counts)
+        return self._next_position[:, None] + kept[:, None] + (slots[None, :] - self.base - skip).clamp_min(0)
+
+    def _mask(self, n: int) -> torch.Tensor:
+        """Additive `[rows, 1, n, keys]` mask of the next `n` continuation tokens: the prompt (not
+        padding), the row's kept tokens, and its real block tokens up to the query."""
+        if self.aligned:
+            return self._attention_mask(start=self.width + self.fed, n=n)
+        keys = self._key_slots(self.width + self.fed + n)
+        device = self._padding.device
+        slot = torch.arange(keys, device=device) - self.width  # continuation index of every key
+        query = torch.arange(self.fed, self.fed + n, device=device)
+        prompt = torch.zeros(self.rows, keys, dtype=torch.bool, device=device)
+        prompt[:, : self.width] = self._padding
+        kept = self._kept if self._kept is not None else self._on_device(self.kept_counts)
+        skip = self.base if self._skip is None else (self.base + self._skip)[:, None]
+        before = (slot[None, :] >= 0) & (slot[None, :] < kept[:, None])  # [rows, keys]
+        in_block = slot[None, :] >= skip  # [rows, keys]
+        causal = slot[None, :] <= query[:, None]  # [n, keys]
+        visible = (prompt | before)[:, None, :] | (in_block[:, None, :] & causal[None])
+        mask = torch.zeros(visible.shape, dtype=self.model.dtype, device=device)
+        return mask.masked_fill_(~visible, torch.finfo(self.model.dtype).min)[:, None]
 
     def _key_slots(self, end: int) -> int:
         """How many cache slots the attention reads when the new tokens end at slot `end`."""
         return end
 
     def _open_keys(self, keys: int) -> torch.Tensor:
-        """`[B, keys]`: False for left padding, True for every later slot."""
+        """`[rows, keys]`: False for left padding, True for every later slot."""
         open_keys = torch.ones(self.rows, keys, dtype=torch.bool, device=self._padding.device)
         open_keys[:, : self.width] = self._padding
         return open_keys
 
     def _attention_mask(self, start: int, n: int) -> torch.Tensor:
-        """Additive mask `[B, 1, n, keys]` for `n` new tokens written from cache slot `start`:
-        a key is visible if it is not padding and not after the query."""
+        """Additive mask `[rows, 1, n, keys]` for `n` new tokens written from cache slot `start`
+        of aligned rows: a key is visible if it is not padding and not after the query."""
         keys = self._key_slots(start + n)
         device = self._padding.device
         slots, positions = torch.arange(keys, device=device), torch.arange(start, start + n, device=device)
@@ -208,65 +276,15 @@ class DynamicCacheRows:
         mask = torch.zeros(visible.shape, dtype=self.model.dtype, device=device)
         return mask.masked_fill_(~visible, blocked)
 
+    def _rewind(self, length: int) -> None:
+        """Drop every continuation slot from `length` on."""
+        self.cache.crop(length - self.fed)
+
     def _forward(self, mask: torch.Tensor, positions: torch.Tensor, *, keep: int, step: bool,
-                 **inputs) -> torch.Tensor:
+                 hidden: bool = False, **inputs) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if step:
             self.step_log.modes.add("uncompiled")
+        if hidden:  # asked only by a proposer that reads them: other forwards never name it
+            inputs["hidden"] = True
         return self.model.logits(cache=self.cache, attention_mask=mask, position_ids=positions, keep=keep,
                                  **inputs)
-
-
-class StaticCacheRows(DynamicCacheRows):
-    """The same rows over a `StaticCache` of `capacity` slots (rounded up to `CAPACITY_STEP`).
-
-    Every step attends over all slots: left padding is masked, and causality hides slots past
-    the write position, so stale keys of rejected proposals are never read before they are
-    overwritten, and every step of a kind has the same shapes. `compiled` runs the decode steps
-    (not the prefill) through the model's compiled forward (on a GPU: captured CUDA graphs).
-    `role` names which pooled cache of the model to use, so a target and a draft that are the
-    same model never share one.
-    """
-
-    def __init__(self, model: LVLM, prompts: list[torch.Tensor], *, capacity: int, compiled: bool, role: str,
-                 step_log: StepLog | None = None) -> None:
-        super().__init__(model, prompts, step_log)
-        self.slots = -(-(self.width + capacity) // CAPACITY_STEP) * CAPACITY_STEP
-        self.cache = model.static_cache(self.rows, self.slots, role)
-        self.compiled = compiled
-        self._all_keys_open = super()._open_keys(self.slots)  # every step reads all slots
-        # every continuation slot's mask row and position ids, built once per sample: a step
-        # slices them instead of launching a handful of small kernels to rebuild them
-        continuation = self.slots - self.width
-        # [B, 1, continuation, slots]
-        self._mask_rows = self._attention_mask(start=self.width, n=continuation)
-        self._position_rows = super()._step_positions(continuation)  # [B, continuation]; nothing fed yet
-
-    def _open_keys(self, keys: int) -> torch.Tensor:
-        return self._all_keys_open
-
-    def _step_mask(self, n: int) -> torch.Tensor:
-        end = self.width + self.fed + n
-        if end > self.slots:
-            raise ValueError(f"static cache of {self.slots} slots is full: tokens up to slot {end} were fed")
-        # contiguous: every step of a kind passes the compiled forward the same strides
-        return self._mask_rows[:, :, self.fed : self.fed + n].contiguous()
-
-    def _step_positions(self, n: int) -> torch.Tensor:
-        return self._position_rows[:, self.fed : self.fed + n].contiguous()
-
-    def _key_slots(self, end: int) -> int:
-        return self.slots
-
-    def keep_shared(self, n: int) -> None:
-        if n > self.fed:
-            raise ValueError(f"cannot keep {n} continuation tokens: only {self.fed} were fed")
-        if n < self.fed:
-            self.model.rewind_static_cache(self.cache, self.width + n)
-            self.fed = n
-
-    def _forward(self, mask: torch.Tensor, positions: torch.Tensor, *, keep: int, step: bool,
-                 **inputs) -> torch.Tensor:
-        if not (self.compiled and step):
-            return super()._forward(mask, positions, keep=keep, step=step, **inputs)
-        return self.model.logits(cache=self.cache, attention_mask=mask, position_ids=positions, keep=keep,
-                                 compiled=True, steps=self.step_log, **inputs)

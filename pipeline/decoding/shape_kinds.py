@@ -1,6 +1,6 @@
 """Static-shape token trees and the bandit that picks one per block (the Mamba drafters paper's
 test-time tree search), as verify kinds. Torch-free; their proposers are in
-`pipeline.decoding.draft_shapes`."""
+`pipeline.decoding.draft_trees`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,6 +39,7 @@ class ShapeTree(VerifySpec, kind="shape"):
     Its depth d is the block's gamma; children are ranked, never drawn, so greedy replay scores
     it from the ranks of the target's tokens along its output, and sampling uses SpecExec."""
 
+    proposer: ClassVar[str] = "pipeline.decoding.draft_trees:ShapeTreeProposer"
     shape: tuple[int, ...] = (3, 2, 1)
 
     @property
@@ -78,6 +79,7 @@ class BanditTree(VerifySpec, kind="bandit"):
     by the configuration, so greedy replay scores it exactly."""
 
     ALIASES: ClassVar[dict[str, str]] = {"lambda": "lam"}  # grid files write `lambda:`
+    proposer: ClassVar[str] = "pipeline.decoding.draft_bandit:BanditTreeProposer"
     shapes: tuple[tuple[int, ...], ...] = ((3, 3, 2, 1), (3, 2, 2, 1, 1), (2, 2, 2, 1, 1, 1))
     c: float = 1.0
     lam: float = 0.3

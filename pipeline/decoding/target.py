@@ -1,7 +1,7 @@
-"""The target's side of a block: one forward over the pending token and the proposals (a
-chain, or a token tree with its tree mask), the acceptance rule, and the roll back of the
-target's cache to the accepted path. Everything stays on the device; the decoding loop reads
-the outcome in its one transfer per block.
+"""The target's side of a block: one forward over each request's pending token and proposals (a
+chain, or a token tree with each request's tree mask), the acceptance rule, and the roll back of
+the target's rows to each accepted path. Everything stays on the device; the decoding loop
+reads the outcome in its one transfer per block.
 """
 from __future__ import annotations
 
@@ -11,55 +11,62 @@ import torch
 
 from pipeline.decoding.acceptance import probabilities, verify_greedy, verify_tree_greedy
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.draft import ChainProposer, Proposal
+from pipeline.decoding.proposals import Proposal
 from pipeline.decoding.rows import Rows
 
 
 @dataclass
 class Checked:
-    """A verified block on the device: `accepted` proposals and the target's `next_token`
-    (0-d), the accepted path's tokens `path_tokens` `[gamma]` (entries past `accepted` are
-    filler), its fed positions `path` (`[gamma + 1]`, root first; None for a chain) and the
-    target's distributions at the root and along the path `path_probs` `[gamma, V]` (the TABED
-    history's p; None when nothing needs them)."""
+    """A verified block on the device, per request: `accepted` proposals and the target's
+    `next_token` (`[B]`), the accepted path's tokens `path_tokens` (`[B, gamma]`, filler past
+    `accepted`), its fed positions `path` (`[B, gamma + 1]`, root first; None for a chain), the
+    target's distributions at the root and along the path `path_probs` (`[B, gamma, V]`, the TABED
+    history's p; None when nothing needs them) and the hidden states its LM head read there
+    (`[B, gamma + 1, H]`, only when asked)."""
 
     accepted: torch.Tensor
     next_token: torch.Tensor
     path_tokens: torch.Tensor
     path: torch.Tensor | None
     path_probs: torch.Tensor | None
+    hidden: torch.Tensor | None
 
 
-def check(rows: Rows, pending: torch.Tensor, proposal: Proposal, proposer: ChainProposer,
-          config: DecodeConfig, uniforms: torch.Tensor | None, keep_probs: bool) -> Checked:
-    """Score `pending` and the proposals in ONE target forward and accept: greedy follows the
-    target's argmax, sampling keeps the target's distribution by the rule of the `proposer`
-    that drafted them (`accept_sampled`). `uniforms`: sampling's draws for acceptance;
-    `keep_probs`: return p."""
+def check(rows: Rows, pending: torch.Tensor, proposal: Proposal, config: DecodeConfig,
+          uniforms: torch.Tensor | None, keep_probs: bool, hidden: bool = False) -> Checked:
+    """Score each request's `pending` token (`[B]`) and proposals in ONE target forward and
+    accept: greedy follows the target's argmax, sampling keeps the target's distribution by the
+    rule of the proposal's kind (`accept_sampled`). `uniforms`: sampling's draws for acceptance
+    `[B, checks]`; `keep_probs`: return p; `hidden`: return the LM head's input states."""
     tree = proposal.tree
-    fed = torch.cat([pending, proposal.tokens])
+    fed = torch.cat([pending[:, None], proposal.tokens], 1)
+    keep = fed.shape[1]
     if tree is None:
-        logits = rows.feed(fed, keep=config.gamma + 1)[0]
+        out = rows.feed(fed, keep=keep, hidden=hidden)
     else:
         rows.begin_tree()
-        logits = rows.feed_tree(fed, tree.fed_depths(), tree.ancestry(), keep=tree.size + 1)[0]
+        out = rows.feed_tree(fed, tree.fed_depths(), tree.ancestry(), keep=keep, hidden=hidden)
+    logits, states = out if hidden else (out, None)
     p = probabilities(logits, config.temperature) if keep_probs or not config.greedy else None
     if not config.greedy:
-        accepted, next_token, path = proposer.accept_sampled(proposal, p, uniforms)
+        outcome = proposal.accept_sampled(p, uniforms)
+        accepted, next_token, path = outcome.accepted, outcome.next_token, outcome.path
     elif tree is None:
         (accepted, next_token), path = verify_greedy(proposal.tokens, logits), None
     else:
         outcome = verify_tree_greedy(tree, logits)
         accepted, next_token, path = outcome.accepted, outcome.next_token, outcome.path
     if path is None:
-        return Checked(accepted, next_token, proposal.tokens, None, p)
-    return Checked(accepted, next_token, fed[path[1:]], path, None if p is None else p[path[:-1]])
+        on_path = lambda values: values[:, :keep]
+        return Checked(accepted, next_token, proposal.tokens, None, None if p is None else p[:, :-1],
+                       None if states is None else on_path(states))
+    along = lambda values, at: values.gather(1, at[..., None].expand(-1, -1, values.shape[-1]))
+    path_probs = None if p is None else along(p, path[:, :-1])
+    return Checked(accepted, next_token, fed.gather(1, path[:, 1:]), path, path_probs,
+                   None if states is None else along(states, path))
 
 
-def keep_accepted(rows: Rows, checked: Checked, accepted: int, before: int) -> None:
-    """Keep the target's cache up to the accepted path: a tree's path moves up behind the root
-    first. `before`: the shared tokens fed before the block; `accepted`: read from the block's
-    transfer."""
-    if checked.path is not None and accepted:
-        rows.keep_path(rows.tree_start + checked.path[1 : accepted + 1], rows.tree_start + 1)
-    rows.keep_shared(before + accepted)
+def keep_accepted(rows: Rows, checked: Checked, accepted: list[int], running: list[bool]) -> None:
+    """Each running request's target row keeps its pending token and accepted proposals: a
+    tree's accepted path, moved behind what came before; a stopped request keeps nothing."""
+    rows.settle([1 + a if run else 0 for a, run in zip(accepted, running)], checked.path)

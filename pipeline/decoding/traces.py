@@ -48,9 +48,9 @@ def _teacher_forced_logits(
     the same prefill the live engine runs (same rows, padding and prompt cache). This forward's
     shape is new for every sample, so it never compiles."""
     prompt = tokenize(model, sample)
-    rows = prefilled_rows(model, prompt, methods, captioner, engine=engine, capacity=len(y), role="trace",
-                          compiled=False,
-                          span=1)  # never rolled back
+    # never rolled back: a state-space draft saves no states past the last one
+    rows, _ = prefilled_rows(model, [prompt], methods, captioner, engine=engine, capacity=len(y),
+                             role="trace", compiled=False, span=1)
     sequence = [prompt.ids[-1]] + y[:-1]
     return rows.feed(sequence, keep=len(sequence))
 
@@ -78,12 +78,13 @@ def trace_target(
     decode already made (a live AR row of the same budget and engine), then one
     teacher-forced target forward over prompt + y.
 
-    Target forwards: 1 + len(y) for y when decoded here, 2 for the teacher-forced pass.
+    Target forwards: len(y) for y when decoded here (the prefill gives the first token), 2 for
+    the teacher-forced pass.
     """
     start = time.perf_counter()
     counted = ForwardCounter(target)
     if baseline is None:
-        baseline = autoregressive_decode(counted, sample, max_new_tokens=max_new_tokens, engine=engine)
+        [baseline] = autoregressive_decode(counted, [sample], max_new_tokens=max_new_tokens, engine=engine)
     y = baseline.output_ids
     target_logits = _teacher_forced_logits(counted, sample, "M", None, y, engine)[0]
     return TargetTrace(y, probabilities(target_logits, 0.0).cpu(), max_new_tokens, engine, counted.forwards,

@@ -3,7 +3,7 @@ axis). Each kind is a registered class, like the weight policies: its knobs, its
 what a block of it costs (nodes the target reads, rows the draft runs), whether greedy trace
 replay scores it and whether it samples. Torch-free, so grid files validate without torch; the
 draft's side of each kind (how it proposes, accepts sampled blocks and replays) is a proposer
-registered under the same kind (`pipeline.decoding.draft`); `pipeline.planning.verify_entries`
+named by the spec (`proposer`, `pipeline.decoding.draft`); `pipeline.planning.verify_entries`
 makes specs from grid entries and result rows.
 
 - `chain`: `gamma` proposals in a row, the mixture's choice at each step (what TABED does).
@@ -23,6 +23,7 @@ A kind of your own is a subclass and its proposer, named by import path in a gri
 """
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, replace
 from typing import Any, ClassVar
 
@@ -39,11 +40,8 @@ class VerifySpec:
     kind: ClassVar[str] = ""
     replayable: ClassVar[bool] = True  # greedy trace replay scores it exactly (its path depends on y only)
     samples: ClassVar[bool] = True  # temperature > 0 keeps the target's distribution
-    # the draft reads the tree with a tree mask: a state-space draft (one state per row) cannot
-    feeds_draft_a_tree: ClassVar[bool] = False
-    # decodes several requests as one batch (`pipeline.decoding.batch_loop`): a fixed node
-    # count per request, drafted as groups of method rows
-    batches: ClassVar[bool] = False
+    # the proposer that drafts it (`pipeline.decoding.draft.Proposer`), imported when it decodes
+    proposer: ClassVar[str] = "pipeline.decoding.draft:ChainProposer"
 
     def __init_subclass__(cls, kind: str = "", **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -60,8 +58,10 @@ class VerifySpec:
 
     @property
     def label(self) -> str:
-        """Its name in tables: `chain`, `candidates`, `dynamic(n=16,k=4)`."""
-        return self.kind
+        """Its name in tables: `chain`, `candidates`, `dynamic(n=16,k=4)`; a kind of your own, its
+        kind and every knob, `pkg.mod:Kind(width=3)`, so that no table pools two of its entries."""
+        knobs = asdict(self)
+        return f"{self.kind}({','.join(f'{k}={v}' for k, v in knobs.items())})" if knobs else self.kind
 
     def validate(self) -> None:
         """ValueError naming a bad knob."""
@@ -99,22 +99,21 @@ class VerifySpec:
 
     def columns(self) -> dict[str, Any]:
         """The row's structured verify columns (tables never parse the label back)."""
-        return {"verify_kind": self.kind, "verify_nodes": None, "verify_top_k": None, "verify_shapes": None}
+        return {"verify_kind": self.kind, "verify_nodes": None, "verify_top_k": None, "verify_shapes": None,
+                "verify_knobs": json.dumps(asdict(self), sort_keys=True)}
 
 
 @dataclass(frozen=True)
 class Chain(VerifySpec, kind="chain"):
     """`gamma` proposals in a row: the mixture's choice at each step."""
 
-    batches: ClassVar[bool] = True
-
 
 @dataclass(frozen=True)
 class CandidateTree(VerifySpec, kind="candidates"):
     """The ensembled chain and each method's own chain as branches of one tree (TABED's
-    multi-candidate extension), drafted as B x m rows of one batch."""
+    multi-candidate extension), drafted as branches x m rows of one batch per request."""
 
-    batches: ClassVar[bool] = True
+    proposer: ClassVar[str] = "pipeline.decoding.draft:CandidateProposer"
 
     def settled(self, methods: int, gamma: int) -> tuple[VerifySpec, int]:
         return (Chain(), gamma) if methods == 1 else (self, gamma)  # one method's tree is its chain
@@ -135,7 +134,7 @@ class DynamicTree(VerifySpec, kind="dynamic"):
     children with the highest path probability, then the `nodes` most probable nodes."""
 
     replayable: ClassVar[bool] = False
-    feeds_draft_a_tree: ClassVar[bool] = True
+    proposer: ClassVar[str] = "pipeline.decoding.draft_trees:DynamicTreeProposer"
     nodes: int = DYNAMIC_NODES
     top_k: int = DYNAMIC_TOP_K
     depth: int | None = None

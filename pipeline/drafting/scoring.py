@@ -50,6 +50,7 @@ def uniform_weights(m: int) -> torch.Tensor:
 
 def mix(q_methods: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Ensemble distribution sum_i w_i q_i (probabilities, not logits): `[..., m, V]` -> `[..., V]`.
+    `weights` `[m]`, or `[B, m]` for `q_methods` `[B, ..., m, V]` (each request its own).
     A single method is its own distribution (w = 1 multiplies exactly), without a kernel.
     One matrix product; pass `weights` in the distributions' dtype (`mixing_weights`) and it
     is the only kernel: the drafting loop mixes once per proposal."""
@@ -57,7 +58,9 @@ def mix(q_methods: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         return q_methods[..., 0, :]
     if weights.dtype != q_methods.dtype:
         weights = weights.to(q_methods.dtype)
-    return torch.matmul(weights, q_methods)
+    extra = q_methods.dim() - weights.dim() - 1  # dims between the requests' and the methods'
+    rows = weights.view(*weights.shape[:-1], *[1] * extra, 1, weights.shape[-1])
+    return torch.matmul(rows, q_methods).squeeze(-2)
 
 
 def mixing_weights(weights: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,6 @@ from dataclasses import replace
 from typing import Callable, Sequence, TypeVar
 
 from pipeline.data.sample import Sample
-from pipeline.decoding.batch_loop import autoregressive_decode_batch, speculative_decode_batch
 from pipeline.decoding.engine import default_engine
 from pipeline.decoding.loop import autoregressive_decode, speculative_decode
 from pipeline.decoding.prompts import tokenize
@@ -72,7 +71,7 @@ class ShardRecords:
 
     def _batches(self, items: Sequence[Item], samples: dict[str, Sample]) -> Records:
         """Each configuration's samples B at a time, in shard order, as one batch each
-        (`pipeline.decoding.batch_loop`); a sample refused as input is an error row and the rest
+        (`pipeline.decoding.loop`); a sample refused as input is an error row and the rest
         of its batch decodes without it; a batch that fails fails its rows."""
         by_config: dict[RunConfig, list[str]] = defaultdict(list)
         for config, sample_id in items:
@@ -99,12 +98,20 @@ class ShardRecords:
         return records
 
     def _batch(self, config: RunConfig, batch: list[Sample], engine: str) -> list[SampleRecord]:
+        """One batch of a configuration of `batch` > 1 (a dataset's last may hold fewer, even one)."""
+        records = self._decode(config, batch, engine)
+        for record in records:
+            record.batch_requests = len(batch)
+        return records
+
+    def _decode(self, config: RunConfig, samples: list[Sample], engine: str) -> list[SampleRecord]:
+        """SD, or the AR baseline, of `samples` as one batch on `engine`."""
         decode = config.decode
         if decode.is_ar:
-            return autoregressive_decode_batch(self.target, batch, max_new_tokens=decode.max_new_tokens,
-                                               engine=engine)
-        draft = self.drafts[config.pair.draft]
-        return speculative_decode_batch(self.target, draft, batch, decode, self.captioner, engine=engine)
+            return autoregressive_decode(self.target, samples, max_new_tokens=decode.max_new_tokens,
+                                         temperature=decode.temperature, seed=decode.seed, engine=engine)
+        return speculative_decode(self.target, self.drafts[config.pair.draft], samples, decode,
+                                  self.captioner, engine=engine)
 
     def decode(self, config: RunConfig, sample: Sample, repeats: int = 1) -> SampleRecord:
         """A live decode (SD or the AR baseline) on the configuration's engine; the fastest of
@@ -121,19 +128,11 @@ class ShardRecords:
         return replace(fastest, load_before=load_before, load_after=machine_load())
 
     def _decode_once(self, config: RunConfig, sample: Sample) -> SampleRecord:
-        decode = config.decode
-
-        def on(engine: str) -> SampleRecord:
-            if decode.is_ar:
-                return autoregressive_decode(self.target, sample, max_new_tokens=decode.max_new_tokens,
-                                             temperature=decode.temperature, seed=decode.seed, engine=engine)
-            return speculative_decode(self.target, self.drafts[config.pair.draft], sample, decode,
-                                      self.captioner, engine=engine)
-
+        on = lambda engine: self._decode(config, [sample], engine)[0]
         try:
             record, note = self._on_engine(config, self._models(config), on)
         except Exception as err:  # one sample under one configuration; the shard goes on
-            return failed(sample.sample_id, "ar" if decode.is_ar else "live", err)
+            return failed(sample.sample_id, "ar" if config.decode.is_ar else "live", err)
         return noted(record, note)
 
     def _shadow_replay(self, items: Sequence[Item], samples: dict[str, Sample], records: Records) -> None:

@@ -51,6 +51,9 @@ class LVLM(ABC):
     image_token_id: int | None
     #: Human-readable name (hub id or directory) used in records and errors.
     name: str
+    #: A state-space model: its cache is a state per row, rolled back by restoring saved states
+    #: (`state_tensors` / `replace_states`), and it only drafts (`pipeline.models.families`).
+    recurrent: bool = False
 
     @property
     def supports_images(self) -> bool:
@@ -88,12 +91,23 @@ class LVLM(ABC):
         keep: int = 1,
         compiled: bool = False,
         steps: StepLog | None = None,
-    ) -> torch.Tensor:
+        hidden: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """One forward of the language model over new positions, extending `cache`.
-        Returns fp32 logits for the last `keep` positions: `[batch, keep, vocab]`.
-        `compiled` asks for the compiled forward (static-shape decode steps over a static cache;
-        on a GPU, replayed as captured CUDA graphs); a model whose compiled step fails runs it
-        uncompiled instead and notes in `steps` how the step ran and why it fell back."""
+        Returns fp32 logits for the last `keep` positions: `[batch, keep, vocab]`, and with
+        `hidden` also the states the LM head read there `[batch, keep, hidden]` (a plain
+        forward). `compiled` asks for the compiled forward (static-shape decode steps over a
+        static cache; on a GPU, replayed as captured CUDA graphs); a model whose compiled step
+        fails runs it uncompiled instead and notes in `steps` how the step ran and why it fell
+        back."""
+
+    def state_tensors(self, cache: Cache) -> list[torch.Tensor]:
+        """A recurrent model's state tensors in `cache`, layer by layer: what a rollback restores."""
+        raise NotImplementedError(f"{self.name} keeps a KV cache, not a state")
+
+    def replace_states(self, cache: Cache, states: list[torch.Tensor]) -> None:
+        """Put `states` (as `state_tensors` lists them, any row count) in the cache's place."""
+        raise NotImplementedError(f"{self.name} keeps a KV cache, not a state")
 
     @property
     def eos_token_ids(self) -> set[int]:

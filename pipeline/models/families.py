@@ -65,15 +65,21 @@ def is_recurrent_config(config: Mapping[str, Any]) -> bool:
 
 
 def check_role(config: Mapping[str, Any], name: str, role: str) -> None:
-    """A state-space model only drafts: as a target it would have to read a token tree, or
-    gamma + 1 tokens, in one forward; a hybrid is refused in either role."""
+    """A checkpoint's config in a pair: a hybrid is refused in either role, a state-space model
+    as a target (`drafts_only`)."""
     text_type = language_model_type(config)
     if text_type in HYBRID_TYPES:
         raise UnsupportedFamily(f"{name}: {text_type!r} mixes attention and state-space layers, which this engine "
                                 "cannot roll back; use an attention model or a pure Mamba/Mamba2 draft")
-    if role == "target" and text_type in RECURRENT_TYPES:
-        raise UnsupportedFamily(f"{name}: a {RECURRENT_TYPES[text_type]} (state-space) model can only be a draft: "
-                                "verifying needs a target that reads many tokens, or a token tree, in one forward")
+    drafts_only(name, role, recurrent=text_type in RECURRENT_TYPES)
+
+
+def drafts_only(name: str, role: str, *, recurrent: bool) -> None:
+    """The one rule for state-space models: they only draft. As a target one would have to
+    read a token tree, or gamma + 1 tokens, in one forward."""
+    if role == "target" and recurrent:
+        raise UnsupportedFamily(f"{name}: a state-space model can only be a draft: verifying needs a target that "
+                                "reads many tokens, or a token tree, in one forward")
 
 
 def check_family(config: Mapping[str, Any], name: str, *, allow_text: bool) -> str:

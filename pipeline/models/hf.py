@@ -97,9 +97,14 @@ class HFModel(LVLM):
         keep: int = 1,
         compiled: bool = False,
         steps: StepLog | None = None,
-    ) -> torch.Tensor:
+        hidden: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         ids = None if input_ids is None else input_ids.to(self.device)
         mask, positions = attention_mask.to(self.device), position_ids.to(self.device)
+        if hidden:
+            out = self.model(input_ids=ids, inputs_embeds=inputs_embeds, attention_mask=mask, position_ids=positions,
+                             past_key_values=cache, use_cache=True, logits_to_keep=keep, output_hidden_states=True)
+            return out.logits[:, -keep:].float(), out.hidden_states[-1][:, -keep:]
         if compiled and ids is not None:
             return self._compiled_step(cache, keep, ids, mask, positions, StepLog() if steps is None else steps)
         return self._forward(cache, keep, False, input_ids=ids, inputs_embeds=inputs_embeds,

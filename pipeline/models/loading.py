@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoImageProcessor, AutoModelForCausalLM, A
 
 from pipeline.models.base import LVLM
 from pipeline.models.dtypes import resolve_dtype
-from pipeline.models.families import FAMILIES, RECURRENT_TYPES, UnsupportedFamily, check_family, is_recurrent_config
+from pipeline.models.families import FAMILIES, RECURRENT_TYPES, UnsupportedFamily, check_family, drafts_only, is_recurrent_config
 from pipeline.models.hf import HFLlava, HFModel
 from pipeline.models.recurrent import RecurrentLlava, RecurrentLM, is_hybrid, is_recurrent, layer_kinds
 
@@ -105,9 +105,10 @@ def load_target_and_drafts(
     """A target and several drafts (name -> what to load) on one device, the target once,
     each draft checked to share its tokenizer."""
     loaded = load_model(target, dtype=dtype, device=device, allow_text=allow_text)
-    if getattr(loaded, "recurrent", False):
-        raise ModelLoadError(f"{target}: a state-space model can only be a draft: verifying needs a target that reads "
-                             "many tokens, or a token tree, in one forward")
+    try:
+        drafts_only(target, "target", recurrent=loaded.recurrent)
+    except UnsupportedFamily as err:
+        raise ModelLoadError(str(err)) from None
     models = {name: load_model(path, dtype=dtype, device=device, allow_text=allow_text) for name, path in drafts.items()}
     for model in models.values():
         check_same_tokenizer(loaded, model)

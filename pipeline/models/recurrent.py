@@ -59,8 +59,7 @@ class RecurrentMixin:
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.text_config)
 
-    @staticmethod
-    def state_tensors(cache: Cache) -> list[torch.Tensor]:
+    def state_tensors(self, cache: Cache) -> list[torch.Tensor]:
         """Every state tensor of the cache, layer by layer (conv, then recurrent): what a
         rollback restores. Empty before the first forward writes them."""
         found = []
@@ -68,8 +67,7 @@ class RecurrentMixin:
             found += [t for t in (*layer.conv_states.values(), *layer.recurrent_states.values()) if t is not None]
         return found
 
-    @staticmethod
-    def replace_states(cache: Cache, states: list[torch.Tensor]) -> None:
+    def replace_states(self, cache: Cache, states: list[torch.Tensor]) -> None:
         """Put `states` (as `state_tensors` lists them, any row count) in the cache's place."""
         found = iter(states)
         for layer in cache.layers:
@@ -81,9 +79,11 @@ class RecurrentMixin:
     @torch.inference_mode()
     def logits(self, *, cache: Cache, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None = None,
                input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None, keep: int = 1,
-               compiled: bool = False, steps: StepLog | None = None) -> torch.Tensor:
+               compiled: bool = False, steps: StepLog | None = None, hidden: bool = False) -> torch.Tensor:
         """fp32 logits of the last `keep` positions; `attention_mask`: None or `[B, L]` 0/1
         (positions are implicit in a recurrence)."""
+        if hidden:
+            raise ModelInputError(f"{self.name}: a state-space model only drafts; it gives no verify hidden states")
         if attention_mask is not None and attention_mask.dim() != 2:
             raise ModelInputError(f"{self.name}: a recurrent model takes a 2-D padding mask, not a "
                                   f"{attention_mask.dim()}-D attention mask")

@@ -100,7 +100,7 @@ class RunConfig:
     decode: DecodeConfig
     captioner: str | None = None
     engine: str = AUTO_ENGINE
-    batch: int = 1  # requests decoded together (pipeline.decoding.batch_loop); 1: one at a time
+    batch: int = 1  # requests decoded together (`pipeline.decoding.loop`); 1: one at a time
 
     @property
     def decode_engine(self) -> str | None:

@@ -9,7 +9,7 @@ from typing import Iterator
 from pipeline.drafting.methods import METHODS, needs_captions
 from pipeline.names import did_you_mean
 from pipeline.planning.grid import AR, FIRST_TURN, GridError, GridSpec, Pair
-from pipeline.planning.model_ids import is_recurrent_model, model_kind
+from pipeline.planning.model_ids import model_kind
 from pipeline.planning.problems import GridProblems
 
 QUESTION_TASKS = ("nq", "gsm8k")  # second-turn tasks that read a question dataset
@@ -64,37 +64,12 @@ def _combinations(spec: GridSpec) -> Iterator[str]:
             if methods not in spec.methods or methods == AR:
                 yield (f"verify[{i}].methods: {methods!r} is not a method set of this grid's methods "
                        f"{[m for m in spec.methods if m != AR]}{did_you_mean(methods, spec.methods)}")
-    for j, pair in enumerate(spec.pairs):
-        for i, verify in enumerate(spec.verify):
-            if verify.feeds_draft_a_tree and is_recurrent_model(pair.draft):
-                yield (f"verify[{i}] {verify.label} with pairs[{j}].draft {pair.draft!r}: a {verify.kind} tree is fed to "
-                       "the draft with a tree mask, which a state-space draft cannot read; use chain, candidates, "
-                       "shape or bandit trees")
     for kind in sorted({v.kind for v in spec.verify if not v.replayable} if spec.mode == "replay" else ()):
         yield (f"mode 'replay' cannot score {kind} trees (their shape needs the draft off the target's "
                "path); use 'auto' to run them live")
-    yield from _batch_combinations(spec)
     for config in spec.configs():
         if not config.decode.is_ar:
             try:
                 config.decode.validate()
             except ValueError as err:
                 yield f"configuration {config.decode.methods} / {config.decode.policy.label} on {config.pair.label}: {err}"
-
-
-def _batch_combinations(spec: GridSpec) -> Iterator[str]:
-    """A batch of requests decodes greedily, verifies chains or candidate trees and needs
-    attention drafts."""
-    for i, batch in enumerate(spec.batch):
-        if batch == 1:
-            continue
-        for j, verify in enumerate(spec.verify):
-            if not verify.batches:
-                yield (f"batch[{i}] {batch} with verify[{j}] {verify.label}: a batch verifies chains and "
-                       "candidate trees (a fixed node count per request); other trees run at batch 1")
-        if any(t > 0 for t in spec.temperature):
-            yield f"batch[{i}] {batch}: a batch decodes greedily only; temperature > 0 runs at batch 1"
-        for j, pair in enumerate(spec.pairs):
-            if is_recurrent_model(pair.draft):
-                yield (f"batch[{i}] {batch} with pairs[{j}].draft {pair.draft!r}: a state-space draft decodes "
-                       "one request at a time (batch 1)")

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pipeline.models.families import UnsupportedFamily, check_family, check_role, is_recurrent_config
+from pipeline.models.families import UnsupportedFamily, check_family, check_role, drafts_only
 from pipeline.names import did_you_mean
 from pipeline.planning.grid import TINY_PREFIX, GridError
 
@@ -132,20 +132,15 @@ def readable_config(name: str) -> dict | None:
     return _json_file(path)
 
 
-def is_recurrent_model(name: str) -> bool:
-    """Whether a model is known here, without loading it, to be a state-space (Mamba) model."""
-    config = readable_config(name)
-    return name in RECURRENT_NAMES or (config is not None and is_recurrent_config(config))
-
-
 def check_family_here(name: str, where: str, *, allow_text: bool) -> None:
     """Refuse, by name, a model whose config (where readable here) is of no supported family
     (`pipeline.models.families`), or text-only where the pair does not say `text_only`."""
     config, role = readable_config(name), where.rsplit(".", 1)[-1]
     if config is None:
-        if role == "target" and name in RECURRENT_NAMES:
-            raise GridError(f"{where}: {name} is a state-space model and can only be a draft: verifying needs a target "
-                            "that reads many tokens, or a token tree, in one forward")
+        try:
+            drafts_only(name, role, recurrent=name in RECURRENT_NAMES)
+        except UnsupportedFamily as err:
+            raise GridError(f"{where}: {err}") from None
         return
     try:
         check_family(config, name, allow_text=allow_text)

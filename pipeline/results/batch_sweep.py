@@ -1,5 +1,5 @@
 """Where speculative decoding stops paying as the batch grows: per configuration and batch size
-(requests decoded together, `pipeline.decoding.batch_loop`), the batch's tokens/s, each
+(requests decoded together, `pipeline.decoding.loop`), the batch's tokens/s, each
 request's latency, the speedup over AR at the same batch, the batch size at which it first
 falls below 1, and the speedup the calibration expects there.
 
@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.decoding.calibration import expected_speedup
 from pipeline.results.audit import with_lossless_column
 from pipeline.results.calibration_store import Calibrations
 from pipeline.results.report import batch_of, method_order, pooled_tau, with_tree_labels
-from pipeline.results.speedup import block_shape
+from pipeline.results.speedup import block_shapes, shapes_used
 
 CONFIG = ["target", "draft", "dtype", "engine", "gamma", "method_label", "policy"]
 PAIR = ["target", "draft", "dtype", "engine"]
@@ -99,13 +98,10 @@ def _share(matches: pd.Series) -> str:
 def _expected(rows: pd.DataFrame, where: dict, calibrations: Calibrations) -> float:
     """The batch-aware Eq. 1 (corrected form) from the calibration's ratios at this batch size."""
     calib = calibrations.latest(where["target"], where["draft"], where["dtype"])
-    if calib is None or where["gamma"] == "-":
+    shapes = None if where["gamma"] == "-" else block_shapes(rows, int(where["gamma"]))
+    if calib is None or shapes is None:
         return float("nan")
-    verify, methods = block_shape(rows)
-    steps, nodes, draft_rows = verify.block_shapes(int(where["gamma"]), methods)[0]
-    batch = int(where["batch"])
-    return expected_speedup(pooled_tau(rows), steps, calib.draft_ratio(draft_rows, batch),
-                            calib.verify_ratio(nodes + 1, batch))
+    return pooled_tau(rows) / calib.block_cost(shapes_used(rows, shapes), int(where["batch"]))
 
 
 def _first_loss(lines: pd.DataFrame) -> str:

@@ -74,6 +74,11 @@ def _verify_column(src: RowSource, name: str) -> Any:
     return None if src.config.decode.is_ar else src.config.decode.verify.columns()[name]
 
 
+def _block_shapes(src: RowSource) -> list[list[int]] | None:
+    decode = src.config.decode
+    return None if decode.is_ar else [list(s) for s in decode.verify.block_shapes(decode.gamma, len(decode.methods))]
+
+
 COLUMNS: tuple[Column, ...] = (
     Column("key", pa.string(), lambda src: row_key(src.config_key, src.sample.sample_id, src.sample.prompt_hash)),  # configuration + prompt
     Column("config_key", pa.string(), lambda src: src.config_key),  # hash of the configuration alone
@@ -109,6 +114,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("verify_nodes", pa.int32(), lambda src: _verify_column(src, "verify_nodes")),
     Column("verify_top_k", pa.int32(), lambda src: _verify_column(src, "verify_top_k")),
     Column("verify_shapes", pa.list_(pa.list_(pa.int32())), lambda src: _verify_column(src, "verify_shapes")),
+    # every knob of the kind as JSON, and the (draft steps, nodes, draft rows) of each block shape it
+    # may use: what reports cost a block with, for a kind of your own too, without importing it
+    Column("verify_knobs", pa.string(), lambda src: _verify_column(src, "verify_knobs")),
+    Column("verify_block_shapes", pa.list_(pa.list_(pa.int32())), lambda src: _block_shapes(src)),
     Column("temperature", pa.float64(), _decode("temperature")),
     Column("seed", pa.int64(), _decode("seed")),
     Column("max_new_tokens", pa.int32(), _decode("max_new_tokens")),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.decoding.verify_kinds import VerifySpec
 from pipeline.planning.verify_entries import verify_of_row
 from pipeline.results.calibration_store import Calibrations
 from pipeline.results.noise import noise_parts, noise_text, ratio_spreads, rows_load
@@ -69,14 +68,13 @@ def speedup_table(df: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
         calib = calibrations.latest(config["target"], config["draft"], config["dtype"])
         gamma, label = config["gamma"], config["method_label"]
         flags: dict[str, list] = {}
-        if label != "AR" and gamma != UNTIMED and calib is not None:
-            verify, methods = block_shape(group)
-            used = shapes_used(group, verify.block_shapes(gamma, methods))  # (steps, nodes, rows), blocks
+        shapes = None if label == "AR" or gamma == UNTIMED else block_shapes(group, gamma)
+        if shapes is not None and calib is not None:
+            used = shapes_used(group, shapes)  # (steps, nodes, rows), blocks
             blocks = sum(n for _, n in used)
             steps = sum(shape[0] * n for shape, n in used) / blocks
             row["eq1"] = row["tau"] / (steps * calib.ratio_draft_target + 1)
-            row["corrected"] = row["tau"] / (sum(n * (shape[0] * calib.draft_ratio(shape[2]) + calib.verify_ratio(shape[1] + 1))
-                                                 for shape, n in used) / blocks)
+            row["corrected"] = row["tau"] / calib.block_cost(used)
             flags = {}
             for (_, nodes, draft_rows), _ in used:
                 for column, spreads in ratio_spreads(calib, draft_rows, nodes + 1).items():
@@ -143,11 +141,18 @@ def draft_size_table(speedup: pd.DataFrame, calibrations: Calibrations) -> pd.Da
     return result.iloc[sorted(range(len(result)), key=lambda i: (result.index[i][:5], result["Tq/Tp"].iloc[i]))]
 
 
-def block_shape(rows: pd.DataFrame) -> tuple[VerifySpec, int]:
-    """The verify spec and the number of drafting methods of one configuration's rows."""
+def block_shapes(rows: pd.DataFrame, gamma: int) -> list[tuple[int, int, int]] | None:
+    """(draft steps, nodes, draft rows) of each block shape one configuration's rows may use, as
+    they record it; rows from before that column: from their verify columns (None where those
+    name a kind of one's own, which a report does not import)."""
     first = {key: (None if _missing(value) else value) for key, value in rows.iloc[0].items()}
+    if first.get("verify_block_shapes") is not None:
+        return [tuple(int(v) for v in shape) for shape in first["verify_block_shapes"]]
     methods = first.get("methods") or first["method_label"].partition(" (")[0].rstrip("*")
-    return verify_of_row(first), len(methods)
+    try:
+        return verify_of_row(first).block_shapes(gamma, len(methods))
+    except ValueError:
+        return None
 
 
 def shapes_used(rows: pd.DataFrame, shapes: list[tuple[int, int, int]]) -> list[tuple[tuple[int, int, int], int]]:

@@ -20,12 +20,12 @@ from actors.worker_pool import (
 )
 from pipeline.drafting.methods import needs_captions
 from pipeline.planning.grid import FIRST_TURN, GridSpec, Pair, Shard
-from pipeline.planning.samples import RegistrySource, RunSamples, SampleSource
 from pipeline.planning.resume import reconcile, wanted_rows
+from pipeline.planning.samples import RegistrySource, RunSamples, SampleSource
 from pipeline.planning.shards import plan_shards
-from pipeline.results.run_lock import run_lock
-from pipeline.results.manifest import grid_record, record_grid
-from pipeline.results.store import (
+from pipeline.storage.manifest import grid_record, record_grid
+from pipeline.storage.run_lock import run_lock
+from pipeline.storage.store import (
     drop_rows, first_turn_answers, quarantine_unreadable, write_shards, written_rows,
 )
 

@@ -20,8 +20,8 @@ from pipeline.models.devices import cpu_cores, device_name, library_versions
 from pipeline.models.loading import default_device, load_target_and_drafts
 from pipeline.planning.grid import ModelGroup, Shard
 from pipeline.planning.plugins import load_drafting_methods
-from pipeline.results.schema import make_row
-from pipeline.results.store import rows_to_table
+from pipeline.storage.schema import make_row
+from pipeline.storage.store import rows_to_table
 
 
 def quiet_libraries() -> None:

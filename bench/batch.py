@@ -60,10 +60,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--gamma", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2, help="CPU threads")
-    parser.add_argument("--rounds", type=int, default=2, help="timings per decoder and batch size (fastest kept)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="timings per decoder and batch size (fastest kept)")
     parser.add_argument("--sd", nargs="*", default=list(SD_CONFIGS), choices=list(SD_CONFIGS),
                         help="SD configurations to time (none: our AR against generate only)")
-    parser.add_argument("--against", type=Path, help="another checkout of this repository, timed side by side")
+    parser.add_argument("--against", type=Path,
+                        help="another checkout of this repository, timed side by side")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -76,7 +78,8 @@ class Served:
                    "--gamma", str(args.gamma), "--max-new-tokens", str(args.max_new_tokens),
                    "--threads", str(args.threads)]
         env = {**os.environ, "BENCH_CHECKOUT": str(checkout.resolve())}
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True, env=env)
 
     def __call__(self, name: str, batch: int, start: int) -> dict:
         self.process.stdin.write(json.dumps({"name": name, "batch": batch, "start": start}) + "\n")
@@ -126,15 +129,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                         continue
                     seconds = sum(d["seconds"] for d in done)
                     if seconds < best.get((who, batch, name), {}).get("seconds", float("inf")):
-                        best[(who, batch, name)] = {"seconds": seconds, "outputs": [o for d in done for o in d["outputs"]],
+                        best[(who, batch, name)] = {"seconds": seconds,
+                                                    "outputs": [o for d in done for o in d["outputs"]],
                                                     "tabed": sum(d["tabed_s"] for d in done),
                                                     "total": sum(d["total_s"] for d in done)}
     for server in servers.values():
         server.close()
     out = figures(best, list(servers), names, args)
-    print(f"# embedded pair on cpu, {args.samples} samples x {args.max_new_tokens} new tokens, gamma {args.gamma}, "
-          f"batches {args.batches}, fastest of {args.rounds} rounds, {args.threads} threads"
-          + (f", against {args.against}" if args.against else ""))
+    print(f"# embedded pair on cpu, {args.samples} samples x {args.max_new_tokens} new tokens, "
+          f"gamma {args.gamma}, batches {args.batches}, fastest of {args.rounds} rounds, "
+          f"{args.threads} threads" + (f", against {args.against}" if args.against else ""))
     for name, value in out.items():
         print(f"{name}={value}" if isinstance(value, (int, str)) else f"{name}={value:.6g}")
     return out
@@ -149,7 +153,8 @@ def figures(best: dict[tuple, dict], checkouts: list[str], names: list[str],
         out[f"b{batch}_ar_tokens_per_s"] = tokens(ar["outputs"]) / ar["seconds"]
         hf = best[("ours", batch, "hf_ar")]
         out[f"b{batch}_hf_ar_tokens_per_s"] = tokens(hf["outputs"]) / hf["seconds"]
-        out[f"b{batch}_ours_vs_hf_ar"] = out[f"b{batch}_ar_tokens_per_s"] / out[f"b{batch}_hf_ar_tokens_per_s"]
+        out[f"b{batch}_ours_vs_hf_ar"] = (out[f"b{batch}_ar_tokens_per_s"]
+                                          / out[f"b{batch}_hf_ar_tokens_per_s"])
         out[f"b{batch}_hf_ar_equals_ar"] = sum(a == h for a, h in zip(ar["outputs"], hf["outputs"]))
         for name in names[2:]:
             for who in checkouts:
@@ -160,7 +165,8 @@ def figures(best: dict[tuple, dict], checkouts: list[str], names: list[str],
                 out[f"{who}_b{batch}_{name}_speedup"] = base_ar["seconds"] / sd["seconds"]
                 out[f"{who}_b{batch}_{name}_tabed_share"] = sd["tabed"] / sd["total"] if sd["total"] else 0.0
                 reference = best[(who, 1, name)]["outputs"] if SD_CONFIGS[name][3] else base_ar["outputs"]
-                out[f"{who}_b{batch}_{name}_equals_ar"] = sum(a == s for a, s in zip(reference, sd["outputs"]))
+                out[f"{who}_b{batch}_{name}_equals_ar"] = sum(
+                    a == s for a, s in zip(reference, sd["outputs"]))
             ours, base = out.get(f"ours_b{batch}_{name}_speedup"), out.get(f"base_b{batch}_{name}_speedup")
             if isinstance(ours, float) and isinstance(base, float):
                 out[f"b{batch}_{name}_speedup_vs_base"] = ours / base

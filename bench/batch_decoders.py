@@ -61,8 +61,9 @@ class Decoders:
         self.drafts = {name: load_embedded(name) for name in ("small_draft", "ssm_draft")}
         self.captioner = load_embedded_captioner()
         self.max_new_tokens = args.max_new_tokens
-        self.configs = {name: (DecodeConfig(methods, make_policy(policy), gamma=args.gamma, temperature=temperature,
-                                            max_new_tokens=args.max_new_tokens, verify=make_verify(verify)), draft)
+        self.configs = {name: (DecodeConfig(methods, make_policy(policy), gamma=args.gamma,
+                                            temperature=temperature, max_new_tokens=args.max_new_tokens,
+                                            verify=make_verify(verify)), draft)
                         for name, (methods, policy, verify, temperature, draft) in configs.items()}
         self.ar, self.sd = decode_functions()
 

@@ -1,5 +1,5 @@
 """How far a calibration's rounds spread on a quiet machine and on a loaded one: the data behind
-the spread limit of `pipeline.results.noise` (a ratio whose rounds spread further is reported
+the spread limit of `pipeline.reports.noise` (a ratio whose rounds spread further is reported
 as unreliable).
 
     python bench/calibration_noise.py                   # the embedded pair, 3 calibrations quiet, 3 loaded
@@ -27,9 +27,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain copy of the repo
 
+from pipeline.decoding.step_costs import calibrate  # noqa: E402
 from pipeline.models.devices import cpu_cores  # noqa: E402
-from pipeline.decoding.calibrate import calibrate  # noqa: E402
-from pipeline.results.noise import Spread  # noqa: E402
+from pipeline.reports.noise import Spread  # noqa: E402
 
 
 def spin() -> None:
@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"cores={cpu_cores()}")
     widest: dict[str, list[float]] = {}
     for condition in ("quiet", "loaded"):
-        busy = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.busy if condition == "loaded" else 0)]
+        busy = [multiprocessing.Process(target=spin, daemon=True)
+                for _ in range(args.busy if condition == "loaded" else 0)]
         for process in busy:
             process.start()
         time.sleep(20 if busy else 0)  # let the load average see them
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> None:
             for name, spread in found.items():
                 print(f"{condition}_{k}_{name}_spread={spread.relative:.3f}", flush=True)
                 print(f"{condition}_{k}_{name}_full_spread={full_spread(spread):.3f}", flush=True)
-                print(f"{condition}_{k}_{name}_rounds={','.join(f'{r:.4f}' for r in spread.rounds)}", flush=True)
+                print(f"{condition}_{k}_{name}_rounds={','.join(f'{r:.4f}' for r in spread.rounds)}",
+                      flush=True)
             print(f"{condition}_{k}_load={max(result.load_before, result.load_after):.2f}", flush=True)
             widest.setdefault(condition, []).append(max(spread.relative for spread in found.values()))
         for process in busy:

@@ -31,12 +31,13 @@ from pipeline.decoding.engine import new_rows  # noqa: E402
 def drafts():
     """The embedded small (Llama) and state-space (Mamba2) drafts, shipped weights or untrained."""
     from pipeline.models.embedded import EmbeddedLVLM, EmbeddedSSM, load_embedded
-    from pipeline.models.embedded_parts.small_draft import ARCHITECTURES, OutputVocabularyHead
     from pipeline.models.embedded_parts.language import load_tokenizer
+    from pipeline.models.embedded_parts.small_draft import ARCHITECTURES, OutputVocabularyHead
 
     target = None
     found = {}
-    for variant, arch, adapter in (("small_draft", "llama", EmbeddedLVLM), ("ssm_draft", "mamba2", EmbeddedSSM)):
+    for variant, arch, adapter in (("small_draft", "llama", EmbeddedLVLM),
+                                   ("ssm_draft", "mamba2", EmbeddedSSM)):
         try:
             found[arch] = load_embedded(variant)
         except FileNotFoundError:

@@ -55,11 +55,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain
 from bench.real_shapes import build_pair, pair_shape, step_weight_bytes  # noqa: E402
 from pipeline.data.sample import Sample  # noqa: E402
 from pipeline.decoding.config import DecodeConfig  # noqa: E402
-from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy, StaticPolicy  # noqa: E402
 from pipeline.decoding.engine import ENGINES, prefilled_rows  # noqa: E402
-from pipeline.decoding.prompts import tokenize
+from pipeline.decoding.inputs import tokenize
 from pipeline.decoding.loop import autoregressive_decode, speculative_decode  # noqa: E402
 from pipeline.decoding.records import SampleRecord  # noqa: E402
+from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy, StaticPolicy  # noqa: E402
 from pipeline.models.dtypes import DTYPES, resolve_dtype  # noqa: E402
 from pipeline.models.hf import HFLlava  # noqa: E402
 
@@ -110,7 +110,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", choices=["tiny", "7b", "13b"], default="tiny")
     parser.add_argument("--draft", choices=["68m", "160m"], default="68m", help="draft shape (7b/13b)")
-    parser.add_argument("--agreement", type=float, default=0.7, help="share of tokens drafted as the target would")
+    parser.add_argument("--agreement", type=float, default=0.7,
+                        help="share of tokens drafted as the target would")
     parser.add_argument("--samples", type=int, default=3)
     parser.add_argument("--gamma", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -126,7 +127,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def make_samples(n: int) -> list[Sample]:
     return [
-        Sample("bench", "test", i, "first", PROMPTS[i % len(PROMPTS)], (Image.new("RGB", (400, 300), COLOURS[i % 3]),))
+        Sample("bench", "test", i, "first", PROMPTS[i % len(PROMPTS)],
+               (Image.new("RGB", (400, 300), COLOURS[i % 3]),))
         for i in range(n)
     ]
 
@@ -151,7 +153,8 @@ def copy_bandwidth_gb_s(device: torch.device) -> float:
 
 
 @torch.inference_mode()
-def draft_step_ms(draft: HFLlava, sample: Sample, methods: str, engine: str, gamma: int, capacity: int) -> float:
+def draft_step_ms(draft: HFLlava, sample: Sample, methods: str, engine: str, gamma: int,
+                  capacity: int) -> float:
     """One draft step for `len(methods)` rows: blocks of `gamma` one-token feeds, each block
     rolled back, as drafting does (the first block, which compiles, is not timed)."""
     prompt = tokenize(draft, sample)
@@ -184,7 +187,8 @@ def draft_agreement(draft: HFLlava, sample: Sample, output: list[int]) -> int:
 
 
 def hf_generate(target: HFLlava, sample: Sample, max_new_tokens: int, **extra) -> list[int]:
-    inputs = target.processor(images=list(sample.images), text=[sample.prompt], return_tensors="pt").to(target.device)
+    inputs = target.processor(images=list(sample.images), text=[sample.prompt],
+                              return_tensors="pt").to(target.device)
     inputs["pixel_values"] = inputs["pixel_values"].to(target.dtype)
     out = target.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, **extra)
     return out[0, inputs["input_ids"].shape[1]:].tolist()
@@ -198,7 +202,8 @@ def contenders(target: HFLlava, draft: HFLlava, args: argparse.Namespace) -> dic
     draft.model.generation_config.assistant_confidence_threshold = 0.0
     runs: dict[str, Decode] = {}
     for engine in args.engines:
-        runs[f"{engine}_ar"] = lambda s, e=engine: autoregressive_decode(target, [s], max_new_tokens=new, engine=e)[0]
+        runs[f"{engine}_ar"] = lambda s, e=engine: autoregressive_decode(
+            target, [s], max_new_tokens=new, engine=e)[0]
         for name, (methods, policy) in SD_CONFIGS.items():
             config = DecodeConfig(methods=methods, policy=policy, gamma=args.gamma, max_new_tokens=new)
             runs[f"{engine}_{name}"] = lambda s, e=engine, c=config: speculative_decode(
@@ -228,10 +233,12 @@ def timed_runs(fns: dict[str, Decode], samples: list[Sample], device: torch.devi
 
 def tabed_share(run: Run) -> float:
     """Share of draft + verify time spent choosing weights, mixing and scoring history."""
-    return sum(r.time_tabed_s for r in run.records) / sum(r.time_draft_s + r.time_verify_s for r in run.records)
+    return (sum(r.time_tabed_s for r in run.records)
+            / sum(r.time_draft_s + r.time_verify_s for r in run.records))
 
 
-def engine_metrics(engine: str, runs: dict[str, Run], steps: dict[int, float], gamma: int) -> dict[str, float]:
+def engine_metrics(engine: str, runs: dict[str, Run], steps: dict[int, float],
+                   gamma: int) -> dict[str, float]:
     """One engine's step times, rates, losslessness, overheads and Eq. 1 against measurement."""
     ar, m = runs[f"{engine}_ar"], runs[f"{engine}_sd_m"]
     sd = {name: runs[f"{engine}_{name}"] for name in SD_CONFIGS}
@@ -245,7 +252,8 @@ def engine_metrics(engine: str, runs: dict[str, Run], steps: dict[int, float], g
         **{f"draft_step_ms_rows{n}": ms for n, ms in steps.items()},
         "ar_tokens_per_s": ar.tokens_per_s,
         **{f"{name}_tokens_per_s": run.tokens_per_s for name, run in sd.items()},
-        "sd_equals_ar": sum(all(run.outputs[i] == want for run in sd.values()) for i, want in enumerate(ar.outputs)),
+        "sd_equals_ar": sum(all(run.outputs[i] == want for run in sd.values())
+                            for i, want in enumerate(ar.outputs)),
         "sd_m_vs_hf_assisted": m.tokens_per_s / runs["hf_assisted"].tokens_per_s,
         "sd_m_vs_our_ar": speedup,
         **{f"tabed_overhead_share_{name.removeprefix('sd_')}": tabed_share(run) for name, run in sd.items()},
@@ -279,8 +287,8 @@ def measured_agreement(draft: HFLlava, samples: list[Sample], outputs: list[list
     return agreed / sum(len(out) for out in outputs)
 
 
-def print_report(args: argparse.Namespace, pair: tuple[HFLlava, HFLlava], built_s: float, runs: dict[str, Run],
-                 metrics: dict[str, float]) -> None:
+def print_report(args: argparse.Namespace, pair: tuple[HFLlava, HFLlava], built_s: float,
+                 runs: dict[str, Run], metrics: dict[str, float]) -> None:
     """A short header and one line per contender, then the `name=value` lines."""
     millions = [sum(p.numel() for p in model.model.parameters()) / 1e6 for model in pair]
     draft = "tiny" if args.shapes == "tiny" else args.draft
@@ -290,7 +298,8 @@ def print_report(args: argparse.Namespace, pair: tuple[HFLlava, HFLlava], built_
           f"requested agreement={args.agreement}; walltime of whole decodes:")
     for name, run in runs.items():
         tokens = sum(map(len, run.outputs))
-        print(f"#   {name:20s} {tokens:6d} tokens in {run.seconds:8.3f} s -> {run.tokens_per_s:9.1f} tokens/s")
+        print(f"#   {name:20s} {tokens:6d} tokens in {run.seconds:8.3f} s -> "
+              f"{run.tokens_per_s:9.1f} tokens/s")
     for name, value in metrics.items():
         print(f"{name}={value}" if isinstance(value, int) else f"{name}={value:.6g}")
 
@@ -310,7 +319,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     metrics = floor_metrics(target, draft, args.device)
     runs = timed_runs(contenders(target, draft, args), samples, args.device)
     for engine in args.engines:
-        steps = {n: draft_step_ms(draft, samples[0], m, engine, args.gamma, capacity) for n, m in DRAFT_ROWS.items()}
+        steps = {n: draft_step_ms(draft, samples[0], m, engine, args.gamma, capacity)
+                 for n, m in DRAFT_ROWS.items()}
         metrics.update(engine_metrics(engine, runs, steps, args.gamma))
     if len(args.engines) == 2:
         metrics["static_vs_eager_sd_m"] = runs["static_sd_m"].tokens_per_s / runs["eager_sd_m"].tokens_per_s

@@ -14,11 +14,11 @@ a *successor table*: every model predicts `successor(current token)` by a wide m
 - Image feature rows only reach the last prompt token through attention, whose output is
   scaled down like every other residual update, so they cannot change its prediction.
 - The target's successor is one random cycle through all ordinary tokens (no token repeats
-  before the whole vocabulary has been visited). The draft uses the same table except on a fraction 1 - agreement of
-  tokens, where its successor is the target's successor of another such token. Those tokens
-  are spread evenly along the cycle (exactly `round(AGREEMENT_RUN * (1 - agreement))` at
-  random places in every `AGREEMENT_RUN` consecutive tokens), so even a short decode meets
-  the requested agreement.
+  before the whole vocabulary has been visited). The draft uses the same table except on a
+  fraction 1 - agreement of tokens, where its successor is the target's successor of another
+  such token. Those tokens are spread evenly along the cycle (exactly
+  `round(AGREEMENT_RUN * (1 - agreement))` at random places in every `AGREEMENT_RUN`
+  consecutive tokens), so even a short decode meets the requested agreement.
 
 Since every prompt ends with `ASSISTANT:`, every sample continues with the same chain.
 """
@@ -43,7 +43,8 @@ from pipeline.models.hf import HFLlava
 from pipeline.models.tiny import SPECIAL_TOKENS, llava_processor, llava_tokenizer
 
 WORDS = (  # the newline (text-only drafting), the prompts' and the stub caption's words
-    "\n USER: ASSISTANT: image: describe this image in detail what do you see here write a story about red square"
+    "\n USER: ASSISTANT: image: describe this image in detail what do you see here write a story "
+    "about red square"
 ).split(" ")
 RESIDUAL_SCALE = 0.01
 LOGIT = 24.0

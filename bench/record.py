@@ -68,7 +68,8 @@ def main() -> int:
     process.wait()
     lines.append(f"# exit status: {process.returncode}")
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", " ".join([Path(args.script).stem, *args.args, args.label])).strip("-")
+    slug = re.sub(r"[^A-Za-z0-9]+", "-",
+                  " ".join([Path(args.script).stem, *args.args, args.label])).strip("-")
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{slug}-{device}-{stamp}.txt"
     path.write_text("\n".join(lines) + "\n")

@@ -20,11 +20,11 @@ from PIL import Image
 
 from pipeline.data.loading import load_samples
 from pipeline.decoding.config import DecodeConfig
-from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.decoding.loop import speculative_decode
-from pipeline.decoding.traces import ForwardCounter, collect_traces
 from pipeline.decoding.replay import replay
+from pipeline.decoding.traces import ForwardCounter, collect_traces
 from pipeline.drafting.captioner import CachedCaptioner, load_captioner
+from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.models.loading import load_pair
 from pipeline.models.tiny import build_tiny_pair
 
@@ -33,9 +33,11 @@ def paper_grid(gammas: list[int], max_new_tokens: int) -> dict[str, DecodeConfig
     """The 8 drafting configurations of paper Table 1, the dynamic ones with each policy variant."""
     configs = {m: DecodeConfig(methods=m) for m in ("M", "T", "C", "P", "MT", "MTCP")}
     for measure, distance in (("hard+soft", "kl"), ("hard", "kl"), ("soft", "kl"), ("soft", "tvd")):
-        configs[f"MT*[{measure},{distance}]"] = DecodeConfig(methods="MT", policy=GridSearchPolicy(measure=measure, distance=distance))
+        configs[f"MT*[{measure},{distance}]"] = DecodeConfig(
+            methods="MT", policy=GridSearchPolicy(measure=measure, distance=distance))
     for distance in ("kl", "tvd"):
-        configs[f"MTCP*[inverse,{distance}]"] = DecodeConfig(methods="MTCP", policy=InverseErrorPolicy(distance=distance))
+        configs[f"MTCP*[inverse,{distance}]"] = DecodeConfig(
+            methods="MTCP", policy=InverseErrorPolicy(distance=distance))
     return {
         f"{name} g={gamma}": replace(config, gamma=gamma, max_new_tokens=max_new_tokens)
         for name, config in configs.items()
@@ -88,7 +90,8 @@ def main() -> None:
     start = time.perf_counter()
     replayed, trace_s = {}, 0.0
     for s in samples:
-        traces = collect_traces(counted_target, counted_draft, s, methods, captioner, max_new_tokens=args.max_new_tokens)
+        traces = collect_traces(counted_target, counted_draft, s, methods, captioner,
+                                max_new_tokens=args.max_new_tokens)
         trace_s += traces.time_collect_s
         for name, config in grid.items():
             replayed[(name, s.sample_id)] = replay(traces, config)
@@ -101,14 +104,16 @@ def main() -> None:
         (abs(a - b) for k in live for wl, wr in zip(live[k].weights_per_block, replayed[k].weights_per_block)
          for a, b in zip(wl, wr)), default=0.0,
     )
-    print(f"pair: {args.target} / {args.draft} ({args.dtype}); dataset {args.dataset}: {len(samples)} samples x "
-          f"{len(grid)} configs, max {args.max_new_tokens} tokens, gamma {args.gamma}")
+    print(f"pair: {args.target} / {args.draft} ({args.dtype}); dataset {args.dataset}: {len(samples)} "
+          f"samples x {len(grid)} configs, max {args.max_new_tokens} tokens, gamma {args.gamma}")
     print(f"{'config':28s} {'tau live':>9s} {'tau replay':>11s}")
     for name in grid:
         taus = [(live[(name, s.sample_id)].tau, replayed[(name, s.sample_id)].tau) for s in samples]
-        print(f"{name:28s} {sum(t for t, _ in taus) / len(taus):9.3f} {sum(t for _, t in taus) / len(taus):11.3f}")
+        print(f"{name:28s} {sum(t for t, _ in taus) / len(taus):9.3f} "
+              f"{sum(t for _, t in taus) / len(taus):11.3f}")
     print(f"{'':28s} {'live':>9s} {'replay':>11s}")
-    print(f"{'wall s':28s} {live_s:9.2f} {replay_s:11.2f}   (replay: {trace_s:.2f} s tracing, {replay_s - trace_s:.2f} s scoring)")
+    print(f"{'wall s':28s} {live_s:9.2f} {replay_s:11.2f}   "
+          f"(replay: {trace_s:.2f} s tracing, {replay_s - trace_s:.2f} s scoring)")
     print(f"{'target forwards':28s} {live_forwards[0]:9d} {replay_forwards[0]:11d}")
     print(f"{'draft forwards':28s} {live_forwards[1]:9d} {replay_forwards[1]:11d}")
     print(f"runs={len(live)}")

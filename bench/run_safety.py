@@ -23,7 +23,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.results.store import read_results  # noqa: E402
+from pipeline.storage.store import read_results  # noqa: E402
 
 ENV = {**os.environ, "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
@@ -39,8 +39,9 @@ def smoke(tmp: Path, name: str, **changes) -> Path:
 
 
 def job(grid: Path, out: Path, **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "jobs/full_grid.py", "--grid", str(grid), "--out", str(out), "--run", "smoke"],
-                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    return subprocess.Popen(
+        [sys.executable, "jobs/full_grid.py", "--grid", str(grid), "--out", str(out), "--run", "smoke"],
+        cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
 def finish(process: subprocess.Popen) -> tuple[int, str]:
@@ -50,7 +51,8 @@ def finish(process: subprocess.Popen) -> tuple[int, str]:
 
 def rows(out: Path) -> dict[str, str]:
     df = read_results(out, "smoke")
-    return {row["key"]: json.dumps([str(row[c]) for c in RESULT_COLUMNS]) for _, row in df.iterrows()} | {"_n": str(len(df))}
+    return ({row["key"]: json.dumps([str(row[c]) for c in RESULT_COLUMNS]) for _, row in df.iterrows()}
+            | {"_n": str(len(df))})
 
 
 def compare(name: str, got: Path, want: Path) -> tuple[int, int]:
@@ -103,11 +105,13 @@ def bad_inputs(tmp: Path) -> None:
         start = time.monotonic()
         code, log = finish(job(grid, out))
         seconds = time.monotonic() - start
-        before_ray = code == 2 and "Started a local Ray instance" not in log and len(log.strip().splitlines()) == 1
+        before_ray = (code == 2 and "Started a local Ray instance" not in log
+                      and len(log.strip().splitlines()) == 1)
         caught += before_ray
         slowest = max(slowest, seconds)
         print(f"bad_input_{name}_exit={code}\nbad_input_{name}_seconds={seconds:.1f}")
-    print(f"bad_inputs_tried={len(BAD_INPUTS)}\nbad_inputs_caught_before_ray={caught}\nbad_input_slowest_seconds={slowest:.1f}")
+    print(f"bad_inputs_tried={len(BAD_INPUTS)}\nbad_inputs_caught_before_ray={caught}\n"
+          f"bad_input_slowest_seconds={slowest:.1f}")
 
 
 def main() -> None:

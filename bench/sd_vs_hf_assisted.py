@@ -15,9 +15,9 @@ from statistics import median
 
 import torch
 
-import pipeline.decoding.loop as live
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
+import pipeline.decoding.loop as live
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.models.loading import load_pair
 from pipeline.models.tiny import build_tiny_pair
@@ -33,7 +33,8 @@ COLOURS = [(200, 30, 30), (30, 30, 200), (30, 180, 30)]
 
 def samples() -> list[Sample]:
     return [
-        Sample("bench", "test", i, "first", PROMPTS[i % len(PROMPTS)], (Image.new("RGB", (96, 96), COLOURS[i % 3]),))
+        Sample("bench", "test", i, "first", PROMPTS[i % len(PROMPTS)],
+               (Image.new("RGB", (96, 96), COLOURS[i % 3]),))
         for i in range(6)
     ]
 
@@ -45,7 +46,8 @@ def timed(fn) -> tuple[float, object]:
 
 
 def hf_generate(target, draft, sample: Sample, max_new: int, gamma: int | None) -> list[int]:
-    inputs = target.processor(images=list(sample.images), text=[sample.prompt], return_tensors="pt").to(target.device)
+    inputs = target.processor(images=list(sample.images), text=[sample.prompt],
+                              return_tensors="pt").to(target.device)
     extra = {}
     if gamma is not None:
         draft.model.generation_config.num_assistant_tokens = gamma
@@ -75,7 +77,8 @@ def main() -> None:
     ours = lambda s: live.speculative_decode(target, draft, [s], config)[0].output_ids
     assisted = lambda s: hf_generate(target, draft, s, args.max_new_tokens, args.gamma)
     plain_hf = lambda s: hf_generate(target, draft, s, args.max_new_tokens, None)
-    plain_ours = lambda s: live.autoregressive_decode(target, [s], max_new_tokens=args.max_new_tokens)[0].output_ids
+    plain_ours = lambda s: live.autoregressive_decode(
+        target, [s], max_new_tokens=args.max_new_tokens)[0].output_ids
     for s in data[:1]:  # warm-up and a losslessness check on the same inputs
         assert ours(s) == plain_hf(s) == plain_ours(s), "SD output differs from greedy decoding"
 
@@ -94,13 +97,17 @@ def main() -> None:
     # TABED overhead: choosing w*, mixing and scoring history positions (the engine times these
     # itself), as a share of all drafting + verify time
     overhead = {}
-    for label, methods, policy in [("mt_grid", "MT", GridSearchPolicy()), ("mtcp_inverse", "MTCP", InverseErrorPolicy())]:
-        config = DecodeConfig(methods=methods, policy=policy, gamma=args.gamma, max_new_tokens=args.max_new_tokens)
-        records = [live.speculative_decode(target, draft, [s], config, captioner=_ColourCaptioner())[0] for s in data]
+    for label, methods, policy in [("mt_grid", "MT", GridSearchPolicy()),
+                                   ("mtcp_inverse", "MTCP", InverseErrorPolicy())]:
+        config = DecodeConfig(methods=methods, policy=policy, gamma=args.gamma,
+                              max_new_tokens=args.max_new_tokens)
+        records = [live.speculative_decode(target, draft, [s], config, captioner=_ColourCaptioner())[0]
+                   for s in data]
         block_time = sum(r.time_draft_s + r.time_verify_s for r in records)
         overhead[label] = sum(r.time_tabed_s for r in records) / block_time
 
-    print(f"pair: {args.target} / {args.draft}; gamma={args.gamma}; {len(data)} samples x {args.max_new_tokens} tokens")
+    print(f"pair: {args.target} / {args.draft}; gamma={args.gamma}; {len(data)} samples x "
+          f"{args.max_new_tokens} tokens")
     for name, (seconds, tokens) in results.items():
         print(f"  {name:12s} {tokens:5d} tokens in {seconds:.3f} s  -> {rate[name]:.1f} tokens/s")
     print(f"sd_tokens_per_s={rate['sd']:.2f}")

@@ -1,7 +1,7 @@
 """Token trees against chains, measured side by side: tau, tokens/s and what a block costs.
 
-    python bench/trees.py                                  # the embedded CPU pair (small draft), 4 samples
-    python bench/trees.py --pair 7b --draft 68m            # GPU: real-shaped LLaVA pair (bench/real_shapes.py)
+    python bench/trees.py                                # the embedded CPU pair (small draft), 4 samples
+    python bench/trees.py --pair 7b --draft 68m          # GPU: real-shaped LLaVA pair (bench/real_shapes.py)
 
 For each verify kind (chain, candidates, dynamic) and drafting configuration (M, MT*, MTCP*),
 every sample is decoded live, round-robin with our AR baseline on the same engine so that
@@ -29,11 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a plain
 
 from pipeline.decoding.config import DecodeConfig  # noqa: E402
 from pipeline.decoding.loop import autoregressive_decode, speculative_decode  # noqa: E402
-from pipeline.planning.verify_entries import make_verify  # noqa: E402
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy, StaticPolicy  # noqa: E402
+from pipeline.planning.verify_entries import make_verify  # noqa: E402
 
-VERIFY = {"chain": "chain", "candidates": "candidates", "dynamic": {"kind": "dynamic", "nodes": 16, "top_k": 4}}
-CONFIGS = {"m": ("M", StaticPolicy()), "mt_star": ("MT", GridSearchPolicy()), "mtcp_star": ("MTCP", InverseErrorPolicy())}
+VERIFY = {"chain": "chain", "candidates": "candidates",
+          "dynamic": {"kind": "dynamic", "nodes": 16, "top_k": 4}}
+CONFIGS = {"m": ("M", StaticPolicy()), "mt_star": ("MT", GridSearchPolicy()),
+           "mtcp_star": ("MTCP", InverseErrorPolicy())}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -90,7 +92,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         target, draft, captioner, samples = shaped_case(args)
     device = target.device
     runs = {(kind, name): replace(DecodeConfig(methods=methods, policy=policy, gamma=args.gamma,
-                                               max_new_tokens=args.max_new_tokens), verify=make_verify(VERIFY[kind]))
+                                               max_new_tokens=args.max_new_tokens),
+                                  verify=make_verify(VERIFY[kind]))
             for kind in VERIFY for name, (methods, policy) in CONFIGS.items()}
     ar = lambda s: autoregressive_decode(target, [s], max_new_tokens=args.max_new_tokens)[0]
     ar(samples[0])  # warm-up (and compiles, on a GPU)
@@ -100,7 +103,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     records: dict[tuple, list] = {key: [] for key in seconds}
     for sample in samples:
         for key in seconds:
-            fn = (lambda: ar(sample)) if key[0] == "ar" else (lambda: speculative_decode(target, draft, [sample], runs[key], captioner)[0])
+            fn = ((lambda: ar(sample)) if key[0] == "ar"
+                  else (lambda: speculative_decode(target, draft, [sample], runs[key], captioner)[0]))
             took, record = timed(fn, device)
             seconds[key] += took
             records[key].append(record)
@@ -115,10 +119,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         out[f"{prefix}_block_ms"] = 1000 * sum(r.time_draft_s + r.time_verify_s for r in mine) / blocks
         out[f"{prefix}_verify_ms"] = 1000 * sum(r.time_verify_s for r in mine) / blocks
         out[f"{prefix}_draft_ms"] = 1000 * sum(r.time_draft_s for r in mine) / blocks
-        out[f"{prefix}_equals_ar"] = sum(r.output_ids == a.output_ids for r, a in zip(mine, records[("ar", "")]))
+        out[f"{prefix}_equals_ar"] = sum(r.output_ids == a.output_ids
+                                         for r, a in zip(mine, records[("ar", "")]))
         out[f"verify_tokens_{prefix}"] = config.verify.tree_nodes(config.gamma, len(config.methods)) + 1
-    print(f"# {args.pair} pair on {device}, {len(samples)} samples x {args.max_new_tokens} new tokens, gamma {args.gamma}; "
-          f"AR {tokens(('ar', ''))} tokens in {seconds[('ar', '')]:.2f} s")
+    print(f"# {args.pair} pair on {device}, {len(samples)} samples x {args.max_new_tokens} new tokens, "
+          f"gamma {args.gamma}; AR {tokens(('ar', ''))} tokens in {seconds[('ar', '')]:.2f} s")
     for name, value in out.items():
         print(f"{name}={value}" if isinstance(value, int) else f"{name}={value:.6g}")
     return out

@@ -1,4 +1,4 @@
-"""Write a run's rows in another tool's format (pipeline.results.export).
+"""Write a run's rows in another tool's format (pipeline.reports.export).
 
     python jobs/export.py results --format spec-bench [--run embedded] [--to DIR]
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.results.export import FORMATS, export  # noqa: E402
-from pipeline.results.store import export_dir, read_results, run_names  # noqa: E402
+from pipeline.reports.export import FORMATS, export  # noqa: E402
+from pipeline.storage.store import export_dir, read_results, run_names  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,17 +43,23 @@ def _terminate(signum: int, frame: object) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--grid", default="configs/embedded.yaml", help="grid YAML file (default: %(default)s)")
+    parser.add_argument("--grid", default="configs/embedded.yaml",
+                        help="grid YAML file (default: %(default)s)")
     parser.add_argument("--out", default="results", help="results dataset directory (default: %(default)s)")
     parser.add_argument("--run", help="run name, the run=<name> partition (default: the grid's name)")
-    parser.add_argument("--dry-run", action="store_true", help="validate the grid and print work-unit counts only")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="validate the grid and print work-unit counts only")
     parser.add_argument("--list", choices=KINDS,
                         help="print what a grid may name, built-in and the grid's own, one line each")
-    parser.add_argument("--workers", type=int, help="number of actors (default: one per GPU, else one per CPU)")
-    parser.add_argument("--gpus-per-worker", type=float, help="GPUs per actor (default: 1 if the cluster has GPUs, else 0)")
-    parser.add_argument("--cpus-per-worker", type=float, default=1, help="CPUs per actor (default: %(default)s)")
+    parser.add_argument("--workers", type=int,
+                        help="number of actors (default: one per GPU, else one per CPU)")
+    parser.add_argument("--gpus-per-worker", type=float,
+                        help="GPUs per actor (default: 1 if the cluster has GPUs, else 0)")
+    parser.add_argument("--cpus-per-worker", type=float, default=1,
+                        help="CPUs per actor (default: %(default)s)")
     parser.add_argument("--recalibrate", action="store_true",
-                        help="measure latency ratios again even when the run added no rows (grids with calibrate: true)")
+                        help="measure latency ratios again even when the run added no rows "
+                             "(grids with calibrate: true)")
     return parser.parse_args(argv)
 
 
@@ -93,9 +99,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def extension_line(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -> str | None:
-    """What this grid adds to a run that already holds another one (pipeline.results.manifest)."""
-    from pipeline.results.manifest import extension_text, grid_record, run_grids
-    from pipeline.results.store import stored_config_keys
+    """What this grid adds to a run that already holds another one (pipeline.storage.manifest)."""
+    from pipeline.storage.manifest import extension_text, grid_record, run_grids
+    from pipeline.storage.store import stored_config_keys
 
     run = args.run or spec.name
     record = grid_record(spec, lambda dataset: len(source.first_turn(dataset, spec.limit)))
@@ -104,7 +110,7 @@ def extension_line(spec: GridSpec, args: argparse.Namespace, source: SampleSourc
 
 def run(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -> int:
     """Hold the run's lock from before Ray starts: a second driver is refused at once."""
-    from pipeline.results.run_lock import RunLocked, run_lock
+    from pipeline.storage.run_lock import RunLocked, run_lock
 
     try:
         with run_lock(args.out, args.run or spec.name):
@@ -115,8 +121,9 @@ def run(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -> int:
     except OSError as err:
         if err.errno not in DISK_FULL:
             raise
-        print(f"stopped: no space left on the disk of {Path(args.out).resolve()} (writing {err.filename or 'it'}); "
-              "free some space, then rerun the same command to resume (rows written so far are kept)", file=sys.stderr)
+        print(f"stopped: no space left on the disk of {Path(args.out).resolve()} "
+              f"(writing {err.filename or 'it'}); free some space, then rerun the same command to resume "
+              "(rows written so far are kept)", file=sys.stderr)
         return EXIT_FAILED
 
 
@@ -138,7 +145,8 @@ def run_locked(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -
     )
 
     def resume() -> str:
-        return f"rerun the same command to resume ({runner.report.rows_written} rows written this time are kept)"
+        return ("rerun the same command to resume "
+                f"({runner.report.rows_written} rows written this time are kept)")
 
     try:
         run_and_report(runner, spec, args)
@@ -155,9 +163,9 @@ def run_locked(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -
 
 def run_and_report(runner: "GridRunner", spec: GridSpec, args: argparse.Namespace) -> None:
     """The rows, then the latency calibration (grids with `calibrate: true`), then the report."""
-    from jobs.calibrate import calibrate_pairs, grid_shapes, pairs_to_measure
-    from pipeline.results.store import read_results, report_dir
-    from pipeline.results.summary import write_summary
+    from actors.calibration import calibrate_pairs, grid_shapes, pairs_to_measure
+    from pipeline.reports.summary import write_summary
+    from pipeline.storage.store import read_results, report_dir
 
     report = runner.run()
     print(

@@ -14,8 +14,8 @@ from pathlib import Path
 # Run from a checkout or a `ray job submit` working directory alike (see jobs/full_grid.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.results.store import read_results, report_dir, unreadable_files  # noqa: E402
-from pipeline.results.summary import write_summary  # noqa: E402
+from pipeline.reports.summary import write_summary  # noqa: E402
+from pipeline.storage.store import read_results, report_dir, unreadable_files  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -102,14 +102,16 @@ def teacher_prompt(caption: str, prompt: str, hint: str) -> str:
 
 
 @torch.inference_mode()
-def teacher_answers(lm, tokenizer, prompts: list[str], max_new_tokens: int, batch: int = 24) -> list[list[int]]:
+def teacher_answers(lm, tokenizer, prompts: list[str], max_new_tokens: int,
+                    batch: int = 24) -> list[list[int]]:
     """Greedy answers of the frozen LM (ids, ending with <|im_end|> when it stopped in time)."""
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     tokenizer.padding_side = "left"
     answers = []
     for i in range(0, len(prompts), batch):
         enc = tokenizer(prompts[i:i + batch], return_tensors="pt", padding=True, add_special_tokens=False)
-        out = lm.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=eos, eos_token_id=eos)
+        out = lm.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=eos,
+                          eos_token_id=eos)
         for row in out[:, enc["input_ids"].shape[1]:].tolist():
             answers.append(row[: row.index(eos) + 1] if eos in row else row)
     return answers
@@ -117,23 +119,28 @@ def teacher_answers(lm, tokenizer, prompts: list[str], max_new_tokens: int, batc
 
 def user_ids(tokenizer, prompt: str) -> tuple[list[int], list[int]]:
     """Prompt ids before and after the single image placeholder (ChatML, as the adapter builds)."""
-    ids = tokenizer(to_chatml(f"USER: {IMAGE_TOKEN}\n{prompt} ASSISTANT:"), add_special_tokens=False)["input_ids"]
+    ids = tokenizer(to_chatml(f"USER: {IMAGE_TOKEN}\n{prompt} ASSISTANT:"),
+                    add_special_tokens=False)["input_ids"]
     cut = ids.index(tokenizer.convert_tokens_to_ids(IMAGE_TOKEN))
     return ids[:cut], ids[cut + 1:]
 
 
-def build_examples(tokenizer, lm, train: list[LabelledImage], answer_tokens: int, start: float, rng: random.Random):
+def build_examples(tokenizer, lm, train: list[LabelledImage], answer_tokens: int, start: float,
+                   rng: random.Random):
     """Per kind: (prompt, class, answer ids). Teacher answers are per (class, prompt)."""
     classes = [(c, s) for c in range(len(COLORS)) for s in range(len(SHAPES))]
     caption = {k: f"a {COLORS[k[0]]} {SHAPES[k[1]]}" for k in classes}
-    examples: dict[str, list[tuple[str, tuple[int, int], list[int]]]] = {"short": [], "open": [], "reasoning": []}
+    examples: dict[str, list[tuple[str, tuple[int, int], list[int]]]] = {
+        "short": [], "open": [], "reasoning": []}
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     for k in classes:
         for prompt in SHORT_PROMPTS:
             text = caption[k][0].upper() + caption[k][1:] + "."
             examples["short"].append((prompt, k, tokenizer.encode(text, add_special_tokens=False) + [eos]))
-    jobs = [("open", p, k, teacher_prompt(caption[k], p, TEACHER_HINT)) for p in OPEN_PROMPTS for k in classes]
-    by_class = {k: sorted({q for item in train if class_index(item) == k for q in item.questions}) for k in classes}
+    jobs = [("open", p, k, teacher_prompt(caption[k], p, TEACHER_HINT))
+            for p in OPEN_PROMPTS for k in classes]
+    by_class = {k: sorted({q for item in train if class_index(item) == k for q in item.questions})
+                for k in classes}
     for k in classes:
         for question in rng.sample(by_class[k], REASONING_PER_CLASS):
             prompt = f"{REASONING_INSTRUCTION}\n{question[0].upper()}{question[1:]}"
@@ -145,7 +152,8 @@ def build_examples(tokenizer, lm, train: list[LabelledImage], answer_tokens: int
     return examples
 
 
-def batch_inputs(lm, projector, tokenizer, grids, images_by_class, batch_examples, pooled: bool, rng: random.Random):
+def batch_inputs(lm, projector, tokenizer, grids, images_by_class, batch_examples, pooled: bool,
+                 rng: random.Random):
     """Right-padded inputs_embeds, attention mask, and (position, target) pairs for the loss."""
     embed = lm.get_input_embeddings()
     rows, targets, positions = [], [], []
@@ -184,7 +192,8 @@ def warm_start(projector: Projector, lm, tokenizer, grids, labels: torch.Tensor,
     optimizer = torch.optim.AdamW(projector.parameters(), lr=1e-3)
     for step in range(steps):
         idx = torch.randint(0, grids.shape[0], (64,))
-        grid = grids[idx] if step % 2 == 0 else F.avg_pool2d(grids[idx], kernel_size=2, stride=2, ceil_mode=True)
+        grid = (grids[idx] if step % 2 == 0
+                else F.avg_pool2d(grids[idx], kernel_size=2, stride=2, ceil_mode=True))
         out = projector(grid.flatten(2).transpose(1, 2))
         even = (torch.arange(out.shape[1]) % 2 == 0)[None, :, None]
         target = torch.where(even, colors[labels[idx, 0]][:, None], shapes[labels[idx, 1]][:, None])
@@ -194,8 +203,8 @@ def warm_start(projector: Projector, lm, tokenizer, grids, labels: torch.Tensor,
         optimizer.step()
 
 
-def train_projector(lm, tokenizer, grids, train, examples, steps: int, batch: int, lr: float, start: float, rng,
-                    evaluate, eval_every: int, warm_steps: int):
+def train_projector(lm, tokenizer, grids, train, examples, steps: int, batch: int, lr: float, start: float,
+                    rng, evaluate, eval_every: int, warm_steps: int):
     """Warm start, then AdamW with warmup + cosine through the frozen LM; `evaluate(projector)`
     runs every `eval_every` steps (the learning curve in metrics.json)."""
     projector = Projector()
@@ -203,7 +212,8 @@ def train_projector(lm, tokenizer, grids, train, examples, steps: int, batch: in
     projector.feature_mean.copy_(tokens.mean(0))
     projector.feature_std.copy_(tokens.std(0).clamp_min(1e-2))
     projector.output_norm.fill_(float(lm.get_input_embeddings().weight.norm(dim=-1).mean()))
-    warm_start(projector, lm, tokenizer, grids, torch.tensor([class_index(item) for item in train]), warm_steps)
+    warm_start(projector, lm, tokenizer, grids, torch.tensor([class_index(item) for item in train]),
+               warm_steps)
     log(f"warm start: {warm_steps} steps", start)
     lm_bf16 = copy.deepcopy(lm).to(torch.bfloat16)  # frozen: only the projector (fp32) gets gradients
     images_by_class: dict[tuple[int, int], list[int]] = {}
@@ -237,13 +247,15 @@ def train_projector(lm, tokenizer, grids, train, examples, steps: int, batch: in
             projector.eval()
             accuracy = evaluate(projector)
             projector.train()
-            curve.append({"step": step + 1, "accuracy_full": accuracy, "seconds": round(time.perf_counter() - start, 1)})
+            curve.append({"step": step + 1, "accuracy_full": accuracy,
+                          "seconds": round(time.perf_counter() - start, 1)})
             log(f"step {step + 1}: held-out short-prompt accuracy {accuracy:.3f}", start)
     return projector.eval().requires_grad_(False), running, curve
 
 
 @torch.inference_mode()
-def greedy_answers(lm, tokenizer, projector, grids, prompt: str, pooled: bool, max_new_tokens: int, batch: int = 50):
+def greedy_answers(lm, tokenizer, projector, grids, prompt: str, pooled: bool, max_new_tokens: int,
+                   batch: int = 50):
     """Greedy fp32 answers of the target to `prompt` for each image (left-padded batches)."""
     embed = lm.get_input_embeddings()
     before, after = user_ids(tokenizer, prompt)
@@ -255,9 +267,8 @@ def greedy_answers(lm, tokenizer, projector, grids, prompt: str, pooled: bool, m
             grid = F.avg_pool2d(grid, kernel_size=2, stride=2, ceil_mode=True)
         image = projector(grid.flatten(2).transpose(1, 2))
         n = image.shape[0]
-        embeds = torch.cat(
-            [embed(torch.tensor(before)).expand(n, -1, -1), image, embed(torch.tensor(after)).expand(n, -1, -1)], dim=1
-        )
+        embeds = torch.cat([embed(torch.tensor(before)).expand(n, -1, -1), image,
+                            embed(torch.tensor(after)).expand(n, -1, -1)], dim=1)
         out = lm.generate(
             inputs_embeds=embeds,
             attention_mask=torch.ones(embeds.shape[:2], dtype=torch.long),
@@ -305,20 +316,23 @@ def main() -> None:
     with torch.no_grad():
         color, shape = heads(ShapeHeads.pool(eval_grids))
     eval_labels = torch.tensor([class_index(item) for item in held_out])
-    caption_accuracy = float(((color.argmax(1) == eval_labels[:, 0]) & (shape.argmax(1) == eval_labels[:, 1])).float().mean())
+    caption_accuracy = float(((color.argmax(1) == eval_labels[:, 0])
+                              & (shape.argmax(1) == eval_labels[:, 1])).float().mean())
     log(f"captioner held-out accuracy {caption_accuracy:.3f}", start)
 
     lm, tokenizer = load_language_model(torch.float32)
     examples = build_examples(tokenizer, lm, train, args.answer_tokens, start, rng)
     teacher_lengths = [len(a) for kind in ("open", "reasoning") for _, _, a in examples[kind]]
     teacher_examples = [
-        {"prompt": p, "caption": f"a {COLORS[k[0]]} {SHAPES[k[1]]}", "answer": tokenizer.decode(a, skip_special_tokens=True)}
+        {"prompt": p, "caption": f"a {COLORS[k[0]]} {SHAPES[k[1]]}",
+         "answer": tokenizer.decode(a, skip_special_tokens=True)}
         for kind in ("open", "reasoning") for p, k, a in examples[kind][:1]
     ]
     log(f"teacher answers: mean {np.mean(teacher_lengths):.1f} tokens", start)
     train_start = time.perf_counter()
     def evaluate(projector: Projector, pooled: bool = False, n: int | None = 48) -> float:
-        answers = greedy_answers(lm, tokenizer, projector, eval_grids[:n], EVAL_PROMPT, pooled, max_new_tokens=10)
+        answers = greedy_answers(lm, tokenizer, projector, eval_grids[:n], EVAL_PROMPT, pooled,
+                                 max_new_tokens=10)
         return float(np.mean([names_correctly(a, item) for a, item in zip(answers, held_out)]))
 
     projector, losses, curve = train_projector(
@@ -328,8 +342,9 @@ def main() -> None:
     projector_seconds = time.perf_counter() - train_start
 
     metrics = {"seed": args.seed, "train_images": len(train), "eval_images": len(held_out),
-               "steps": args.steps, "warm_steps": args.warm_steps, "batch": args.batch, "eval_prompt": EVAL_PROMPT,
-               "captioner_accuracy": caption_accuracy, "projector_train_seconds": round(projector_seconds, 1),
+               "steps": args.steps, "warm_steps": args.warm_steps, "batch": args.batch,
+               "eval_prompt": EVAL_PROMPT, "captioner_accuracy": caption_accuracy,
+               "projector_train_seconds": round(projector_seconds, 1),
                "final_loss": round(float(np.mean(losses[-25:])), 4),
                "teacher_answer_tokens_mean": round(float(np.mean(teacher_lengths)), 1),
                "teacher_examples": teacher_examples}
@@ -337,9 +352,12 @@ def main() -> None:
     for pooled in (False, True):
         accuracy = evaluate(projector, pooled, n=None)
         metrics[f"short_prompt_accuracy_{'pooled' if pooled else 'full'}"] = accuracy
-        log(f"held-out short-prompt accuracy ({'pooled' if pooled else 'full'} tokens): {accuracy:.3f}", start)
-    samples = greedy_answers(lm, tokenizer, projector, eval_grids[:2], OPEN_PROMPTS[0], False, max_new_tokens=96)
-    metrics["describe_examples"] = [{"label": held_out[i].caption, "answer": a} for i, a in enumerate(samples)]
+        log(f"held-out short-prompt accuracy ({'pooled' if pooled else 'full'} tokens): "
+            f"{accuracy:.3f}", start)
+    samples = greedy_answers(lm, tokenizer, projector, eval_grids[:2], OPEN_PROMPTS[0], False,
+                             max_new_tokens=96)
+    metrics["describe_examples"] = [{"label": held_out[i].caption, "answer": a}
+                                    for i, a in enumerate(samples)]
     metrics["total_seconds"] = round(time.perf_counter() - start, 1)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     metrics["cpu_seconds"] = round(usage.ru_utime + usage.ru_stime, 1)  # both cores together
@@ -348,7 +366,8 @@ def main() -> None:
     projector.save(args.out / PROJECTOR_FILE.name)
     heads.save(args.out / CAPTIONER_FILE.name)
     (args.out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    log(f"wrote {args.out}: {json.dumps({k: v for k, v in metrics.items() if not k.endswith('examples')})}", start)
+    log(f"wrote {args.out}: {json.dumps({k: v for k, v in metrics.items() if not k.endswith('examples')})}",
+        start)
 
 
 if __name__ == "__main__":

@@ -44,11 +44,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.data.embedded.scenarios import COMPARE_PROMPTS, DESCRIBE_PROMPTS  # noqa: E402
 from pipeline.data.loading import load_samples  # noqa: E402
-from pipeline.data.prompts import REASONING_INSTRUCTION, continue_conversation, image_question, user_turn  # noqa: E402
+from pipeline.data.prompts import (  # noqa: E402
+    REASONING_INSTRUCTION, continue_conversation, image_question, user_turn,
+)
 from pipeline.data.turns import QUESTION_SETS, load_questions  # noqa: E402
 from pipeline.decoding.config import DecodeConfig  # noqa: E402
-from pipeline.decoding.traces import collect_traces  # noqa: E402
 from pipeline.decoding.replay import replay
+from pipeline.decoding.step_costs import calibrate  # noqa: E402
+from pipeline.decoding.traces import collect_traces  # noqa: E402
 from pipeline.drafting.methods import method_embeddings, splice  # noqa: E402
 from pipeline.models.embedded import (  # noqa: E402
     SMALL_DRAFT_DIR, SSM_DRAFT_DIR, EmbeddedLVLM, EmbeddedSSM, load_embedded, load_embedded_captioner,
@@ -57,11 +60,11 @@ from pipeline.models.embedded_parts.projector import Projector  # noqa: E402
 from pipeline.models.embedded_parts.small_draft import (  # noqa: E402
     ARCHITECTURES, load_small_draft, output_vocabulary, save_small_draft, save_vocabulary,
 )
-from pipeline.decoding.calibrate import calibrate  # noqa: E402
 
 METHOD_SHARES = {"M": 0.45, "P": 0.15, "T": 0.25, "C": 0.15}
 HELD_OUT_DATASETS = ("embedded_describe", "embedded_vqa", "embedded_compare")
-SHIPPED = {"llama": (SMALL_DRAFT_DIR, EmbeddedLVLM, "embedded:small_draft"),  # where it goes, its adapter, its name
+# where it goes, its adapter, its name
+SHIPPED = {"llama": (SMALL_DRAFT_DIR, EmbeddedLVLM, "embedded:small_draft"),
            "mamba2": (SSM_DRAFT_DIR, EmbeddedSSM, "embedded:ssm_draft")}
 Example = tuple[str, tuple[str, ...], list[int]]  # (prompt, image paths, teacher answer ids)
 
@@ -85,11 +88,13 @@ def first_turn_prompts(images: int, rng: random.Random) -> list[tuple[str, tuple
         prompts.append((user_turn(DESCRIBE_PROMPTS[k % len(DESCRIBE_PROMPTS)]), (path,)))
         prompts.append((image_question(rng.choice(questions[image_id]), REASONING_INSTRUCTION), (path,)))
     for k in range(0, len(chosen) - 1, 4):
-        prompts.append((user_turn(COMPARE_PROMPTS[(k // 4) % len(COMPARE_PROMPTS)]), (chosen[k][1], chosen[k + 1][1])))
+        prompts.append((user_turn(COMPARE_PROMPTS[(k // 4) % len(COMPARE_PROMPTS)]),
+                        (chosen[k][1], chosen[k + 1][1])))
     return prompts
 
 
-def second_turn_prompts(first: list[Example], count: int, tokenizer, rng: random.Random) -> list[tuple[str, tuple[str, ...]]]:
+def second_turn_prompts(first: list[Example], count: int, tokenizer,
+                        rng: random.Random) -> list[tuple[str, tuple[str, ...]]]:
     """`count` second turns on random first-turn examples, half qaorg and half gsm8k."""
     gsm8k = load_questions("gsm8k", 10_000, embedded=True)
     train_questions = gsm8k[len(gsm8k) // 2:]
@@ -132,7 +137,8 @@ class ImageCache:
 
 
 @torch.inference_mode()
-def teacher_answers(target: EmbeddedLVLM, prompts: list, cache: ImageCache, max_new_tokens: int, batch: int = 16) -> list[Example]:
+def teacher_answers(target: EmbeddedLVLM, prompts: list, cache: ImageCache, max_new_tokens: int,
+                    batch: int = 16) -> list[Example]:
     """The target's greedy answers (batched `generate` on its M embeddings, left-padded as the
     engine pads), cut after the first end token."""
     eos = sorted(target.eos_token_ids)
@@ -141,7 +147,8 @@ def teacher_answers(target: EmbeddedLVLM, prompts: list, cache: ImageCache, max_
     for start in range(0, len(order), batch):
         chunk = order[start:start + batch]
         embeds = [
-            method_embeddings(target, "M", target.tokenize_prompt(prompts[i][0]), [cache.image(p) for p in prompts[i][1]])
+            method_embeddings(target, "M", target.tokenize_prompt(prompts[i][0]),
+                              [cache.image(p) for p in prompts[i][1]])
             for i in chunk
         ]
         width = max(e.shape[0] for e in embeds)
@@ -177,7 +184,8 @@ def new_student(target: EmbeddedLVLM, arch: str) -> EmbeddedLVLM:
     return EmbeddedLVLM(lm, target.tokenizer, target.vision, projector, SHIPPED[arch][2])
 
 
-def prompt_embeddings(draft: EmbeddedLVLM, method: str, text: str, paths: tuple[str, ...], cache: ImageCache) -> torch.Tensor:
+def prompt_embeddings(draft: EmbeddedLVLM, method: str, text: str, paths: tuple[str, ...],
+                      cache: ImageCache) -> torch.Tensor:
     """One prompt as the engine drafts it with `method`, with gradients through the draft (the
     frozen vision features come from the cache)."""
     ids = draft.tokenize_prompt(text)
@@ -188,7 +196,8 @@ def prompt_embeddings(draft: EmbeddedLVLM, method: str, text: str, paths: tuple[
     return method_embeddings(draft, method, ids, [cache.image(p) for p in paths], captions)
 
 
-def batch_loss(draft: EmbeddedLVLM, batch: list[Example], methods: list[str], cache: ImageCache) -> torch.Tensor:
+def batch_loss(draft: EmbeddedLVLM, batch: list[Example], methods: list[str],
+               cache: ImageCache) -> torch.Tensor:
     """Cross-entropy of the teacher's tokens, right-padded rows in one forward; logits only at
     the answer positions (the LM head over 49152 tokens is most of the cost)."""
     rows, positions, targets = [], [], []
@@ -203,7 +212,8 @@ def batch_loss(draft: EmbeddedLVLM, batch: list[Example], methods: list[str], ca
     for b, row in enumerate(rows):
         embeds[b, : row.shape[0]] = row
         mask[b, : row.shape[0]] = 1
-    hidden = draft.model.base_model(inputs_embeds=embeds, attention_mask=mask).last_hidden_state  # right padding: causal
+    # right padding: causal
+    hidden = draft.model.base_model(inputs_embeds=embeds, attention_mask=mask).last_hidden_state
     index = torch.tensor(positions)
     logits = draft.model.lm_head(hidden[index[:, 0], index[:, 1]])
     return F.cross_entropy(logits, torch.tensor(targets))
@@ -233,13 +243,16 @@ def train(draft: EmbeddedLVLM, data: list[Example], cache: ImageCache, steps: in
     return losses
 
 
-def held_out_tau(target: EmbeddedLVLM, draft: EmbeddedLVLM, captioner, per_dataset: int, max_new_tokens: int) -> dict:
+def held_out_tau(target: EmbeddedLVLM, draft: EmbeddedLVLM, captioner, per_dataset: int,
+                 max_new_tokens: int) -> dict:
     """Pooled tau per method on held-out test samples, by trace replay (pipeline.decoding.replay)."""
     samples = [s for name in HELD_OUT_DATASETS for s in load_samples(name, limit=per_dataset)]
-    traces = [collect_traces(target, draft, s, "MTCP", captioner, max_new_tokens=max_new_tokens) for s in samples]
+    traces = [collect_traces(target, draft, s, "MTCP", captioner, max_new_tokens=max_new_tokens)
+              for s in samples]
     tau = {}
     for method in "MTCP":
-        records = [replay(t, DecodeConfig(methods=method, gamma=5, max_new_tokens=max_new_tokens)) for t in traces]
+        records = [replay(t, DecodeConfig(methods=method, gamma=5, max_new_tokens=max_new_tokens))
+                   for t in traces]
         accepted, blocks = sum(sum(r.accepted_per_block) for r in records), sum(r.blocks for r in records)
         tau[method] = round(1 + accepted / blocks, 3)
     return {"samples": [s.sample_id for s in samples], "tau": tau}
@@ -249,18 +262,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", choices=sorted(ARCHITECTURES), default="llama",
                         help="llama: embedded:small_draft; mamba2: embedded:ssm_draft (default: %(default)s)")
-    parser.add_argument("--out", type=Path, help="where the weights go (default: the --arch's shipped folder)")
+    parser.add_argument("--out", type=Path,
+                        help="where the weights go (default: the --arch's shipped folder)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--images", type=int, default=440, help="easy-VQA train images for first-turn prompts")
+    parser.add_argument("--images", type=int, default=440,
+                        help="easy-VQA train images for first-turn prompts")
     parser.add_argument("--second-turns", type=int, default=220)
     parser.add_argument("--answer-tokens", type=int, default=64)
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--held-out", type=int, default=5, help="test samples per scenario to score")
-    parser.add_argument("--teacher-cache", type=Path, help="JSON file to keep the teacher's answers in (and reuse)")
+    parser.add_argument("--teacher-cache", type=Path,
+                        help="JSON file to keep the teacher's answers in (and reuse)")
     parser.add_argument("--rescore", action="store_true",
-                        help="keep the weights in --out: write their output vocabulary (from --teacher-cache) and score them again")
+                        help="keep the weights in --out: write their output vocabulary "
+                             "(from --teacher-cache) and score them again")
     args = parser.parse_args()
     directory, adapter, name = SHIPPED[args.arch]
     args.out = args.out or directory
@@ -280,8 +297,9 @@ def main() -> None:
     else:
         first = teacher_answers(target, first_turn_prompts(args.images, rng), cache, args.answer_tokens)
         log(f"teacher: {len(first)} first-turn answers", start)
-        second = teacher_answers(target, second_turn_prompts(first, args.second_turns, target.tokenizer, rng), cache,
-                                 args.answer_tokens)
+        second = teacher_answers(target,
+                                 second_turn_prompts(first, args.second_turns, target.tokenizer, rng),
+                                 cache, args.answer_tokens)
         if args.teacher_cache:
             args.teacher_cache.write_text(json.dumps({"first": first, "second": second}))
     data = first + second
@@ -294,7 +312,8 @@ def main() -> None:
         metrics = json.loads((args.out / "metrics.json").read_text())
     else:
         draft = new_student(target, args.arch)
-        losses = train(draft, data, cache, args.steps, args.batch, args.lr, random.Random(args.seed + 1), start)
+        losses = train(draft, data, cache, args.steps, args.batch, args.lr,
+                       random.Random(args.seed + 1), start)
         train_seconds = time.perf_counter() - start - teacher_seconds
         save_small_draft(draft.model, draft.projector, args.out, vocabulary)
         (args.out / "__init__.py").touch()
@@ -302,13 +321,15 @@ def main() -> None:
             "arch": args.arch, "seed": args.seed, "images": args.images, "first_turn_examples": len(first),
             "second_turn_examples": len(second), "answer_tokens": args.answer_tokens, "steps": args.steps,
             "batch": args.batch, "lr": args.lr, "method_shares": METHOD_SHARES,
-            "loss_first_100": round(sum(losses[:100]) / 100, 4), "loss_last_100": round(sum(losses[-100:]) / 100, 4),
+            "loss_first_100": round(sum(losses[:100]) / 100, 4),
+            "loss_last_100": round(sum(losses[-100:]) / 100, 4),
             "teacher_seconds": round(teacher_seconds, 1), "train_seconds": round(train_seconds, 1),
         }
 
     score_start = time.perf_counter()
     # scored with the node's two threads, as the grid's timed decodes and calibration run on a CPU
-    lm, projector = load_small_draft(args.out, torch.float32, args.arch)  # as written: fp16-rounded, as load_embedded reads it
+    # as written: fp16-rounded, as load_embedded reads it
+    lm, projector = load_small_draft(args.out, torch.float32, args.arch)
     shipped = adapter(lm, target.tokenizer, target.vision, projector, name)
     scored = held_out_tau(target, shipped, captioner, args.held_out, args.answer_tokens)
     log(f"held-out tau: {scored['tau']}", start)
@@ -318,7 +339,8 @@ def main() -> None:
         "output_vocabulary": len(vocabulary),
         "held_out": scored,
         "tq_over_tp": round(ratios.ratio_draft_target, 4),
-        "verify_ratio": round(ratios.ratio_verify, 4), "draft_rows_ratio": [round(r, 4) for r in ratios.draft_rows_ratio],
+        "verify_ratio": round(ratios.ratio_verify, 4),
+        "draft_rows_ratio": [round(r, 4) for r in ratios.draft_rows_ratio],
         "tp_ms": round(1e3 * ratios.target_token_s, 2), "tq_ms": round(1e3 * ratios.draft_token_s, 2),
         "threads": torch.get_num_threads(), "score_seconds": round(time.perf_counter() - score_start, 1),
     })

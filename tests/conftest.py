@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -56,3 +59,32 @@ class FixedCaptioner:
         self.calls += 1
         r, g, b = image.resize((1, 1)).getpixel((0, 0))
         return "a red square" if r >= max(g, b) else "a blue circle"
+
+
+ROOT = Path(__file__).resolve().parents[1]
+OWN_KIND = "tests.test_own_verify_kind:OneMethodChain"  # a verify kind of one's own, by import path
+
+
+@pytest.fixture(scope="session")
+def batch_sweep_run(tmp_path_factory):
+    """The job on a small batch sweep of the tiny pair, one run serving the batch tests and the
+    own-kind tests: AR, M and MT* chains, the MT* candidate tree and MT* verified by a kind of
+    one's own (`tests/test_own_verify_kind.py`), at batch 1 and 2 over three requests (the last
+    batch of 2 holds one), live, calibrated. Returns (OUT, the job's stdout, the grid)."""
+    import yaml
+
+    from pipeline.planning.grid_file import parse_grid
+
+    folder = tmp_path_factory.mktemp("batch_sweep")
+    raw = {"name": "sweep", "datasets": ["embedded_describe"], "turns": ["first"],
+           "pairs": [{"target": "tiny:target", "draft": "tiny:draft", "dtype": "fp32"}], "methods": ["AR", "M", "MT"],
+           "policies": [{"kind": "grid", "measure": "hard+soft"}], "gamma": [3],
+           "verify": ["chain", "candidates", {"kind": OWN_KIND, "method": 1, "methods": ["MT"]}],
+           "batch": [1, 2], "max_new_tokens": 12, "limit": 3, "shard_size": 2, "mode": "live", "calibrate": True}
+    (folder / "sweep.yaml").write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    command = [sys.executable, "jobs/full_grid.py", "--grid", str(folder / "sweep.yaml"), "--out", str(folder / "out")]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder / "out", done.stdout, parse_grid(raw)

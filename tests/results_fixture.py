@@ -14,10 +14,10 @@ from pipeline.decoding.verify_kinds import CandidateTree
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.planning.grid import Pair, RunConfig
 from pipeline.decoding.calibration import Calibration
-from pipeline.results.calibration_store import Calibrations, write_calibration
-from pipeline.results.schema import make_row
-from pipeline.results.manifest import write_manifest
-from pipeline.results.store import rows_to_table, write_shards
+from pipeline.storage.calibration_store import Calibrations, write_calibration
+from pipeline.storage.schema import make_row
+from pipeline.storage.manifest import write_manifest
+from pipeline.storage.store import rows_to_table, write_shards
 
 RUN = "embedded"
 TARGET = "embedded:target"

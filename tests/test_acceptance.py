@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from pipeline.decoding.config import DecodeConfig
-from pipeline.results.acceptance import acceptance_table, block_depths, per_position_table, position_counts
+from pipeline.reports.acceptance import acceptance_table, block_depths, per_position_table, position_counts
 
 BANDIT_SHAPES = [[3, 3, 2, 1], [2, 2, 2, 1, 1, 1]]
 
@@ -66,7 +66,7 @@ def test_both_tau_conventions_and_the_spread_of_requests():
 def test_tau0_is_tau_minus_one_on_every_row():
     from pipeline.data.sample import Sample
     from pipeline.planning.grid import Pair, RunConfig
-    from pipeline.results.schema import make_row
+    from pipeline.storage.schema import make_row
     from tests.test_results import record
 
     sample = Sample("toy", "test", 0, "first", "USER: q ASSISTANT:", ())

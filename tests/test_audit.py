@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.results.audit import BF16_NOTE, lossless_table, lossless_text, with_lossless_column
+from pipeline.reports.audit import BF16_NOTE, lossless_table, lossless_text, with_lossless_column
 
 
 def row(methods: str, ids: list[int], *, dtype: str = "fp32", sample: str = "s0", temperature: float = 0.0,
@@ -37,7 +37,7 @@ def test_bf16_divergence_is_explained_and_full_agreement_said_plainly():
 
 
 def test_each_differing_row_says_where_it_first_left_the_targets_output():
-    from pipeline.results.audit import divergences
+    from pipeline.reports.audit import divergences
 
     rows = pd.DataFrame([
         {**row("AR", [1, 2, 3, 4], dtype="bf16"), "method_label": "AR", "verify": None},

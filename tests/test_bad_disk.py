@@ -21,8 +21,8 @@ import pytest
 from pipeline.decoding.config import DecodeConfig
 from pipeline.planning.grid import GridError
 from pipeline.planning.preflight import check_output_dir
-from pipeline.results.run_lock import run_lock
-from pipeline.results.store import read_results, run_dir, write_shard
+from pipeline.storage.run_lock import run_lock
+from pipeline.storage.store import read_results, run_dir, write_shard
 from tests.test_run_safety import PAIR, ROOT, RunConfig, rows_for, rows_to_table, sample
 
 GRID = {"name": "g", "datasets": ["embedded_vqa", "embedded_describe"], "methods": ["AR", "M"], "limit": 3,
@@ -53,7 +53,7 @@ def grid(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_a_full_disk_ends_in_one_line_and_unreadable_shards_are_recomputed(tmp_path, grid):
     out = tmp_path / "out"
-    full = ("import errno, pipeline.results.store as store\n"
+    full = ("import errno, pipeline.storage.store as store\n"
             "def full(*args): raise OSError(errno.ENOSPC, 'No space left on device', str(args[1]))\n"
             "store._write_atomically = full")
     stopped = job(out, grid, patch=full)
@@ -90,7 +90,7 @@ def test_a_full_disk_ends_in_one_line_and_unreadable_shards_are_recomputed(tmp_p
 @pytest.mark.slow
 def test_sigterm_ends_like_ctrl_c(tmp_path, grid):
     out = tmp_path / "out"
-    slow = ("import time, pipeline.results.store as store\nwrite = store.write_shards\n"
+    slow = ("import time, pipeline.storage.store as store\nwrite = store.write_shards\n"
             "def slowly(*args):\n    time.sleep(1)\n    return write(*args)\nstore.write_shards = slowly")
     driver = job(out, grid, patch=slow, wait=False)
     deadline = time.monotonic() + 180
@@ -115,7 +115,7 @@ def test_a_lock_left_empty_or_unparsable_is_taken_over(tmp_path):
 
 
 def test_a_full_disk_while_taking_the_lock_leaves_no_lock(tmp_path, monkeypatch):
-    import pipeline.results.run_lock as run_lock_module
+    import pipeline.storage.run_lock as run_lock_module
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -128,7 +128,7 @@ def test_a_full_disk_while_taking_the_lock_leaves_no_lock(tmp_path, monkeypatch)
 
 
 def test_a_full_disk_while_reporting_keeps_the_previous_report(tmp_path, monkeypatch):
-    import pipeline.results.summary as summary
+    import pipeline.reports.summary as summary
 
     config = RunConfig(PAIR, DecodeConfig("M"))
     write_shard(tmp_path, rows_to_table(rows_for(config, [sample(0)], "s1")))
@@ -157,7 +157,7 @@ def test_preflight_checks_free_space_with_a_real_write(tmp_path, monkeypatch):
 
 
 def test_the_lock_works_where_files_cannot_be_hard_linked(tmp_path, monkeypatch):
-    import pipeline.results.run_lock as run_lock_module
+    import pipeline.storage.run_lock as run_lock_module
 
     def no_links(*args):
         raise OSError(errno.EPERM, "Operation not permitted")

@@ -37,7 +37,7 @@ def test_invalid_config_is_rejected_before_decoding(tiny_pair, config, message):
 
 @pytest.mark.parametrize(
     "kind,fields,message",
-    [("oracle", {}, "unknown weight policy 'oracle'"), ("static", {"temperature": 2}, "not a field of the 'static' policy")],
+    [("oracle", {}, "unknown weight policy 'oracle'"), ("static", {"temperature": 2}, "not a field of weight policy 'static'")],
 )
 def test_unknown_policy_or_field_is_named(kind, fields, message):
     with pytest.raises(ValueError, match=message):

@@ -1,28 +1,23 @@
 """The grid's `batch` axis: requests decoded B at a time, AR and SD alike. Batch 1 keeps the keys
-rows had before the axis; a bad batch size is refused naming the entry, every verify kind,
-sampling and state-space drafts batch; a batch
-size's configurations and its AR baseline are planned live together in whole batches; and
-through the job, rows record their batch, the report gives speedup against the batch size
-and the audit counts how many batched rows equal the same request decoded alone."""
+rows had before the axis; a bad batch size is refused naming the entry, while every verify
+kind, sampling and state-space drafts batch; a batch size's configurations and its AR baseline
+are planned live together in whole batches; and through the job, rows record their batch, the
+report gives speedup against the batch size and the audit counts how many batched rows equal
+the same request decoded alone."""
 from __future__ import annotations
 
 import copy
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
 from pipeline.data.sample import Sample
 from pipeline.planning.grid import Catalog, GridError
 from pipeline.planning.grid_file import parse_grid
 from pipeline.planning.shards import plan_shards
+from tests.conftest import OWN_KIND
 
-ROOT = Path(__file__).resolve().parents[1]
 CATALOG = Catalog(datasets=("toy",), turn_tasks=())
 BASE = {"name": "t", "datasets": ["toy"], "turns": ["first"], "pairs": [{"target": "tiny:target", "draft": "tiny:draft"}],
         "methods": ["AR", "M", "MT"], "policies": ["static", {"kind": "grid", "measure": "hard+soft"}],
@@ -79,36 +74,24 @@ def test_a_batch_size_is_planned_live_with_its_ar_row_in_whole_batches():
 
 
 @pytest.fixture(scope="module")
-def swept(tmp_path_factory):
-    """The job on a small batch sweep of the tiny pair: AR, M and MT* chains and the MT* candidate
-    tree at batch 1 and 2 over three requests (the last batch of 2 holds one)."""
-    folder = tmp_path_factory.mktemp("batch_sweep")
-    raw = {"name": "sweep", "datasets": ["embedded_describe"], "turns": ["first"],
-           "pairs": [{"target": "tiny:target", "draft": "tiny:draft", "dtype": "fp32"}], "methods": ["AR", "M", "MT"],
-           "policies": [{"kind": "grid", "measure": "hard+soft"}], "gamma": [3], "verify": ["chain", "candidates"],
-           "batch": [1, 2], "max_new_tokens": 12, "limit": 3, "shard_size": 2, "mode": "live", "calibrate": True}
-    (folder / "sweep.yaml").write_text(yaml.safe_dump(raw))
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-    env.pop("RAY_ADDRESS", None)
-    command = [sys.executable, "jobs/full_grid.py", "--grid", str(folder / "sweep.yaml"), "--out", str(folder / "out")]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return folder / "out", done.stdout, parse_grid(raw)
+def swept(batch_sweep_run):
+    return batch_sweep_run
 
 
 @pytest.mark.slow
 def test_the_job_records_each_rows_batch_under_the_keys_a_resume_plans(swept):
     from pipeline.data import load_samples
-    from pipeline.results.store import read_results
+    from pipeline.storage.store import read_results
 
     out, _, spec = swept
     rows = read_results(out, "sweep")
-    assert len(rows) == rows["key"].nunique() == 4 * 2 * 3 and rows["error"].isna().all()
+    # AR, M, MT* and MT* as a candidate tree and a kind of one's own, at batch 1 and 2, 3 requests
+    assert len(rows) == rows["key"].nunique() == 5 * 2 * 3 and rows["error"].isna().all()
     samples = load_samples("embedded_describe", limit=3)
     assert plan_shards("sweep", spec.units(), lambda u: samples, shard_size=2, done=set(rows["key"])) == []
     batched = rows[rows["batch"] > 1]
     assert set(batched["mode"]) == {"live", "ar"}  # a batch is decoded, never replayed
-    assert sorted(batched["batch_requests"].value_counts().items()) == [(1, 4), (2, 8)]
+    assert sorted(batched["batch_requests"].value_counts().items()) == [(1, 5), (2, 10)]
     assert (rows["time_request_s"] <= rows["time_wall_s"] + 1e-9).all() and rows["batch_tokens_per_s"].gt(0).all()
     first = rows[(rows["batch"] == 2) & (rows["mode"] == "ar")].sort_values("sample_id")
     assert first["time_request_s"].nunique() > 1  # requests of one batch finish at different times
@@ -120,7 +103,8 @@ def test_the_report_gives_speedup_against_the_batch_and_where_it_stops_paying(sw
     report = out / "_report-sweep"
     table = pd.read_csv(report / "batch.csv")
     assert (report / "batch.png").stat().st_size > 0 and "## Batch sweep" in stdout
-    assert set(table["batch"]) == {1, 2} and set(table["method_label"]) == {"M", "MT*", "MT* (candidates)"}
+    own = f"MT* ({OWN_KIND}(method=1))"
+    assert set(table["batch"]) == {1, 2} and set(table["method_label"]) == {"M", "MT*", "MT* (candidates)", own}
     assert table["speedup"].gt(0).all() and table["expected"].gt(0).all()  # calibrated at every batch size
     losses = table.groupby("method_label")["stops paying at batch"].first()
     for label, line in table.groupby("method_label"):
@@ -129,7 +113,7 @@ def test_the_report_gives_speedup_against_the_batch_and_where_it_stops_paying(sw
     assert (table["= AR here"] == table["requests"].astype(str) + "/" + table["requests"].astype(str)).all()
     lossless = pd.read_csv(report / "lossless.csv")
     assert (lossless["equal to AR"] == lossless["rows"]).all()  # fp32: exact at every batch
-    assert int(lossless["batched rows"].sum()) == 3 * 3  # M, MT* and the tree at batch 2
+    assert int(lossless["batched rows"].sum()) == 4 * 3  # M, MT*, the tree and the own kind at batch 2
     assert "decoded in batches over 1" in (report / "summary.md").read_text()
     speedup = pd.read_csv(report / "speedup.csv")
-    assert len(speedup) == 4  # batch 1 only: a batched row never enters the batch-1 tables
+    assert len(speedup) == 5  # batch 1 only: a batched row never enters the batch-1 tables

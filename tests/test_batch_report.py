@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from pipeline.decoding.calibration import Calibration
-from pipeline.results.batch_sweep import batch_table, batch_text
-from pipeline.results.calibration_store import Calibrations
+from pipeline.reports.batch_sweep import batch_table, batch_text
+from pipeline.storage.calibration_store import Calibrations
 
 
 def row(mode: str, sample: int, batch: int | None, seconds: float, *, accepted=(1, 1), requests=None) -> dict:

@@ -104,7 +104,7 @@ def test_own_dataset_method_and_policy_run_on_ray_and_replay_like_live(tmp_path)
     assert "G  grayscale    G: M on grayscale pixels.  (grid)" in listed.stdout, listed.stderr
     done = job(["--grid", str(grid), "--out", str(tmp_path / "out")], plug)
     assert done.returncode == 0, done.stderr[-3000:]
-    from pipeline.results.store import read_results
+    from pipeline.storage.store import read_results
 
     rows = read_results(tmp_path / "out")
     assert rows["error"].isna().all(), rows["error"].dropna().tolist()

@@ -6,9 +6,9 @@ import math
 import pytest
 
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.calibrate import calibrate
+from pipeline.decoding.step_costs import calibrate
 from pipeline.decoding.calibration import MAX_ROWS, Calibration, expected_speedup
-from pipeline.results.calibration_store import Calibrations, read_calibrations, write_calibration
+from pipeline.storage.calibration_store import Calibrations, read_calibrations, write_calibration
 from pipeline.decoding.engine import default_engine
 
 
@@ -89,9 +89,9 @@ def test_the_calibrate_job_shows_its_rounds_and_rewrites_the_report_it_changes(t
     from pipeline.data.sample import Sample
     from pipeline.decoding.records import SampleRecord
     from pipeline.planning.grid import Pair, RunConfig
-    from pipeline.results.schema import make_row
-    from pipeline.results.store import read_results, rows_to_table, write_shard
-    from pipeline.results.summary import write_summary
+    from pipeline.storage.schema import make_row
+    from pipeline.storage.store import read_results, rows_to_table, write_shard
+    from pipeline.reports.summary import write_summary
 
     pair = Pair("tiny:target", "tiny:draft")
     sample = Sample("embedded_vqa", "test", 0, "first", "USER: <image>\nq ASSISTANT:", category="benchmark")
@@ -113,7 +113,7 @@ def test_the_calibrate_job_shows_its_rounds_and_rewrites_the_report_it_changes(t
 def test_calibration_times_a_step_after_prompts_of_several_lengths(tiny_pair, tmp_path):
     """How a draft's step grows with the context (the state-space draft's point); the report
     tabulates and draws it."""
-    from pipeline.results.plots import context_cost_figure
+    from pipeline.reports.plots import context_cost_figure
 
     target, draft = tiny_pair
     result = calibrate(target, draft, gammas=(3,), repeats=2, rounds=2, contexts=(16, 128, 10_000))

@@ -10,7 +10,7 @@ ABSENT = ("datasets", "ray", "easy_vqa", "gguf", "efficientnet_lite0_pytorch_mod
 CORE = (
     "pipeline.models.loading", "pipeline.models.hf", "pipeline.models.tiny",
     "pipeline.decoding.rows", "pipeline.drafting.methods", "pipeline.drafting.policies",
-    "pipeline.decoding.loop", "pipeline.decoding.replay", "pipeline.decoding.engine", "pipeline.decoding.calibrate",
+    "pipeline.decoding.loop", "pipeline.decoding.replay", "pipeline.decoding.engine", "pipeline.decoding.step_costs",
 )
 
 

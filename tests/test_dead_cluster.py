@@ -11,7 +11,7 @@ import time
 import pytest
 
 from actors.runner import GridRunner, RunFailed
-from pipeline.results.store import read_results
+from pipeline.storage.store import read_results
 from tests.test_ray_grid import ToySource, spec
 
 pytestmark = pytest.mark.slow

@@ -71,7 +71,7 @@ def test_notebook_runs_headless_on_smoke_results(smoke_results):
     from tests.test_notebook import executed_notebook
 
     text, outputs = executed_notebook(smoke_results[0])
-    assert "matches pipeline.results.report.tau_table" in text and "run smoke, target tiny:bigram_target (fp32), drafts ['tiny:mamba2_draft', 'tiny:mamba_draft']" in text
+    assert "matches pipeline.reports.report.tau_table" in text and "run smoke, target tiny:bigram_target (fp32), drafts ['tiny:mamba2_draft', 'tiny:mamba_draft']" in text
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 2  # both figures shown inline
 
 

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from pipeline.decoding.config import DecodeConfig
-from pipeline.results.export import export
+from pipeline.reports.export import export
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,8 +56,8 @@ def test_the_spec_bench_export_round_trips(tmp_path):
 
 
 def test_the_export_job_writes_beside_the_run(tmp_path):
-    from pipeline.results.schema import make_row
-    from pipeline.results.store import rows_to_table, write_shard
+    from pipeline.storage.schema import make_row
+    from pipeline.storage.store import rows_to_table, write_shard
     from tests.test_run_safety import PAIR, RunConfig, sample
     from tests.test_results import record
 

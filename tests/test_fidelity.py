@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from pipeline.results.fidelity import NEAR_TIE_NOTE, fidelity_table, fidelity_text
+from pipeline.reports.fidelity import NEAR_TIE_NOTE, fidelity_table, fidelity_text
 
 
 def row(accepted, replayed, *, mode="live", methods="M", dtype="fp32", temperature=0.0, error=None) -> dict:

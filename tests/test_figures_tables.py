@@ -13,10 +13,10 @@ from pipeline.data.sample import Sample
 from pipeline.decoding.records import SampleRecord
 from pipeline.drafting.policies import GridSearchPolicy
 from pipeline.planning.grid import Pair, RunConfig
-from pipeline.results.latex import latex_table, paper_tables
-from pipeline.results.plots import FORMATS, method_colour, save, tau_cells, tau_figure, weight_ratio_figure
-from pipeline.results.report import category_table, markdown_table, tau_table
-from pipeline.results.schema import make_row
+from pipeline.reports.latex import latex_table, paper_tables
+from pipeline.reports.plots import FORMATS, method_colour, save, tau_cells, tau_figure, weight_ratio_figure
+from pipeline.reports.report import category_table, markdown_table, tau_table
+from pipeline.storage.schema import make_row
 
 STRONG, WEAK = Pair("big", "small"), Pair("big", "tiny")
 
@@ -124,8 +124,8 @@ def test_figures_fit_their_width_with_the_legend_inside_and_one_column_fits_a_pa
     shape: two drafts, three turns, twelve method labels with the candidate trees."""
     from PIL import Image
 
-    from pipeline.results.plots import WIDTHS, verify_cost_figure
-    from pipeline.results.store import read_results
+    from pipeline.reports.plots import WIDTHS, verify_cost_figure
+    from pipeline.storage.store import read_results
     from tests.results_fixture import RUN, write_results
 
     out = write_results(tmp_path / "results")
@@ -151,6 +151,6 @@ def test_figures_fit_their_width_with_the_legend_inside_and_one_column_fits_a_pa
 
 
 def pipeline_calibrations(out):
-    from pipeline.results.calibration_store import read_calibrations
+    from pipeline.storage.calibration_store import read_calibrations
 
     return read_calibrations(out)

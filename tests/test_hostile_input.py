@@ -88,7 +88,7 @@ def test_the_run_name_cannot_leave_out(tmp_path):
         done = run_job("--grid", str(grid_file(tmp_path)), "--out", str(tmp_path / "out"), "--run", run)
         assert done.returncode == 2 and "--run" in done.stderr and "names a directory" in done.stderr, done.stderr
     assert not (tmp_path / "x").exists() and not (tmp_path / "out").exists()
-    from pipeline.results.store import report_dir
+    from pipeline.storage.store import report_dir
 
     assert report_dir(tmp_path, "../x").parent == tmp_path  # quoted, as run=<run> is
 

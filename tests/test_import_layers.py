@@ -3,7 +3,8 @@
 Three wings, lowest first, then the entry points: the **core** (`pipeline.models`, then
 `pipeline.drafting`, then `pipeline.decoding`: no Ray, no grid files), **planning** (samples
 in `pipeline.data`, grids and shards in `pipeline.planning`, a shard's records computed in
-`pipeline.execution`, the result schema, storage and reports in `pipeline.results`: no Ray), the **cluster** (`actors`: the Ray runner and the
+`pipeline.execution`, what a run leaves behind in `pipeline.storage`, and the reports read from it
+in `pipeline.reports`: no Ray), the **cluster** (`actors`: the Ray runner and the
 worker), and the entry points (`jobs`). Imports inside functions count too: they are imports
 all the same, only later.
 """
@@ -16,13 +17,15 @@ ROOT = Path(__file__).resolve().parents[1]
 # lowest first; a module may import its own layer and those below
 LAYERS = (
     "pipeline.models", "pipeline.drafting", "pipeline.decoding",  # core
-    "pipeline.data", "pipeline.planning", "pipeline.execution", "pipeline.results", "pipeline",  # planning
+    "pipeline.data", "pipeline.planning", "pipeline.execution", "pipeline.storage", "pipeline.reports",
+    "pipeline",  # planning
     "actors",  # cluster
     "jobs",
 )
 CORE = LAYERS[:3]
-# leaf modules every layer may use: the value type the core decodes, the "did you mean" helper
-CORE_MAY_USE = {"pipeline.data.sample", "pipeline.names"}
+# leaf modules every layer may use: the value type the core decodes, the "did you mean" helper,
+# the plug-in registry
+CORE_MAY_USE = {"pipeline.data.sample", "pipeline.names", "pipeline.registry"}
 
 
 def module_files() -> dict[str, Path]:
@@ -87,7 +90,7 @@ def test_the_checker_sees_an_upward_import():
     """Guard against a vacuous check: the core importing the grid would be caught."""
     assert layer("pipeline.grid") > layer("pipeline.decoding.loop") > layer("pipeline.drafting.policies")
     assert layer("pipeline.data.loading") > layer("pipeline.decoding.loop") == layer("pipeline.decoding.config")
-    assert layer("pipeline.results.schema") > layer("pipeline.planning.grid") > layer("pipeline.data.turns")
+    assert layer("pipeline.storage.schema") > layer("pipeline.planning.grid") > layer("pipeline.data.turns")
     assert "pipeline.planning.grid" in import_graph()["actors.runner"]  # function-level or not, edges are seen
 
 
@@ -109,11 +112,18 @@ def test_replay_scores_without_the_loop():
     assert "pipeline.decoding.acceptance" in seen and "pipeline.decoding.loop" not in seen
 
 
-def test_the_decoding_core_and_the_cluster_wing_fit_110_columns():
-    """One block reads on one screen: no line of the core's decoding and drafting, of what a
-    shard computes, or of the Ray wing is wider than 110 characters."""
-    wide = [f"{path.relative_to(ROOT)}:{number}" for package in ("pipeline/decoding", "pipeline/drafting",
-                                                                   "pipeline/execution", "actors")
+def test_every_package_fits_110_columns():
+    """Code reads on one screen: no line of the library, the Ray wing, the entry points, the
+    benchmarks or the scripts is wider than 110 characters."""
+    wide = [f"{path.relative_to(ROOT)}:{number}" for package in ("pipeline", "actors", "jobs", "bench", "scripts")
             for path in sorted((ROOT / package).rglob("*.py"))
             for number, line in enumerate(path.read_text().splitlines(), 1) if len(line) > 110]
     assert not wide, wide
+
+
+def test_a_job_never_imports_another_job():
+    """Entry points stay thin: what two jobs share is library code in a layer below them."""
+    graph = import_graph()
+    between = {(a, b) for a, targets in graph.items() if a.startswith("jobs.") for b in targets
+               if b.startswith("jobs.")}
+    assert not between, between

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.results.calibration_store import calibration_path, read_calibrations, write_calibration
-from pipeline.results.noise import SPREAD_LIMIT, Spread
-from pipeline.results.store import read_results
-from pipeline.results.summary import write_summary
+from pipeline.storage.calibration_store import calibration_path, read_calibrations, write_calibration
+from pipeline.reports.noise import SPREAD_LIMIT, Spread
+from pipeline.storage.store import read_results
+from pipeline.reports.summary import write_summary
 from tests.results_fixture import LARGE, LOADED, RUN, SMALL, calibration, write_results
 
 

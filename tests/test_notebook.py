@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.results.store import read_results
-from pipeline.results.summary import write_summary
+from pipeline.storage.store import read_results
+from pipeline.reports.summary import write_summary
 from tests.results_fixture import RUN, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ def executed_notebook(results: Path) -> tuple[str, list[dict]]:
 @pytest.mark.slow
 def test_the_notebook_runs_clean_on_results_with_trees_two_drafts_and_a_second_turn(default_like):
     text, outputs = executed_notebook(default_like[0])
-    assert "matches pipeline.results.report.tau_table" in text
+    assert "matches pipeline.reports.report.tau_table" in text
     assert "MT* (candidates)" in text and "embedded:small_draft" in text and "embedded:draft" in text and "qaorg" in text
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 2
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from pipeline.results.paper_check import paper_check, paper_tables
+from pipeline.reports.paper_check import paper_check, paper_tables
 
 TARGET, DRAFT = "llava-hf/llava-1.5-7b-hf", "mjbooo/lvlm68m"
 

@@ -20,7 +20,7 @@ from pipeline.data.sample import Sample
 from pipeline.decoding.loop import autoregressive_decode, speculative_decode
 from pipeline.planning.grid import Catalog, ModelGroup, Pair, RunConfig, Shard
 from pipeline.planning.grid_file import parse_grid
-from pipeline.results.store import read_results
+from pipeline.storage.store import read_results
 
 pytestmark = pytest.mark.slow
 
@@ -144,7 +144,7 @@ def test_rows_equal_units_times_samples_and_engine_values(full_run, tiny_dirs, t
 def test_two_drafts_of_one_target_each_get_all_their_rows(ray_local, tiny_dirs, tmp_path):
     """Draft size as an axis: one model group, its shards hold both drafts' rows, and each
     draft's rows land in its own partition, complete."""
-    from pipeline.results.summary import write_summary
+    from pipeline.reports.summary import write_summary
 
     two = dataclasses.replace(spec(tiny_dirs, mode="auto"), live_samples=1, limit=4,  # no broken sample
                               pairs=(Pair(tiny_dirs["target"], tiny_dirs["draft"]), Pair(tiny_dirs["target"], tiny_dirs["target"])))
@@ -182,7 +182,7 @@ def test_interrupted_run_resumes_with_only_the_missing_shards(ray_local, tiny_di
     with pytest.raises(KeyboardInterrupt):
         run(tiny_dirs, tmp_path, on_shard_written=interrupt)
     assert len(results(tmp_path)) > 0
-    from pipeline.results.summary import write_summary
+    from pipeline.reports.summary import write_summary
 
     assert "**INCOMPLETE: " in write_summary(tmp_path, "toy", read_results(tmp_path, "toy"))
     written_before = len(list(tmp_path.rglob("part-*.parquet")))
@@ -387,8 +387,8 @@ def test_a_second_driver_on_the_same_run_is_refused(ray_local, tiny_dirs, tmp_pa
     import subprocess
     import sys
 
-    from pipeline.results.run_lock import RunLocked
-    from pipeline.results.store import run_dir
+    from pipeline.storage.run_lock import RunLocked
+    from pipeline.storage.store import run_dir
 
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # the first driver
     lock = run_dir(tmp_path, "toy") / ".lock"

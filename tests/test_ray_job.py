@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.planning.grid_file import load_grid
-from pipeline.results.schema import SCHEMA
-from pipeline.results.store import read_results
+from pipeline.storage.schema import SCHEMA
+from pipeline.storage.store import read_results
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

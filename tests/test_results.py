@@ -11,8 +11,8 @@ from pipeline.data.sample import Sample
 from pipeline.drafting.policies import GridSearchPolicy
 from pipeline.decoding.records import SampleRecord
 from pipeline.planning.grid import Pair, RunConfig, row_key
-from pipeline.results.schema import FILE_SCHEMA, SCHEMA, make_row
-from pipeline.results.store import first_turn_answers, read_results, rows_to_table, write_shard, written_rows
+from pipeline.storage.schema import FILE_SCHEMA, SCHEMA, make_row
+from pipeline.storage.store import first_turn_answers, read_results, rows_to_table, write_shard, written_rows
 
 PAIR = Pair("llava-hf/llava-1.5-7b-hf", "mjbooo/lvlm68m", "fp16")
 DOCUMENTED = (

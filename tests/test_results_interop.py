@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.decoding.config import DecodeConfig
 from pipeline.planning.grid import Pair, RunConfig
-from pipeline.results.store import read_results, rows_to_table, write_shard
+from pipeline.storage.store import read_results, rows_to_table, write_shard
 from tests.test_results import shard_rows
 
 COLUMNS = ["key", "run", "target", "draft", "dataset", "methods", "tau"]

@@ -10,9 +10,9 @@ from pipeline.data.sample import Sample
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.decoding.records import SampleRecord
 from pipeline.planning.grid import Pair, RunConfig
-from pipeline.results.report import AVERAGE, markdown_table, tau_table
-from pipeline.results.schema import make_row
-from pipeline.results.store import read_results, rows_to_table, write_shard
+from pipeline.reports.report import AVERAGE, markdown_table, tau_table
+from pipeline.storage.schema import make_row
+from pipeline.storage.store import read_results, rows_to_table, write_shard
 from tests.results_fixture import calibrations_of
 
 PAIR = Pair("tiny:target", "tiny:draft")
@@ -84,7 +84,7 @@ CPU = {"device_name": "cpu: X (2 threads)", "steps": "uncompiled", "torch_versio
 
 
 def test_speedup_uses_calibration_and_live_walltime():
-    from pipeline.results.speedup import speedup_table
+    from pipeline.reports.speedup import speedup_table
 
     base = {"target": "t", "draft": "d", "dtype": "fp32", "turn": "first", "error": None, "gamma": 5.0, "blocks": 2,
             "policy": "static", "engine": "static", **CPU}
@@ -111,7 +111,7 @@ def test_speedup_uses_calibration_and_live_walltime():
 
 def test_a_grid_sweeping_gamma_gets_one_speedup_row_per_gamma():
     """tau, Eq. 1, the verify cost and the measured speedup of each gamma are its own."""
-    from pipeline.results.speedup import speedup_table
+    from pipeline.reports.speedup import speedup_table
 
     base = {"target": "t", "draft": "d", "dtype": "fp32", "turn": "first", "error": None, "policy": "static",
             "engine": "static", "method_label": "M", "mode": "live", "sample_id": "s0", **CPU}
@@ -140,7 +140,7 @@ def test_a_grid_sweeping_gamma_gets_one_speedup_row_per_gamma():
 
 
 def test_speedup_never_pools_walltimes_of_different_engines_dtypes_or_machines():
-    from pipeline.results.speedup import speedup_table
+    from pipeline.reports.speedup import speedup_table
 
     base = {"target": "t", "draft": "d", "turn": "first", "error": None, "gamma": 5.0, "blocks": 2, "policy": "static",
             "accepted_per_block": [1, 1], "sample_id": "s0", **CPU}
@@ -166,7 +166,7 @@ def test_speedup_never_pools_walltimes_of_different_engines_dtypes_or_machines()
 
 
 def test_rows_without_timing_columns_are_unrecorded_not_pooled_with_new_ones():
-    from pipeline.results.speedup import timing_label
+    from pipeline.reports.speedup import timing_label
 
     rows = pd.DataFrame([CPU, {"device_name": None, "steps": None, "torch_version": None, "transformers_version": None}])
     assert timing_label(rows).tolist() == ["cpu: X (2 threads), uncompiled steps, torch 2.13, transformers 5.23",
@@ -175,7 +175,7 @@ def test_rows_without_timing_columns_are_unrecorded_not_pooled_with_new_ones():
 
 
 def test_draft_sizes_are_compared_side_by_side_per_target():
-    from pipeline.results.speedup import draft_size_table, speedup_table
+    from pipeline.reports.speedup import draft_size_table, speedup_table
 
     def rows(draft, accepted, sd_seconds):
         base = {"target": "t", "draft": draft, "dtype": "fp32", "turn": "first", "error": None, "gamma": 5.0,
@@ -209,7 +209,7 @@ def test_draft_sizes_are_compared_side_by_side_per_target():
 
 
 def test_findings_say_where_m_beats_t_and_where_mt_star_lands(tmp_path):
-    from pipeline.results.report import findings_text, method_findings
+    from pipeline.reports.report import findings_text, method_findings
 
     configs = {
         "M": RunConfig(PAIR, DecodeConfig("M")), "T": RunConfig(PAIR, DecodeConfig("T")), "MT": RunConfig(PAIR, DecodeConfig("MT")),

@@ -18,7 +18,7 @@ from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.planning.grid import Pair, RunConfig
 from pipeline.planning.grid_file import load_grid
 from pipeline.planning.verify_entries import make_verify
-from pipeline.results.store import read_results
+from pipeline.storage.store import read_results
 
 ROOT = Path(__file__).resolve().parents[1]
 # the smoke grid's run at commit 1d62396: its rows (Parquet), calibrations, manifest and grid file

@@ -7,8 +7,8 @@ import yaml
 
 import jobs.full_grid as full_grid
 from pipeline.planning.grid_file import parse_grid
-from pipeline.results.completeness import completeness_table, completeness_text
-from pipeline.results.manifest import expected_rows, extension_text, grid_record, record_grid, run_grids, write_manifest
+from pipeline.reports.completeness import completeness_table, completeness_text
+from pipeline.storage.manifest import expected_rows, extension_text, grid_record, record_grid, run_grids, write_manifest
 
 GRID = {"name": "sweep", "datasets": ["embedded_vqa"], "turns": ["first"], "limit": 2,
         "pairs": [{"target": "tiny:target", "draft": "tiny:draft"}]}
@@ -55,8 +55,8 @@ def test_the_job_says_so_before_ray_starts(tmp_path, monkeypatch, capsys):
 def test_completeness_compares_the_rows_present_with_every_grids_rows(tmp_path):
     """Rows of two grids in one run: against the last grid alone it read 'Complete' over more
     rows than expected; against the union it is complete, and says which grids it holds."""
-    from pipeline.results.store import read_results
-    from pipeline.results.summary import write_summary
+    from pipeline.storage.store import read_results
+    from pipeline.reports.summary import write_summary
     from tests.results_fixture import RUN, write_results
 
     out = write_results(tmp_path)
@@ -76,7 +76,7 @@ def test_completeness_compares_the_rows_present_with_every_grids_rows(tmp_path):
 
 
 def _units(rows):
-    from pipeline.results.manifest import Unit
+    from pipeline.storage.manifest import Unit
 
     for (key, target, draft, dtype, turn, dataset), group in rows.groupby(
             ["config_key", "target", "draft", "dtype", "turn", "dataset"], observed=True):

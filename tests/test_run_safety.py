@@ -19,11 +19,11 @@ from pipeline.decoding.config import DecodeConfig
 from pipeline.data.sample import Sample
 from pipeline.planning.grid import ModelGroup, Pair, RunConfig, Shard, WorkUnit
 from pipeline.planning.resume import OLD_KEY, PROMPT_CHANGED, reconcile, wanted_rows
-from pipeline.results.run_lock import RunLocked, run_lock
-from pipeline.results.store import drop_rows, read_results, run_dir, write_shard, written_rows
+from pipeline.storage.run_lock import RunLocked, run_lock
+from pipeline.storage.store import drop_rows, read_results, run_dir, write_shard, written_rows
 from tests.test_results import record
-from pipeline.results.schema import make_row
-from pipeline.results.store import rows_to_table
+from pipeline.storage.schema import make_row
+from pipeline.storage.store import rows_to_table
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIR = Pair("tiny:target", "tiny:draft")
@@ -229,8 +229,8 @@ def test_a_second_driver_is_refused_before_ray_starts(tmp_path):
 
 
 def test_a_run_that_stopped_early_is_called_incomplete(tmp_path):
-    from pipeline.results.completeness import completeness_table, completeness_text
-    from pipeline.results.manifest import read_manifest, write_manifest
+    from pipeline.reports.completeness import completeness_table, completeness_text
+    from pipeline.storage.manifest import read_manifest, write_manifest
 
     config = RunConfig(PAIR, DecodeConfig("M"))
     write_shard(tmp_path, rows_to_table(rows_for(config, [sample(0), sample(1)], "s1", errors={1: "input"})))

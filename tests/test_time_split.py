@@ -10,7 +10,7 @@ from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.loop import autoregressive_decode, speculative_decode
 from pipeline.drafting.policies import GridSearchPolicy
-from pipeline.results.time_split import time_shares, time_split_text
+from pipeline.reports.time_split import time_shares, time_split_text
 from tests.conftest import solid
 
 

@@ -128,7 +128,7 @@ def test_the_verify_axis_in_grids_keys_and_modes():
     assert {c.key() for c in deep} == {c.key() for c in at_gamma_4}
     with pytest.raises(GridError, match=r"verify\[0\]: dynamic tree depth must be an integer >= 1, got 0"):
         parse_grid(raw | {"verify": [{"kind": "dynamic", "depth": 0}]})
-    with pytest.raises(GridError, match=r"verify\[0\]: \['depth'\] not a field of a 'candidates' verify entry"):
+    with pytest.raises(GridError, match=r"verify\[0\]: \['depth'\] not a field of verify kind 'candidates'"):
         parse_grid(raw | {"verify": [{"kind": "candidates", "depth": 3}]})
     with pytest.raises(ValueError, match="depth 4 with gamma 3"):
         DecodeConfig(gamma=3, verify=make_verify({"kind": "dynamic", "depth": 4})).validate()

@@ -32,7 +32,8 @@ def fetch(name: str, out_dir: str | os.PathLike, *, limit: int | None = None) ->
     from the hub to `out_dir/name`, and return that path."""
     if name in QUESTION_SETS:
         questions = QUESTION_SETS[name]
-        dataset, where = open_dataset(name, questions.hub_id, questions.config, questions.split, None, ("question",))
+        dataset, where = open_dataset(name, questions.hub_id, questions.config, questions.split, None,
+                                      ("question",))
         split, count, sub_task = questions.split, limit or QUESTION_COUNT, None
     else:
         spec = get_dataset(name)
@@ -48,10 +49,13 @@ def fetch(name: str, out_dir: str | os.PathLike, *, limit: int | None = None) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("names", nargs="*", metavar="NAME", help=f"any of {', '.join(FETCHABLE)} (default: all)")
-    parser.add_argument("--limit", type=int, default=None, help="rows per dataset (default: the run's subset)")
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help=f"any of {', '.join(FETCHABLE)} (default: all)")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="rows per dataset (default: the run's subset)")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.names) - set(FETCHABLE))
     if unknown:

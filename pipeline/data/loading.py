@@ -59,19 +59,23 @@ def load_samples(
         rows = open_rows(name, spec.hub_id, spec.config, spec.split, source, spec.required_columns)
         if spec.sub_task:
             rows = (row for row in rows if row.get("sub_task") == spec.sub_task)
-    return [row_to_sample(spec, index, row, max_image_pixels) for index, row in enumerate(islice(rows, count))]
+    return [row_to_sample(spec, index, row, max_image_pixels)
+            for index, row in enumerate(islice(rows, count))]
 
 
-def row_to_sample(spec: DatasetSpec, index: int, row: Mapping[str, Any], max_image_pixels: int = MAX_IMAGE_PIXELS) -> Sample:
+def row_to_sample(spec: DatasetSpec, index: int, row: Mapping[str, Any],
+                  max_image_pixels: int = MAX_IMAGE_PIXELS) -> Sample:
     """One row as a first-turn Sample; a bad row gives a Sample whose `error` says why."""
-    sample = Sample(dataset=spec.name, split=spec.split, row=index, turn=FIRST_TURN, prompt="", category=spec.category)
+    sample = Sample(dataset=spec.name, split=spec.split, row=index, turn=FIRST_TURN, prompt="",
+                    category=spec.category)
     try:
         prompt, raw_images = spec.format_row(row)
         sample = dataclasses.replace(sample, prompt=prompt)
         decoded = [decode_image(value, k, max_image_pixels) for k, value in enumerate(raw_images)]
         conversions = tuple(f"image {k}: {note}" for k, (_, notes) in enumerate(decoded) for note in notes)
         answer = row.get(spec.answer_column) if spec.answer_column else None
-        sample = dataclasses.replace(sample, images=tuple(image for image, _ in decoded), image_conversions=conversions,
+        sample = dataclasses.replace(sample, images=tuple(image for image, _ in decoded),
+                                     image_conversions=conversions,
                                      answer=None if answer is None else str(answer))
         sample.check()
     except ValueError as exc:  # PromptError, or Sample.check's placeholder/image mismatch
@@ -80,7 +84,8 @@ def row_to_sample(spec: DatasetSpec, index: int, row: Mapping[str, Any], max_ima
     return sample
 
 
-def decode_image(value: Any, position: int, max_pixels: int = MAX_IMAGE_PIXELS) -> tuple[Image.Image, tuple[str, ...]]:
+def decode_image(value: Any, position: int,
+                 max_pixels: int = MAX_IMAGE_PIXELS) -> tuple[Image.Image, tuple[str, ...]]:
     """An 8-bit RGB image from what a row holds (PIL image, {'bytes', 'path'} dict, or a file
     path), and the conversions `pipeline.data.images.to_rgb` applied to it. Its size is read
     from the header and checked against `max_pixels` before any pixel is decoded."""

@@ -111,8 +111,8 @@ def build_second_turn(
     datasets_seen = {s.dataset for s in first_samples}
     if len(datasets_seen) != 1 or any(s.turn != FIRST_TURN for s in first_samples):
         raise ValueError(
-            f"build_second_turn needs first-turn samples of one dataset; got datasets {sorted(datasets_seen)} "
-            f"and turns {sorted({s.turn for s in first_samples})}"
+            "build_second_turn needs first-turn samples of one dataset; got datasets "
+            f"{sorted(datasets_seen)} and turns {sorted({s.turn for s in first_samples})}"
         )
     questions: list[str] = []
     if task in QUESTION_SETS:

@@ -2,13 +2,13 @@
 
     datasets:
       - embedded_vqa
-      - name: signs                  # the name rows and tables carry
-        path: data/signs.jsonl       # JSONL, CSV, Parquet, or a datasets.save_to_disk directory
-        question: prompt             # the question column (default: question)
-        images: [photo]              # column(s) with an image, a path (relative to the file) or a list of them
-        answer: label                # optional: kept in each row's `answer` column
-        category: benchmark          # benchmark | ood (where the tables put it)
-        allow_outside_paths: false   # image paths must stay inside the file's folder unless true
+      - name: signs                 # the name rows and tables carry
+        path: data/signs.jsonl      # JSONL, CSV, Parquet, or a datasets.save_to_disk directory
+        question: prompt            # the question column (default: question)
+        images: [photo]             # column(s) with an image, a path (relative to the file) or a list of them
+        answer: label               # optional: kept in each row's `answer` column
+        category: benchmark         # benchmark | ood (where the tables put it)
+        allow_outside_paths: false  # image paths must stay inside the file's folder unless true
 
 A question with `<image>` placeholders is used as written (one per image, in order); otherwise
 the images come first, then the question, as for the built-in single-image datasets. Second
@@ -64,7 +64,8 @@ class MappedColumns:
                 raise PromptError(f"column {column!r}: image path {value!r} leaves the dataset folder {root} "
                                   "(allow_outside_paths: true on the dataset entry allows it)")
             if not path.is_file():
-                raise PromptError(f"column {column!r}: image file {value!r} does not exist (looked in {path.parent})")
+                raise PromptError(f"column {column!r}: image file {value!r} does not exist "
+                                  f"(looked in {path.parent})")
             return str(path)
         if value is None:
             raise PromptError(f"column {column!r} holds no image")
@@ -110,7 +111,8 @@ class UserDataset:
         return self.columns.columns + ((self.answer,) if self.answer else ())
 
 
-def parse_user_dataset(entry: Mapping[str, Any], where: str, taken: set[str], base: str | Path = ".") -> UserDataset:
+def parse_user_dataset(entry: Mapping[str, Any], where: str, taken: set[str],
+                       base: str | Path = ".") -> UserDataset:
     """A `datasets:` mapping as a UserDataset; ValueError naming `where` and the problem. A
     relative `path` is read from `base` (the grid file's folder) and kept absolute."""
     unknown = sorted(set(entry) - set(FIELDS))
@@ -129,10 +131,12 @@ def parse_user_dataset(entry: Mapping[str, Any], where: str, taken: set[str], ba
     except FileNotFoundError as err:
         raise ValueError(f"{where} ({name}): {path} does not exist ({err})") from None
     if found.is_file() and found.suffix.lower() not in FILE_KINDS:
-        raise ValueError(f"{where} ({name}): {path} is not JSONL, CSV or Parquet (known: {', '.join(FILE_KINDS)})")
+        raise ValueError(f"{where} ({name}): {path} is not JSONL, CSV or Parquet "
+                         f"(known: {', '.join(FILE_KINDS)})")
     images = entry.get("images", ["image"])
     images = [images] if isinstance(images, str) else images
-    text_fields = {"question": entry.get("question", "question"), "answer": entry.get("answer"), "split": entry.get("split", "test")}
+    text_fields = {"question": entry.get("question", "question"), "answer": entry.get("answer"),
+                   "split": entry.get("split", "test")}
     for field_name, value in text_fields.items():
         if value is not None and not isinstance(value, str):
             raise ValueError(f"{where} ({name}): `{field_name}` must be a column name, got {value!r}")
@@ -145,5 +149,5 @@ def parse_user_dataset(entry: Mapping[str, Any], where: str, taken: set[str], ba
     outside = entry.get("allow_outside_paths", False)
     if not isinstance(outside, bool):
         raise ValueError(f"{where} ({name}): `allow_outside_paths` must be true or false, got {outside!r}")
-    return UserDataset(name, str(found.resolve()), text_fields["question"], tuple(images), text_fields["answer"], category,
-                       text_fields["split"], outside)
+    return UserDataset(name, str(found.resolve()), text_fields["question"], tuple(images),
+                       text_fields["answer"], category, text_fields["split"], outside)

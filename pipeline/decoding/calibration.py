@@ -1,4 +1,4 @@
-"""A pair's latency calibration as one type, torch-free: what `pipeline.decoding.calibrate`
+"""A pair's latency calibration as one type, torch-free: what `pipeline.decoding.step_costs`
 measures and writes, and what reports read back. Files written before a field existed are read
 by `Calibration.from_row`, the one place that knows their layouts; everything else reads a
 complete `Calibration`.
@@ -53,7 +53,7 @@ class Calibration:
     # rows timed (files from before it: 1..MAX_ROWS)
     draft_row_counts: list[int] = field(default_factory=list)
     # every round's ratio, not only the median: per verify_tokens entry Tp(n)/Tp, per
-    # draft_row_counts entry Tq(m rows)/Tp (pipeline.results.noise judges their spread)
+    # draft_row_counts entry Tq(m rows)/Tp (pipeline.reports.noise judges their spread)
     verify_ratio_rounds: list[list[float]] = field(default_factory=list)
     draft_rows_ratio_rounds: list[list[float]] = field(default_factory=list)
     # the machine's 1-minute load average before and after measuring, and its cores

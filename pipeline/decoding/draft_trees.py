@@ -1,7 +1,7 @@
 """The draft's side of ranked token trees: dynamic trees (Spec-LLaVA's, EAGLE-2's ranking) and
 static-shape trees (the Mamba drafters paper's; `pipeline.decoding.draft_bandit` picks one per
-block and request), for B requests at once (`pipeline.decoding.verify_kinds` and `shape_kinds`
-hold their specs).
+block and request), for B requests at once (`pipeline.decoding.verify_kinds` holds their
+specs).
 
 Each request's tree grows level by level from its root: a level's nodes are children of the
 level above's, ranked by the mixture of the request's drafting methods, and the draft reads a
@@ -23,7 +23,7 @@ from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.draft import Proposer, StaticRule
 from pipeline.decoding.proposals import Pending, Proposal, Verified
 from pipeline.decoding.rows import Rows
-from pipeline.decoding.shape_kinds import shape_levels
+from pipeline.decoding.verify_kinds import shape_levels
 from pipeline.decoding.trees import Tree
 from pipeline.drafting.scoring import mix
 

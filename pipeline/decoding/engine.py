@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from pipeline.decoding.prompts import Prompt, check_fits
+from pipeline.decoding.inputs import Prompt, check_fits
 from pipeline.decoding.rows import DynamicCacheRows, Rows
 from pipeline.decoding.state_rows import StateRows
 from pipeline.decoding.static_rows import StaticCacheRows

@@ -27,7 +27,7 @@ from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.draft import Proposer, proposer_class
 from pipeline.decoding.proposals import Pending, Proposal, Verified
 from pipeline.decoding.engine import default_engine, prefilled_rows
-from pipeline.decoding.prompts import tokenize
+from pipeline.decoding.inputs import tokenize
 from pipeline.decoding.records import SampleRecord
 from pipeline.decoding.rows import Rows
 from pipeline.decoding.target import Checked, check, keep_accepted

@@ -49,10 +49,10 @@ class SampleRecord:
     # new tokens of every request decoded with this one (itself alone: its own) over time_total_s
     batch_tokens_per_s: float | None = None
     # a live greedy row's accepted counts as trace replay scores the same sample (None elsewhere):
-    # the replay-fidelity check of pipeline.results.fidelity
+    # the replay-fidelity check of pipeline.reports.fidelity
     replay_accepted_per_block: list[int] | None = None
     # the machine's 1-minute load average before and after a live decode (None for replay):
-    # above its cores, something competed with the walltime (pipeline.results.noise)
+    # above its cores, something competed with the walltime (pipeline.reports.noise)
     load_before: float | None = None
     load_after: float | None = None
     # requests decoded together with this one (`pipeline.decoding.loop`); every one of them

@@ -15,7 +15,7 @@ from pipeline.decoding.acceptance import probabilities
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.engine import default_engine, prefilled_rows
 from pipeline.decoding.loop import autoregressive_decode
-from pipeline.decoding.prompts import tokenize
+from pipeline.decoding.inputs import tokenize
 from pipeline.decoding.records import SampleRecord
 from pipeline.decoding.replay import Traces
 from pipeline.drafting.captioner import Captioner

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 
 from PIL import Image
 
+from pipeline.registry import Registry
+
 if TYPE_CHECKING:
     import torch
 
@@ -29,7 +31,8 @@ if TYPE_CHECKING:
 
 CAPTION_PREFIX = "image: "  # paper Appendix I.2
 RESERVED_LETTERS = "AR"  # "AR" names the autoregressive baseline, not a method set
-METHODS: dict[str, "DraftingMethod"] = {}  # letter -> method, in registration order (M, T, C, P first)
+# letter -> method (an instance), in registration order (M, T, C, P first)
+METHODS = Registry("drafting method letter")
 
 
 class DraftingMethod:
@@ -49,13 +52,9 @@ class DraftingMethod:
         if len(letter) != 1 or not letter.isupper() or letter in RESERVED_LETTERS:
             raise ValueError(f"drafting method {cls.__qualname__}: letter must be one capital letter other "
                              f"than {' or '.join(RESERVED_LETTERS)}, got {letter!r}")
-        known = METHODS.get(letter)
-        where = lambda c: (c.__module__, c.__qualname__)
-        if known is not None and where(type(known)) != where(cls):
-            raise ValueError(f"drafting method letter {letter!r} is taken by {type(known).__qualname__}")
         cls.letter = letter
         cls.name = cls.__dict__.get("name") or cls.__name__.lower()
-        METHODS[letter] = cls()
+        METHODS.add(letter, cls())
 
     @property
     def description(self) -> str:

@@ -21,14 +21,14 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
-from pipeline.names import did_you_mean
+from pipeline.registry import Registry, import_path
 
 if TYPE_CHECKING:
     import torch
 
     from pipeline.drafting.weight_states import WeightState
 
-POLICIES: dict[str, type["WeightPolicy"]] = {}  # kind -> class, filled as policies are defined
+POLICIES = Registry("weight policy")  # kind -> class, filled as policies are defined
 DISTANCES = ("kl", "tvd")
 GRID_MEASURES = ("hard", "soft", "hard+soft")
 # Knobs a configuration key carried for every policy, at these values where a policy did not
@@ -49,19 +49,10 @@ class WeightPolicy:
     distance: str = "kl"
 
     def __init_subclass__(cls, kind: str = "", **kwargs) -> None:
-        """`kind=` registers the class under that name; without it the kind is its import path
-        `module:Class` (the same in every process, so rows written by Ray workers agree with
-        the driver), registered when a grid file names it (`pipeline.planning.plugins`)."""
+        """Registers the class under `kind=`, or else its import path (`pipeline.registry`)."""
         super().__init_subclass__(**kwargs)
-        cls.kind = f"{cls.__module__}:{cls.__qualname__}"
-        if kind:
-            known = POLICIES.get(kind)
-            where = lambda c: (c.__module__, c.__qualname__)
-            if known is not None and where(known) != where(cls):
-                raise ValueError(f"weight policy {kind!r} is defined twice "
-                                 f"({known.__qualname__}, {cls.__qualname__})")
-            cls.kind = kind
-            POLICIES[kind] = cls
+        cls.kind = kind or import_path(cls)
+        POLICIES.add(cls.kind, cls)
 
     @property
     def label(self) -> str:
@@ -98,24 +89,9 @@ class WeightPolicy:
         raise NotImplementedError
 
 
-def policy_class(kind: str) -> type[WeightPolicy]:
-    if kind not in POLICIES:
-        raise ValueError(f"unknown weight policy {kind!r}{did_you_mean(kind, POLICIES)}; "
-                         f"choose one of {tuple(POLICIES)}")
-    return POLICIES[kind]
-
-
 def make_policy(kind: str, **fields) -> WeightPolicy:
     """The validated policy `kind` with `fields`; an unknown kind or field is a ValueError naming it."""
-    cls = policy_class(kind)
-    known = set(cls.__dataclass_fields__)
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        raise ValueError(f"{unknown} not a field of the {kind!r} policy{did_you_mean(unknown[0], known)}; "
-                         f"its fields: {sorted(known)}")
-    policy = cls(**fields)
-    policy.validate()
-    return policy
+    return POLICIES.make(kind, fields)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Callable, Sequence, TypeVar
 from pipeline.data.sample import Sample
 from pipeline.decoding.engine import default_engine
 from pipeline.decoding.loop import autoregressive_decode, speculative_decode
-from pipeline.decoding.prompts import tokenize
+from pipeline.decoding.inputs import tokenize
 from pipeline.decoding.records import SampleRecord
 from pipeline.decoding.replay import replay
 from pipeline.decoding.traces import TargetTrace, collect_traces, trace_target

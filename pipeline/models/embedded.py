@@ -95,7 +95,8 @@ class EmbeddedLVLM(HFModel):
 
     def logits(self, *, input_ids: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         if input_ids is not None and bool((input_ids >= self.vocab_size).any()):
-            raise ModelInputError(f"{self.name}: input_ids hold an image placeholder; splice image features instead")
+            raise ModelInputError(f"{self.name}: input_ids hold an image placeholder; "
+                                  "splice image features instead")
         return super().logits(input_ids=input_ids, **kwargs)
 
 
@@ -109,15 +110,16 @@ class EmbeddedSSM(RecurrentMixin, EmbeddedLVLM):
 
 
 def load_embedded(variant: str, *, dtype: str = "fp32", device: str | torch.device = "cpu") -> EmbeddedLVLM:
-    """`embedded:target`, `embedded:draft`, `embedded:small_draft` or `embedded:ssm_draft` on `device`. The large
-    draft is built from the target's weights at load time (deterministic), so both always
-    match; the small draft is read from its shipped weights."""
+    """`embedded:target`, `embedded:draft`, `embedded:small_draft` or `embedded:ssm_draft` on
+    `device`. The large draft is built from the target's weights at load time (deterministic), so
+    both always match; the small draft is read from its shipped weights."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown embedded variant {variant!r}; choose one of {VARIANTS}")
     torch_dtype = resolve_dtype(dtype)
     device = torch.device(device)
     if variant in ("small_draft", "ssm_draft"):
-        directory, arch = (SMALL_DRAFT_DIR, "llama") if variant == "small_draft" else (SSM_DRAFT_DIR, "mamba2")
+        directory, arch = ((SMALL_DRAFT_DIR, "llama") if variant == "small_draft"
+                           else (SSM_DRAFT_DIR, "mamba2"))
         lm, projector = load_small_draft(directory, torch.float32, arch)
         tokenizer = load_tokenizer()
     else:

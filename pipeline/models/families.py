@@ -26,10 +26,10 @@ FAMILIES: dict[str, Family] = {
     family.model_type: family for family in (
         Family("llava", "LLaVA-1.5", "LlavaForConditionalGeneration", True,
                "llava-hf/llava-1.5-7b-hf, llava-hf/llava-1.5-13b-hf"),
-        Family("llava_next", "LLaVA-NeXT (1.6), any-resolution tiles", "LlavaNextForConditionalGeneration", False,
-               "llava-hf/llava-v1.6-vicuna-7b-hf"),
-        Family("llava_onevision", "LLaVA-OneVision, any-resolution tiles", "LlavaOnevisionForConditionalGeneration", False,
-               "llava-hf/llava-onevision-qwen2-0.5b-ov-hf"),
+        Family("llava_next", "LLaVA-NeXT (1.6), any-resolution tiles", "LlavaNextForConditionalGeneration",
+               False, "llava-hf/llava-v1.6-vicuna-7b-hf"),
+        Family("llava_onevision", "LLaVA-OneVision, any-resolution tiles",
+               "LlavaOnevisionForConditionalGeneration", False, "llava-hf/llava-onevision-qwen2-0.5b-ov-hf"),
     )
 }
 TEXT_ONLY = "text"  # the family name of a plain causal LM, allowed per pair with `text_only: true`
@@ -37,9 +37,11 @@ TEXT_ONLY = "text"  # the family name of a plain causal LM, allowed per pair wit
 # or as the language model of a LLaVA checkpoint (image drafting too).
 RECURRENT_TYPES = {"mamba": "Mamba", "mamba2": "Mamba2"}
 # Attention and state-space layers mixed: neither a KV cache nor a state alone rolls them back.
-HYBRID_TYPES = ("jamba", "zamba", "zamba2", "falcon_h1", "nemotron_h", "bamba", "granitemoehybrid", "qwen3_next")
+HYBRID_TYPES = ("jamba", "zamba", "zamba2", "falcon_h1", "nemotron_h", "bamba", "granitemoehybrid",
+                "qwen3_next")
 # keys of a config.json that only multimodal checkpoints carry
-MULTIMODAL_KEYS = ("vision_config", "vision_tower", "mm_vision_tower", "visual", "image_token_id", "image_token_index")
+MULTIMODAL_KEYS = ("vision_config", "vision_tower", "mm_vision_tower", "visual", "image_token_id",
+                   "image_token_index")
 
 
 class UnsupportedFamily(ValueError):
@@ -69,8 +71,9 @@ def check_role(config: Mapping[str, Any], name: str, role: str) -> None:
     as a target (`drafts_only`)."""
     text_type = language_model_type(config)
     if text_type in HYBRID_TYPES:
-        raise UnsupportedFamily(f"{name}: {text_type!r} mixes attention and state-space layers, which this engine "
-                                "cannot roll back; use an attention model or a pure Mamba/Mamba2 draft")
+        raise UnsupportedFamily(f"{name}: {text_type!r} mixes attention and state-space layers, which "
+                                "this engine cannot roll back; use an attention model or a pure "
+                                "Mamba/Mamba2 draft")
     drafts_only(name, role, recurrent=text_type in RECURRENT_TYPES)
 
 
@@ -78,8 +81,8 @@ def drafts_only(name: str, role: str, *, recurrent: bool) -> None:
     """The one rule for state-space models: they only draft. As a target one would have to
     read a token tree, or gamma + 1 tokens, in one forward."""
     if role == "target" and recurrent:
-        raise UnsupportedFamily(f"{name}: a state-space model can only be a draft: verifying needs a target that "
-                                "reads many tokens, or a token tree, in one forward")
+        raise UnsupportedFamily(f"{name}: a state-space model can only be a draft: verifying needs a target "
+                                "that reads many tokens, or a token tree, in one forward")
 
 
 def check_family(config: Mapping[str, Any], name: str, *, allow_text: bool) -> str:
@@ -89,8 +92,8 @@ def check_family(config: Mapping[str, Any], name: str, *, allow_text: bool) -> s
     if model_type in FAMILIES:
         return model_type
     if is_multimodal(config):
-        raise UnsupportedFamily(f"{name}: model_type {model_type!r} is a multimodal family this tool does not drive; "
-                                f"supported: {supported_text()}")
+        raise UnsupportedFamily(f"{name}: model_type {model_type!r} is a multimodal family this tool does "
+                                f"not drive; supported: {supported_text()}")
     if not allow_text:
         raise UnsupportedFamily(f"{name}: model_type {model_type!r} is a text-only model; mark its pair "
                                 "`text_only: true` to run it on prompts without images, or use a supported "

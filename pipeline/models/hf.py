@@ -102,11 +102,13 @@ class HFModel(LVLM):
         ids = None if input_ids is None else input_ids.to(self.device)
         mask, positions = attention_mask.to(self.device), position_ids.to(self.device)
         if hidden:
-            out = self.model(input_ids=ids, inputs_embeds=inputs_embeds, attention_mask=mask, position_ids=positions,
-                             past_key_values=cache, use_cache=True, logits_to_keep=keep, output_hidden_states=True)
+            out = self.model(input_ids=ids, inputs_embeds=inputs_embeds, attention_mask=mask,
+                             position_ids=positions, past_key_values=cache, use_cache=True,
+                             logits_to_keep=keep, output_hidden_states=True)
             return out.logits[:, -keep:].float(), out.hidden_states[-1][:, -keep:]
         if compiled and ids is not None:
-            return self._compiled_step(cache, keep, ids, mask, positions, StepLog() if steps is None else steps)
+            return self._compiled_step(cache, keep, ids, mask, positions,
+                                       StepLog() if steps is None else steps)
         return self._forward(cache, keep, False, input_ids=ids, inputs_embeds=inputs_embeds,
                              attention_mask=mask, position_ids=positions)
 
@@ -131,7 +133,8 @@ class HFModel(LVLM):
                     raise
                 torch._foreach_copy_(lengths, saved)
                 failure = f"compiled {ids.shape[0]}x{ids.shape[1]} step failed ({one_line(err)})"
-                logits = self._forward(cache, keep, False, input_ids=ids, attention_mask=mask, position_ids=positions)
+                logits = self._forward(cache, keep, False, input_ids=ids, attention_mask=mask,
+                                       position_ids=positions)
                 self._failed_steps[shape] = failure
                 log.warning("%s: %s; this step shape runs uncompiled from now on", self.name, failure)
             else:
@@ -139,7 +142,8 @@ class HFModel(LVLM):
                 steps.modes.add(mode)
                 return logits
         else:
-            logits = self._forward(cache, keep, False, input_ids=ids, attention_mask=mask, position_ids=positions)
+            logits = self._forward(cache, keep, False, input_ids=ids, attention_mask=mask,
+                                   position_ids=positions)
         steps.modes.add("uncompiled")
         steps.fallbacks.add(failure)
         return logits
@@ -148,9 +152,11 @@ class HFModel(LVLM):
                    positions: torch.Tensor) -> tuple[torch.Tensor, str]:
         """(logits, mode) of the compiled path: a captured CUDA graph on a GPU, else the compiled forward."""
         if self.device.type == "cuda":
-            step = lambda i, m, p: self._forward(cache, keep, True, input_ids=i, attention_mask=m, position_ids=p)
+            step = lambda i, m, p: self._forward(cache, keep, True, input_ids=i, attention_mask=m,
+                                                 position_ids=p)
             return self._step_graphs.run(step, cache, ids, mask, positions, keep), "captured"
-        return self._forward(cache, keep, True, input_ids=ids, attention_mask=mask, position_ids=positions), "compiled"
+        return self._forward(cache, keep, True, input_ids=ids, attention_mask=mask,
+                             position_ids=positions), "compiled"
 
     def _forward(self, cache: Cache, keep: int, compiled: bool, **inputs) -> torch.Tensor:
         """fp32 logits of the last `keep` positions, `[B, keep, V]`; `compiled`: through
@@ -160,7 +166,8 @@ class HFModel(LVLM):
         return out.logits[:, -keep:].float()
 
     def image_features(self, images: Sequence[Image.Image], pooled: bool = False) -> list[torch.Tensor]:
-        raise ModelInputError(f"{self.name} is a text-only model: it cannot read images (use T or C drafting)")
+        raise ModelInputError(f"{self.name} is a text-only model: it cannot read images "
+                              "(use T or C drafting)")
 
 
 def one_line(err: BaseException) -> str:
@@ -190,20 +197,23 @@ class HFLlava(HFModel):
     def image_features(self, images: Sequence[Image.Image], pooled: bool = False) -> list[torch.Tensor]:
         if not images:
             return []
-        # OneVision treats the images of one prompt together (several images: no tiling), as its processor does
+        # OneVision treats the images of one prompt together (several images: no tiling), as its
+        # processor does
         batch = [list(images)] if self.family == "llava_onevision" else list(images)
         pixels = self.processor.image_processor(batch, return_tensors="pt")
         pixel_values = pixels["pixel_values"].to(self.device, self.dtype)
         config = self.model.config
         if pooled:
             if not self.supports_pooling:
-                raise ModelInputError(f"{self.name}: pooled drafting (P) needs a LLaVA-1.5 style model, not {self.family}")
+                raise ModelInputError(f"{self.name}: pooled drafting (P) needs a LLaVA-1.5 style model, "
+                                      f"not {self.family}")
             return list(self._pooled_features(pixel_values))
         extra = {}
         if self.family != "llava":
             extra["image_sizes"] = pixels["image_sizes"].to(self.device)
         if self.family == "llava_onevision":
-            extra.update(vision_aspect_ratio=config.vision_aspect_ratio, batch_num_images=pixels["batch_num_images"])
+            extra.update(vision_aspect_ratio=config.vision_aspect_ratio,
+                         batch_num_images=pixels["batch_num_images"])
         out = self.model.model.get_image_features(
             pixel_values=pixel_values,
             vision_feature_layer=config.vision_feature_layer,
@@ -213,7 +223,8 @@ class HFLlava(HFModel):
         return [f.reshape(-1, f.shape[-1]) for f in out.pooler_output]
 
     def _pooled_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """Method P (docs/algorithm.md §2): select layer(s), drop CLS, 2x2 average pool on the patch grid, project."""
+        """Method P (docs/algorithm.md §2): select layer(s), drop CLS, 2x2 average pool on the patch
+        grid, project."""
         config = self.model.config
         hidden = self.model.model.vision_tower(pixel_values, output_hidden_states=True).hidden_states
         layers = config.vision_feature_layer

@@ -12,7 +12,9 @@ from transformers import AutoConfig, AutoImageProcessor, AutoModelForCausalLM, A
 
 from pipeline.models.base import LVLM
 from pipeline.models.dtypes import resolve_dtype
-from pipeline.models.families import FAMILIES, RECURRENT_TYPES, UnsupportedFamily, check_family, drafts_only, is_recurrent_config
+from pipeline.models.families import (
+    FAMILIES, RECURRENT_TYPES, UnsupportedFamily, check_family, drafts_only, is_recurrent_config,
+)
 from pipeline.models.hf import HFLlava, HFModel
 from pipeline.models.recurrent import RecurrentLlava, RecurrentLM, is_hybrid, is_recurrent, layer_kinds
 
@@ -49,17 +51,19 @@ def load_model(
         raise ModelLoadError(str(err)) from None
     if is_hybrid(config) or (is_recurrent(config) and not is_recurrent_config(config.to_dict())):
         raise ModelLoadError(f"cannot drive {name_or_dir!r}: its language model's layers "
-                             f"{sorted(layer_kinds(config))} are not one this engine rolls back (attention, or pure "
-                             f"{'/'.join(RECURRENT_TYPES.values())})")
+                             f"{sorted(layer_kinds(config))} are not one this engine rolls back "
+                             f"(attention, or pure {'/'.join(RECURRENT_TYPES.values())})")
     recurrent = is_recurrent(config)
     try:
         if family in FAMILIES:
-            model = getattr(transformers, FAMILIES[family].model_class).from_pretrained(name_or_dir, dtype=torch_dtype)
-            adapter: LVLM = (RecurrentLlava if recurrent else HFLlava)(model.to(device), _processor(name_or_dir), name_or_dir)
+            model = getattr(transformers, FAMILIES[family].model_class).from_pretrained(
+                name_or_dir, dtype=torch_dtype)
+            adapter: LVLM = (RecurrentLlava if recurrent else HFLlava)(
+                model.to(device), _processor(name_or_dir), name_or_dir)
         else:
             model = AutoModelForCausalLM.from_pretrained(name_or_dir, dtype=torch_dtype)
-            adapter = (RecurrentLM if recurrent else HFModel)(model.to(device), AutoTokenizer.from_pretrained(name_or_dir),
-                                                             name_or_dir)
+            adapter = (RecurrentLM if recurrent else HFModel)(
+                model.to(device), AutoTokenizer.from_pretrained(name_or_dir), name_or_dir)
     except torch.OutOfMemoryError as err:
         raise ModelLoadError(f"model {name_or_dir!r} does not fit on {device} in {dtype}: {err}") from err
     return adapter
@@ -77,7 +81,8 @@ class ImageTextProcessor:
 def _processor(name_or_dir: str):
     try:
         return AutoProcessor.from_pretrained(name_or_dir)
-    except (ImportError, AttributeError, ValueError, TypeError):  # a missing optional backend, or no processor config
+    # a missing optional backend, or no processor config
+    except (ImportError, AttributeError, ValueError, TypeError):
         return ImageTextProcessor(name_or_dir)
 
 
@@ -86,15 +91,18 @@ def check_same_tokenizer(target: LVLM, draft: LVLM) -> None:
     if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
         raise ValueError(
             f"draft {draft.name!r} uses a different tokenizer from target {target.name!r} "
-            f"({len(draft.tokenizer)} vs {len(target.tokenizer)} tokens): speculative decoding needs the same vocabulary"
+            f"({len(draft.tokenizer)} vs {len(target.tokenizer)} tokens): "
+            "speculative decoding needs the same vocabulary"
         )
 
 
 def load_pair(
-    target: str, draft: str, *, dtype: str = "fp32", device: str | torch.device = "cpu", allow_text: bool = False
+    target: str, draft: str, *, dtype: str = "fp32", device: str | torch.device = "cpu",
+    allow_text: bool = False,
 ) -> tuple[LVLM, LVLM]:
     """Target and draft on one device, checked to share a tokenizer."""
-    loaded, drafts = load_target_and_drafts(target, {draft: draft}, dtype=dtype, device=device, allow_text=allow_text)
+    loaded, drafts = load_target_and_drafts(target, {draft: draft}, dtype=dtype, device=device,
+                                            allow_text=allow_text)
     return loaded, drafts[draft]
 
 
@@ -109,7 +117,8 @@ def load_target_and_drafts(
         drafts_only(target, "target", recurrent=loaded.recurrent)
     except UnsupportedFamily as err:
         raise ModelLoadError(str(err)) from None
-    models = {name: load_model(path, dtype=dtype, device=device, allow_text=allow_text) for name, path in drafts.items()}
+    models = {name: load_model(path, dtype=dtype, device=device, allow_text=allow_text)
+              for name, path in drafts.items()}
     for model in models.values():
         check_same_tokenizer(loaded, model)
     return loaded, models

@@ -64,7 +64,8 @@ class RecurrentMixin:
         rollback restores. Empty before the first forward writes them."""
         found = []
         for layer in cache.layers:
-            found += [t for t in (*layer.conv_states.values(), *layer.recurrent_states.values()) if t is not None]
+            found += [t for t in (*layer.conv_states.values(), *layer.recurrent_states.values())
+                      if t is not None]
         return found
 
     def replace_states(self, cache: Cache, states: list[torch.Tensor]) -> None:
@@ -77,20 +78,23 @@ class RecurrentMixin:
                         held[index] = next(found)
 
     @torch.inference_mode()
-    def logits(self, *, cache: Cache, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None = None,
-               input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None, keep: int = 1,
-               compiled: bool = False, steps: StepLog | None = None, hidden: bool = False) -> torch.Tensor:
+    def logits(self, *, cache: Cache, attention_mask: torch.Tensor | None,
+               position_ids: torch.Tensor | None = None, input_ids: torch.Tensor | None = None,
+               inputs_embeds: torch.Tensor | None = None, keep: int = 1, compiled: bool = False,
+               steps: StepLog | None = None, hidden: bool = False) -> torch.Tensor:
         """fp32 logits of the last `keep` positions; `attention_mask`: None or `[B, L]` 0/1
         (positions are implicit in a recurrence)."""
         if hidden:
-            raise ModelInputError(f"{self.name}: a state-space model only drafts; it gives no verify hidden states")
+            raise ModelInputError(f"{self.name}: a state-space model only drafts; "
+                                  "it gives no verify hidden states")
         if attention_mask is not None and attention_mask.dim() != 2:
             raise ModelInputError(f"{self.name}: a recurrent model takes a 2-D padding mask, not a "
                                   f"{attention_mask.dim()}-D attention mask")
         ids = None if input_ids is None else input_ids.to(self.device)
         out = self.language_model(input_ids=ids, inputs_embeds=inputs_embeds, cache=cache, use_cache=True,
                                   attention_mask=attention_mask)
-        hidden = out.last_hidden_state[:, -keep:]  # the slow CPU paths may return it upcast, as Mamba's own head expects
+        # the slow CPU paths may return it upcast, as Mamba's own head expects
+        hidden = out.last_hidden_state[:, -keep:]
         return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
 
 

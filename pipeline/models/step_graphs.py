@@ -54,8 +54,8 @@ class StepGraphs:
         self._steps: dict[tuple[int, tuple[int, ...], int], CapturedStep] = {}
         self._pool: tuple[int, int] | None = None
 
-    def run(self, step: Step, cache: StaticCache, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
-            keep: int) -> torch.Tensor:
+    def run(self, step: Step, cache: StaticCache, ids: torch.Tensor, mask: torch.Tensor,
+            positions: torch.Tensor, keep: int) -> torch.Tensor:
         key = (id(cache), tuple(ids.shape), keep)
         captured = self._steps.get(key)
         if captured is None:

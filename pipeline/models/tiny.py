@@ -49,7 +49,8 @@ def build_tokenizer(vocab_size: int = 384) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    corpus = [" ".join(_WORDS[i:] + _WORDS[:i]) + "\nUSER: ASSISTANT: 0123456789." for i in range(len(_WORDS))]
+    corpus = [" ".join(_WORDS[i:] + _WORDS[:i]) + "\nUSER: ASSISTANT: 0123456789."
+              for i in range(len(_WORDS))]
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=SPECIAL_TOKENS,
@@ -139,10 +140,12 @@ def build_llava(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlavaForCo
 
 
 def build_llava_next(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlavaNextForConditionalGeneration:
-    return _build(LlavaNextConfig, LlavaNextForConditionalGeneration, tokenizer, seed, image_grid_pinpoints=ANYRES_PINPOINTS)
+    return _build(LlavaNextConfig, LlavaNextForConditionalGeneration, tokenizer, seed,
+                  image_grid_pinpoints=ANYRES_PINPOINTS)
 
 
-def build_llava_onevision(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlavaOnevisionForConditionalGeneration:
+def build_llava_onevision(tokenizer: PreTrainedTokenizerFast,
+                          seed: int = 0) -> LlavaOnevisionForConditionalGeneration:
     return _build(LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration, tokenizer, seed,
                   image_grid_pinpoints=ANYRES_PINPOINTS)
 
@@ -159,9 +162,11 @@ class _SavedSeparately:
             part.save_pretrained(path)
 
 
-def _llava_onevision_processor(tokenizer: PreTrainedTokenizerFast, model: LlavaOnevisionForConditionalGeneration) -> _SavedSeparately:
+def _llava_onevision_processor(tokenizer: PreTrainedTokenizerFast,
+                               model: LlavaOnevisionForConditionalGeneration) -> _SavedSeparately:
     image_processor = LlavaOnevisionImageProcessorPil(
-        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, image_grid_pinpoints=model.config.image_grid_pinpoints,
+        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        image_grid_pinpoints=model.config.image_grid_pinpoints,
     )
     return _SavedSeparately(image_processor, tokenizer)
 
@@ -185,7 +190,8 @@ def build_family_pair(family: str, out_dir: str | Path, noise: float = 0.02) -> 
     return out / "target", out / "draft"
 
 
-def perturbed_copy(model: LlavaForConditionalGeneration, noise: float, seed: int) -> LlavaForConditionalGeneration:
+def perturbed_copy(model: LlavaForConditionalGeneration, noise: float,
+                   seed: int) -> LlavaForConditionalGeneration:
     """The same model with Gaussian noise (relative to each tensor's std) on every weight."""
     copy = type(model)(model.config).eval()
     copy.load_state_dict(model.state_dict())
@@ -212,7 +218,8 @@ def llava_processor(
     )
 
 
-def _llava_next_processor(tokenizer: PreTrainedTokenizerFast, model: LlavaNextForConditionalGeneration) -> LlavaNextProcessor:
+def _llava_next_processor(tokenizer: PreTrainedTokenizerFast,
+                          model: LlavaNextForConditionalGeneration) -> LlavaNextProcessor:
     image_processor = LlavaNextImageProcessorPil(
         size={"shortest_edge": IMAGE_SIZE},
         crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},

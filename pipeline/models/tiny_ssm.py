@@ -16,7 +16,9 @@ Seeded: every node builds the same weights; no training, so a build takes second
 from __future__ import annotations
 
 import torch
-from transformers import LlavaConfig, LlavaForConditionalGeneration, Mamba2Config, MambaConfig, PreTrainedTokenizerFast
+from transformers import (
+    LlavaConfig, LlavaForConditionalGeneration, Mamba2Config, MambaConfig, PreTrainedTokenizerFast,
+)
 
 KINDS = ("mamba", "mamba2")
 # scale of each Mamba block's output: about 73% agreement with the bigram target (measured on
@@ -25,13 +27,13 @@ MIXER_SCALE = {"mamba": 7.0, "mamba2": 0.8}
 
 
 def text_config(kind: str, tokenizer: PreTrainedTokenizerFast, hidden: int) -> MambaConfig | Mamba2Config:
-    common = dict(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=2, tie_word_embeddings=False,
-                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                  pad_token_id=tokenizer.pad_token_id)
+    common = dict(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=2,
+                  tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
+                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     if kind == "mamba":
         return MambaConfig(state_size=8, expand=2, conv_kernel=4, **common)
-    return Mamba2Config(state_size=16, expand=2, n_groups=1, head_dim=16, num_heads=2 * hidden // 16, chunk_size=16,
-                        **common)
+    return Mamba2Config(state_size=16, expand=2, n_groups=1, head_dim=16, num_heads=2 * hidden // 16,
+                        chunk_size=16, **common)
 
 
 @torch.no_grad()

@@ -256,10 +256,11 @@ class GridSpec:
         seen: dict[RunConfig, None] = {}
         only = dict(self.verify_methods)  # AR verifies nothing: a restriction never removes it
         runs = lambda verify, methods: methods == AR or methods in only.get(verify, (methods,))
-        for pair, methods, policy, window, distance, gamma, temperature, seed, engine, verify, batch in itertools.product(
+        grid = itertools.product(
             self.pairs, self.methods, self.policies, self.window, self.distance, self.gamma,
             self.temperature, self.seed, self.engine, self.verify, self.batch,
-        ):
+        )
+        for pair, methods, policy, window, distance, gamma, temperature, seed, engine, verify, batch in grid:
             if not policy.applies_to(methods) or not runs(verify, methods):
                 continue
             decode = DecodeConfig(methods, replace(policy.policy, window=window, distance=distance), gamma,
@@ -285,8 +286,11 @@ def normalise(config: RunConfig) -> RunConfig:
     equivalent grid points collapse into one work unit."""
     decode = config.decode
     if decode.is_ar:
-        return replace(config, decode=replace(decode, policy=StaticPolicy(), gamma=None, verify=Chain()), captioner=None)
-    policy = StaticPolicy() if len(decode.methods) == 1 else decode.policy.canonical()  # one method: no weights
+        return replace(config, decode=replace(decode, policy=StaticPolicy(), gamma=None, verify=Chain()),
+                       captioner=None)
+    # one method: no weights
+    policy = StaticPolicy() if len(decode.methods) == 1 else decode.policy.canonical()
     captioner = config.captioner if needs_captions(decode.methods) else None
     verify, gamma = decode.verify.settled(len(decode.methods), decode.gamma)
-    return replace(config, decode=replace(decode, policy=policy, gamma=gamma, verify=verify), captioner=captioner)
+    return replace(config, decode=replace(decode, policy=policy, gamma=gamma, verify=verify),
+                   captioner=captioner)

@@ -42,20 +42,25 @@ def _combinations(spec: GridSpec) -> Iterator[str]:
             yield f"sources.{name}: not a dataset or question task ({', '.join(QUESTION_TASKS)}) of this grid"
     for i, methods in enumerate(spec.methods):
         if not any(policy.applies_to(methods) for policy in spec.policies):
-            yield f"methods[{i}] {methods!r}: no policy runs on it (every policy's 'methods' names other ensembles)"
+            yield (f"methods[{i}] {methods!r}: no policy runs on it "
+                   "(every policy's 'methods' names other ensembles)")
         captioned = "" if methods == AR else "".join(m for m in methods if needs_captions(m))
         if captioned and spec.captioner is None:
-            yield f"methods[{i}] {methods!r} uses caption drafting ({captioned}) but the grid sets no captioner"
+            yield (f"methods[{i}] {methods!r} uses caption drafting ({captioned}) "
+                   "but the grid sets no captioner")
         for letter in "" if methods == AR else methods:
             for j, pair in enumerate(spec.pairs):
                 if model_kind(pair.draft) in METHODS[letter].refused_draft_kinds:
-                    yield (f"methods[{i}] {methods!r} with pairs[{j}].draft {pair.draft!r}: {METHODS[letter].name} "
-                           f"drafting ({letter}) cannot run on a {model_kind(pair.draft)} draft")
+                    yield (f"methods[{i}] {methods!r} with pairs[{j}].draft {pair.draft!r}: "
+                           f"{METHODS[letter].name} drafting ({letter}) cannot run on a "
+                           f"{model_kind(pair.draft)} draft")
     if spec.second_turns:
         if FIRST_TURN not in spec.turns:
-            yield f"turns {list(spec.second_turns)} build on the target's first-turn answers: add {FIRST_TURN!r} to turns"
+            yield (f"turns {list(spec.second_turns)} build on the target's first-turn answers: "
+                   f"add {FIRST_TURN!r} to turns")
         if 0.0 not in spec.temperature:
-            yield f"turns {list(spec.second_turns)} need the target's greedy first-turn answers: add 0 to temperature"
+            yield (f"turns {list(spec.second_turns)} need the target's greedy first-turn answers: "
+                   "add 0 to temperature")
     if spec.mode == "replay" and any(t > 0 for t in spec.temperature):
         yield "mode 'replay' scores greedy configurations only; use 'auto' to run temperature > 0 live"
     restricted = dict(spec.verify_methods)
@@ -72,4 +77,5 @@ def _combinations(spec: GridSpec) -> Iterator[str]:
             try:
                 config.decode.validate()
             except ValueError as err:
-                yield f"configuration {config.decode.methods} / {config.decode.policy.label} on {config.pair.label}: {err}"
+                yield (f"configuration {config.decode.methods} / {config.decode.policy.label} "
+                       f"on {config.pair.label}: {err}")

@@ -4,35 +4,37 @@ executed.
 """
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 
-from pipeline.decoding.config import DecodeConfig
 from pipeline.data.user_datasets import local_path
+from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.verify_kinds import VerifySpec
-from pipeline.planning.verify_entries import make_verify
 from pipeline.drafting.methods import METHODS
-from pipeline.drafting.policies import DISTANCES, POLICIES, make_policy, policy_class
+from pipeline.drafting.policies import DISTANCES, POLICIES, WeightPolicy
 from pipeline.models.dtypes import DTYPES
 from pipeline.names import did_you_mean
 from pipeline.planning.grid import (
     AR, ENGINE_CHOICES, FIRST_TURN, Catalog, GridError, GridSpec, PolicyEntry, Pair,
 )
 from pipeline.planning.grid_checks import AXES, check_combinations
-from pipeline.planning.model_ids import check_family_here, check_model_id, check_same_tokenizer
-from pipeline.planning.plugins import load_drafting_methods, parse_datasets, policy_kind, verify_kind
+from pipeline.planning.grid_values import boolean, choice, integer, listed, number
 from pipeline.planning.grid_yaml import read_grid_yaml
+from pipeline.planning.model_ids import check_family_here, check_model_id, check_same_tokenizer
+from pipeline.planning.plugins import load_drafting_methods, parse_datasets, plugin_kind
 from pipeline.planning.problems import Problems
+from pipeline.planning.verify_entries import make_verify
+from pipeline.registry import parse_entry
 
 MODES = ("live", "replay", "auto")
 MAX_GAMMA = 64  # proposals per block: the paper uses 5; thousands only make every block slower
 MAX_BATCH = 64  # requests decoded together
 
-FIELDS = {"name", "datasets", "turns", "pairs", "methods", "policies", *AXES, "max_new_tokens", "limit", "captioner",
-          "shard_size", "mode", "live_samples", "live_seed", "sources", "calibrate", "drafting_methods", "max_image_pixels"}
+FIELDS = {"name", "datasets", "turns", "pairs", "methods", "policies", *AXES, "max_new_tokens", "limit",
+          "captioner", "shard_size", "mode", "live_samples", "live_seed", "sources", "calibrate",
+          "drafting_methods", "max_image_pixels"}
 
 
 def load_grid(path: str | Path, catalog: Catalog | None = None) -> GridSpec:
@@ -54,17 +56,19 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None, base: Path |
     base = base or Path.cwd()
     problems = Problems()
     for field in sorted(set(raw) - FIELDS):
-        problems.found.append(f"unknown grid field(s) [{field!r}]{did_you_mean(field, FIELDS)}; known: {sorted(FIELDS)}")
+        problems.found.append(f"unknown grid field(s) [{field!r}]{did_you_mean(field, FIELDS)}; "
+                              f"known: {sorted(FIELDS)}")
     for required in ("datasets", "pairs", "methods"):
         if required not in raw:
             problems.found.append(f"grid field {required!r} is required")
     if problems.found and any(required not in raw for required in ("datasets", "pairs", "methods")):
         problems.raise_all()
     catalog = catalog or Catalog.from_registry()
-    drafting_methods = problems.check(load_drafting_methods, raw["drafting_methods"], default=()) if "drafting_methods" in raw else ()
-    methods = tuple(problems.each(problems.check(_list, raw["methods"], "methods", default=[]), _method))
+    drafting_methods = (problems.check(load_drafting_methods, raw["drafting_methods"], default=())
+                        if "drafting_methods" in raw else ())
+    methods = tuple(problems.each(problems.check(listed, raw["methods"], "methods", default=[]), _method))
     datasets, user_datasets = problems.check(parse_datasets, raw["datasets"], catalog, base, default=((), ()))
-    pairs = problems.each(problems.check(_list, raw["pairs"], "pairs", default=[]), _pair)
+    pairs = problems.each(problems.check(listed, raw["pairs"], "pairs", default=[]), _pair)
     verify = problems.check(_axis, raw, "verify", _verify, default=())
     fields = dict(
         name=problems.check(check_name, raw.get("name", "grid")),
@@ -76,29 +80,35 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None, base: Path |
         text_only=tuple(pair for pair, text_only, _ in pairs if text_only),
         untimed=tuple(pair for pair, _, timed in pairs if not timed),
         methods=methods,
-        policies=tuple(problems.each(problems.check(_list, raw.get("policies", ["static"]), "policies", default=[]),
+        policies=tuple(problems.each(problems.check(listed, raw.get("policies", ["static"]), "policies",
+                                                    default=[]),
                                      lambda entry, i: _policy(entry, i, methods))),
         window=problems.check(_axis, raw, "window", _window),
-        distance=problems.check(_axis, raw, "distance", lambda d, where: _choice(d, DISTANCES, where)),
-        gamma=problems.check(_axis, raw, "gamma", lambda g, where: _int(g, where, minimum=1, maximum=MAX_GAMMA)),
-        temperature=problems.check(_axis, raw, "temperature", _float),
-        seed=problems.check(_axis, raw, "seed", lambda s, where: _int(s, where, minimum=0)),
+        distance=problems.check(_axis, raw, "distance", lambda d, where: choice(d, DISTANCES, where)),
+        gamma=problems.check(_axis, raw, "gamma",
+                             lambda g, where: integer(g, where, minimum=1, maximum=MAX_GAMMA)),
+        temperature=problems.check(_axis, raw, "temperature", number),
+        seed=problems.check(_axis, raw, "seed", lambda s, where: integer(s, where, minimum=0)),
         engine=problems.check(_axis, raw, "engine", _engine),
-        batch=problems.check(_axis, raw, "batch", lambda b, where: _int(b, where, minimum=1, maximum=MAX_BATCH)),
+        batch=problems.check(_axis, raw, "batch",
+                             lambda b, where: integer(b, where, minimum=1, maximum=MAX_BATCH)),
         verify=tuple(spec for spec, _, _ in verify),
         untimed_verify=tuple(spec for spec, timed, _ in verify if not timed),
         verify_methods=tuple((spec, only) for spec, _, only in verify if only is not None),
-        max_new_tokens=problems.check(_int, raw.get("max_new_tokens", GridSpec.max_new_tokens), "max_new_tokens", minimum=1),
-        limit=None if raw.get("limit") is None else problems.check(_int, raw["limit"], "limit", minimum=1),
+        max_new_tokens=problems.check(integer, raw.get("max_new_tokens", GridSpec.max_new_tokens),
+                                      "max_new_tokens", minimum=1),
+        limit=None if raw.get("limit") is None else problems.check(integer, raw["limit"], "limit", minimum=1),
         captioner=problems.check(_captioner, raw.get("captioner")),
-        shard_size=problems.check(_int, raw.get("shard_size", GridSpec.shard_size), "shard_size", minimum=1),
-        mode=problems.check(_choice, raw.get("mode", GridSpec.mode), MODES, "mode"),
-        live_samples=problems.check(_int, raw.get("live_samples", GridSpec.live_samples), "live_samples", minimum=0),
-        live_seed=problems.check(_int, raw.get("live_seed", GridSpec.live_seed), "live_seed", minimum=0),
+        shard_size=problems.check(integer, raw.get("shard_size", GridSpec.shard_size), "shard_size",
+                                  minimum=1),
+        mode=problems.check(choice, raw.get("mode", GridSpec.mode), MODES, "mode"),
+        live_samples=problems.check(integer, raw.get("live_samples", GridSpec.live_samples),
+                                    "live_samples", minimum=0),
+        live_seed=problems.check(integer, raw.get("live_seed", GridSpec.live_seed), "live_seed", minimum=0),
         sources=problems.check(_sources, raw.get("sources") or {}, base),
-        calibrate=problems.check(_bool, raw.get("calibrate", GridSpec.calibrate), "calibrate"),
+        calibrate=problems.check(boolean, raw.get("calibrate", GridSpec.calibrate), "calibrate"),
         max_image_pixels=None if raw.get("max_image_pixels") is None else problems.check(
-            _int, raw["max_image_pixels"], "max_image_pixels", minimum=1),
+            integer, raw["max_image_pixels"], "max_image_pixels", minimum=1),
     )
     problems.raise_all()
     spec = GridSpec(**fields)
@@ -124,20 +134,6 @@ def _sources(value: Any, base: Path) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(found))
 
 
-def _bool(value: Any, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise GridError(f"{where}: expected true or false, got {value!r}")
-    return value
-
-
-def _list(value: Any, where: str) -> list:
-    """An axis may be written as a scalar or a list; an empty list is an error."""
-    values = value if isinstance(value, list) else [value]
-    if not values:
-        raise GridError(f"grid field {where!r} is an empty list")
-    return values
-
-
 def check_name(value: Any, where: str = "name") -> str:
     """A run's name (the grid's `name`, or `--run`): it names folders under OUT, so no path."""
     if not isinstance(value, str) or not re.fullmatch(r"[\w.\-]+", value) or set(value) == {"."}:
@@ -148,12 +144,13 @@ def check_name(value: Any, where: str = "name") -> str:
 def _turns(value: Any, catalog: Catalog) -> tuple[str, ...]:
     def turn(name: Any, i: int) -> str:
         if name != FIRST_TURN and name not in catalog.turn_tasks:
-            raise GridError(f"turns[{i}]: unknown turn {name!r}{did_you_mean(name, [FIRST_TURN, *catalog.turn_tasks])}; "
+            raise GridError(f"turns[{i}]: unknown turn {name!r}"
+                            f"{did_you_mean(name, [FIRST_TURN, *catalog.turn_tasks])}; "
                             f"use {FIRST_TURN!r} or a second-turn task of {sorted(catalog.turn_tasks)}")
         return name
 
     problems = Problems()
-    turns = problems.each(_list(value, "turns"), turn)
+    turns = problems.each(listed(value, "turns"), turn)
     problems.raise_all()
     return tuple(turns)
 
@@ -169,17 +166,18 @@ def _pair(entry: Any, i: int) -> tuple[Pair, bool, bool]:
         raise GridError(f"{where}: expected a mapping {{target, draft, dtype}}, got {entry!r}")
     unknown = sorted(set(entry) - set(PAIR_KEYS))
     if unknown:
-        raise GridError(f"{where}: unknown key(s) {unknown}{did_you_mean(unknown[0], PAIR_KEYS)}; known: {', '.join(PAIR_KEYS)}")
+        raise GridError(f"{where}: unknown key(s) {unknown}{did_you_mean(unknown[0], PAIR_KEYS)}; "
+                        f"known: {', '.join(PAIR_KEYS)}")
     for key in ("target", "draft"):
         if key not in entry:
             raise GridError(f"{where}: missing {key!r}")
     pair = Pair(
         target=check_model_id(entry["target"], f"{where}.target"),
         draft=check_model_id(entry["draft"], f"{where}.draft"),
-        dtype=_choice(entry.get("dtype", "fp32"), tuple(DTYPES), f"{where}.dtype"),
+        dtype=choice(entry.get("dtype", "fp32"), tuple(DTYPES), f"{where}.dtype"),
     )
-    text_only = _bool(entry.get("text_only", False), f"{where}.text_only")
-    timed = _bool(entry.get("timed", True), f"{where}.timed")
+    text_only = boolean(entry.get("text_only", False), f"{where}.text_only")
+    timed = boolean(entry.get("timed", True), f"{where}.timed")
     check_same_tokenizer(pair.target, pair.draft, where)
     for role in ("target", "draft"):
         check_family_here(getattr(pair, role), f"{where}.{role}", allow_text=text_only)
@@ -196,7 +194,8 @@ def _method(value: Any, i: int) -> str:
     except ValueError as err:
         letters = "".join(dict.fromkeys(m for m in methods.upper() if m in METHODS))
         hint = did_you_mean(methods, [AR, letters] if letters else [AR])
-        raise GridError(f"methods[{i}] {methods!r}: {err} (or {AR!r} for the autoregressive baseline){hint}") from err
+        raise GridError(f"methods[{i}] {methods!r}: {err} "
+                        f"(or {AR!r} for the autoregressive baseline){hint}") from err
     return methods
 
 
@@ -207,24 +206,20 @@ def _policy(entry: Any, i: int, method_sets: tuple[str, ...]) -> PolicyEntry:
     """`kind` names the policy; `methods` restricts it to some ensembles; every other key is
     one of that policy's own fields (pipeline.drafting.policies)."""
     where = f"policies[{i}]"
-    if isinstance(entry, str):
-        entry = {"kind": entry}
-    if not isinstance(entry, dict) or "kind" not in entry:
-        raise GridError(f"{where}: expected a kind ({' | '.join(POLICIES)}) or a mapping with 'kind', got {entry!r}")
-    entry = dict(entry)
-    kind, methods = policy_kind(entry.pop("kind"), f"{where}.kind"), entry.pop("methods", None)
+    try:
+        kind, entry = parse_entry(entry, POLICIES)
+    except ValueError as err:
+        raise GridError(f"{where}: {err}") from None
+    kind, methods = plugin_kind(kind, WeightPolicy, f"{where}.kind"), entry.pop("methods", None)
     if methods is not None:
-        methods = tuple(str(m) for m in _list(methods, f"{where}.methods"))
+        methods = tuple(str(m) for m in listed(methods, f"{where}.methods"))
         for m in methods:
             if m not in method_sets or len(m) < 2 or m == AR:
-                raise GridError(f"{where}.methods: {m!r} is not an ensemble of this grid's methods {list(method_sets)}")
+                raise GridError(f"{where}.methods: {m!r} is not an ensemble of this grid's methods "
+                                f"{list(method_sets)}")
     try:
-        own = sorted(set(policy_class(str(kind)).__dataclass_fields__) - set(GRID_AXES_OF_POLICIES))
-        unknown = sorted(set(entry) - set(own))
-        if unknown:
-            raise ValueError(f"{unknown} not a field of the {kind!r} policy; its fields: {own} "
-                             f"({' and '.join(GRID_AXES_OF_POLICIES)} are grid axes)")
-        return PolicyEntry(make_policy(str(kind), **entry), methods)
+        note = f" ({' and '.join(GRID_AXES_OF_POLICIES)} are grid axes)"
+        return PolicyEntry(POLICIES.make(kind, entry, hidden=GRID_AXES_OF_POLICIES, note=note), methods)
     except ValueError as err:
         raise GridError(f"{where}: {err}") from err
 
@@ -233,7 +228,7 @@ def _axis(raw: dict[str, Any], name: str, parse: Callable[[Any, str], Any]) -> t
     """An axis written as a scalar or a list (default: the grid's), each entry parsed with its
     place, e.g. `gamma[1]`, for the error; every bad entry is reported."""
     problems = Problems()
-    values = problems.each(_list(raw.get(name, list(getattr(GridSpec, name))), name),
+    values = problems.each(listed(raw.get(name, list(getattr(GridSpec, name))), name),
                            lambda value, i: parse(value, f"{name}[{i}]"))
     problems.raise_all()
     return tuple(values)
@@ -242,7 +237,7 @@ def _axis(raw: dict[str, Any], name: str, parse: Callable[[Any, str], Any]) -> t
 def _window(value: Any, where: str) -> int | None:
     if value is None or (isinstance(value, str) and value.upper() == "ALL"):
         return None
-    return _int(value, where, minimum=1)
+    return integer(value, where, minimum=1)
 
 
 def _verify(value: Any, where: str) -> tuple[VerifySpec, bool, tuple[str, ...] | None]:
@@ -251,11 +246,11 @@ def _verify(value: Any, where: str) -> tuple[VerifySpec, bool, tuple[str, ...] |
     if isinstance(value, VerifySpec):  # the axis's default
         return value, True, None
     entry = dict(value) if isinstance(value, dict) else {"kind": value}
-    timed = _bool(entry.pop("timed", True), f"{where}.timed")
+    timed = boolean(entry.pop("timed", True), f"{where}.timed")
     only = entry.pop("methods", None)
-    only = None if only is None else tuple(str(m) for m in _list(only, f"{where}.methods"))
+    only = None if only is None else tuple(str(m) for m in listed(only, f"{where}.methods"))
     if "kind" in entry:
-        entry["kind"] = verify_kind(entry["kind"], f"{where}.kind")
+        entry["kind"] = plugin_kind(entry["kind"], VerifySpec, f"{where}.kind")
     try:
         return make_verify(entry), timed, only
     except ValueError as err:
@@ -267,27 +262,6 @@ def _engine(value: Any, where: str) -> str:
         raise GridError(f"{where}: unknown engine {value!r}; choose one of {', '.join(ENGINE_CHOICES)}"
                         f"{did_you_mean(value, ENGINE_CHOICES)}")
     return value
-
-
-def _choice(value: Any, choices: Iterable[str], where: str) -> str:
-    choices = tuple(choices)
-    if value not in choices:
-        raise GridError(f"{where}: {value!r} is not one of {list(choices)}{did_you_mean(value, choices)}")
-    return value
-
-
-def _int(value: Any, where: str, *, minimum: int, maximum: int | None = None) -> int:
-    too_big = maximum is not None and isinstance(value, int) and value > maximum
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or too_big:
-        bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
-        raise GridError(f"{where}: expected an integer {bounds}, got {value!r}")
-    return value
-
-
-def _float(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise GridError(f"{where}: expected a finite number >= 0, got {value!r}")
-    return float(value)
 
 
 def _captioner(value: Any) -> str | None:

@@ -24,7 +24,8 @@ def read_grid_yaml(path: Path) -> Any:
     try:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
-            raise GridError(f"grid file {path} is {size:,} bytes; a grid file holds at most {MAX_FILE_BYTES:,}")
+            raise GridError(f"grid file {path} is {size:,} bytes; "
+                            f"a grid file holds at most {MAX_FILE_BYTES:,}")
         text = path.read_text()
     except OSError as err:
         raise GridError(f"cannot read grid file {path}: {err}") from err

@@ -22,10 +22,11 @@ def listing(kind: str, spec: GridSpec | None = None) -> list[str]:
     if kind == "datasets":
         from pipeline.data.registry import DATASETS
 
-        lines = [f"{s.name:<18} {s.category:<9} {s.title}: {'ships with the project' if s.embedded else s.hub_id}"
-                 for s in DATASETS.values()]
+        lines = [f"{s.name:<18} {s.category:<9} {s.title}: "
+                 f"{'ships with the project' if s.embedded else s.hub_id}" for s in DATASETS.values()]
         own = spec.user_datasets if spec else ()
-        return lines + [f"{u.name:<18} {u.category:<9} (grid) {u.path}, question column {u.question!r}" for u in own]
+        return lines + [f"{u.name:<18} {u.category:<9} (grid) {u.path}, question column {u.question!r}"
+                        for u in own]
     if kind == "methods":
         own = set(spec.drafting_methods) if spec else set()
         return [f"{letter}  {m.name:<12} {m.description}"
@@ -34,13 +35,16 @@ def listing(kind: str, spec: GridSpec | None = None) -> list[str]:
     if kind == "policies":
         return [f"{kind_name:<24} {_first_sentence(cls.__doc__)}" for kind_name, cls in POLICIES.items()]
     if kind == "families":
-        return [f"{f.model_type:<16} {f.title}: {f.model_class} (e.g. {f.examples})" for f in FAMILIES.values()] + [
-            f"{TEXT_ONLY:<16} a plain causal LM (AutoModelForCausalLM), only for pairs marked text_only: true",
-            f"{'/'.join(RECURRENT_TYPES):<16} state-space drafts (drafts only): Mamba(2)ForCausalLM for text drafting "
-            "(T, C; pairs marked text_only: true), or the language model of a LLaVA checkpoint (every method)",
-            "embedded:*       the offline CPU models that ship with the project: embedded:target, and three drafts,"
-            " embedded:draft (the target rounded to 4 bits: large), embedded:small_draft (7M Llama, distilled) and"
-            " embedded:ssm_draft (6.8M Mamba2, distilled);"
+        return [f"{f.model_type:<16} {f.title}: {f.model_class} (e.g. {f.examples})"
+                for f in FAMILIES.values()] + [
+            f"{TEXT_ONLY:<16} a plain causal LM (AutoModelForCausalLM), only for pairs marked "
+            "text_only: true",
+            f"{'/'.join(RECURRENT_TYPES):<16} state-space drafts (drafts only): Mamba(2)ForCausalLM for "
+            "text drafting (T, C; pairs marked text_only: true), or the language model of a LLaVA "
+            "checkpoint (every method)",
+            "embedded:*       the offline CPU models that ship with the project: embedded:target, and "
+            "three drafts, embedded:draft (the target rounded to 4 bits: large), embedded:small_draft "
+            "(7M Llama, distilled) and embedded:ssm_draft (6.8M Mamba2, distilled);"
             f" tiny:* tiny models for tests ({', '.join(TINY_MODELS)})",
         ]
     if kind == "verify":

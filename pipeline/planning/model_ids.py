@@ -57,7 +57,8 @@ def check_model_id(name: Any, where: str) -> str:
     if name.startswith(TINY_PREFIX):
         if name[len(TINY_PREFIX):] not in TINY_MODELS:
             known = [TINY_PREFIX + m for m in TINY_MODELS]
-            raise GridError(f"{where}: unknown tiny model {name!r}{did_you_mean(name, known)}; known: {known}")
+            raise GridError(f"{where}: unknown tiny model {name!r}{did_you_mean(name, known)}; "
+                            f"known: {known}")
         return name
     if Path(name).expanduser().is_dir():
         if not (Path(name).expanduser() / "config.json").is_file():
@@ -90,13 +91,15 @@ def check_hub_id_resolves(name: str, where: str, timeout: float = HUB_TIMEOUT_S)
         raise GridError(f"{where}: {name!r} is gated on the hub: accept its terms there and log in "
                         "(`hf auth login`)") from None
     except RepositoryNotFoundError:
-        raise GridError(f"{where}: {name!r} is not on the hub (or is private: log in with `hf auth login`)") from None
+        raise GridError(f"{where}: {name!r} is not on the hub "
+                        "(or is private: log in with `hf auth login`)") from None
     except EntryNotFoundError:
-        raise GridError(f"{where}: {name!r} has no config.json on the hub: not a transformers model") from None
+        raise GridError(f"{where}: {name!r} has no config.json on the hub: "
+                        "not a transformers model") from None
     except Exception as err:  # no network, DNS, a proxy, a timeout: the download would fail the same way
-        raise GridError(f"{where}: cannot reach the hub ({constants.ENDPOINT}) to resolve {name!r} within {timeout:g} s "
-                        f"({type(err).__name__}: {err}); with a cached copy set HF_HUB_OFFLINE=1, or name a local "
-                        "directory") from None
+        raise GridError(f"{where}: cannot reach the hub ({constants.ENDPOINT}) to resolve {name!r} "
+                        f"within {timeout:g} s ({type(err).__name__}: {err}); with a cached copy set "
+                        "HF_HUB_OFFLINE=1, or name a local directory") from None
 
 
 def check_same_tokenizer(target: str, draft: str, where: str) -> None:

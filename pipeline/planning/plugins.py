@@ -16,14 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.data.user_datasets import UserDataset, parse_user_dataset
-from pipeline.decoding.verify_kinds import VerifySpec
 from pipeline.drafting.methods import DraftingMethod
-from pipeline.drafting.policies import POLICIES, WeightPolicy
 from pipeline.names import did_you_mean
 from pipeline.planning.grid import Catalog, GridError
 from pipeline.planning.problems import Problems
-
-IMPORT_PATH_HINT = "an import path 'package.module:Class'"
+from pipeline.registry import IMPORT_PATH_HINT
 
 
 def import_class(path: Any, base: type, where: str) -> type:
@@ -50,29 +47,22 @@ def load_drafting_methods(value: Any) -> tuple[str, ...]:
     for i, path in enumerate(paths):
         cls = import_class(path, DraftingMethod, f"drafting_methods[{i}]")
         if not cls.letter:
-            raise GridError(f"drafting_methods[{i}]: {path!r} has no letter (class X(DraftingMethod, letter='X'))")
+            raise GridError(f"drafting_methods[{i}]: {path!r} has no letter "
+                            "(class X(DraftingMethod, letter='X'))")
     return tuple(paths)
 
 
-def policy_kind(kind: Any, where: str) -> str:
-    """A built-in kind as it is; an import path imports the policy class and registers it
-    under its kind (the path itself, unless the class named one: `kind="..."`)."""
+def plugin_kind(kind: Any, base: type, where: str) -> str:
+    """A built-in kind as it is; an import path imports the class (a `base` subclass, which
+    registers itself as it is defined: `pipeline.registry`) and returns its kind (the path
+    itself, unless the class named one: `kind="..."`)."""
     if not isinstance(kind, str) or ":" not in kind:
         return str(kind)
-    cls = import_class(kind, WeightPolicy, where)
-    POLICIES.setdefault(cls.kind, cls)
-    return cls.kind
+    return import_class(kind, base, where).kind
 
 
-def verify_kind(kind: Any, where: str) -> str:
-    """A built-in verify kind as it is; an import path imports the kind's class (registering
-    it, and the proposer its module defines) and returns its kind."""
-    if not isinstance(kind, str) or ":" not in kind:
-        return str(kind)
-    return import_class(kind, VerifySpec, where).kind
-
-
-def parse_datasets(value: Any, catalog: Catalog, base: Path | str = ".") -> tuple[tuple[str, ...], tuple[UserDataset, ...]]:
+def parse_datasets(value: Any, catalog: Catalog,
+                   base: Path | str = ".") -> tuple[tuple[str, ...], tuple[UserDataset, ...]]:
     """`datasets:` entries: registry names, or mappings that name a local file
     (`pipeline.data.user_datasets`; a relative path is read from `base`, the grid file's
     folder). Returns every name, in order, and the user datasets; every bad entry is reported."""
@@ -93,8 +83,9 @@ def parse_datasets(value: Any, catalog: Catalog, base: Path | str = ".") -> tupl
         elif entry in catalog.datasets:
             names.append(entry)
         else:
-            raise GridError(f"datasets[{i}]: unknown dataset {entry!r}{did_you_mean(entry, catalog.datasets)}; known: "
-                            f"{sorted(catalog.datasets)} (or a mapping with name and path for a file of your own)")
+            raise GridError(f"datasets[{i}]: unknown dataset {entry!r}"
+                            f"{did_you_mean(entry, catalog.datasets)}; known: {sorted(catalog.datasets)} "
+                            "(or a mapping with name and path for a file of your own)")
 
     problems = Problems()
     problems.each(entries, parse)

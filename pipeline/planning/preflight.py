@@ -63,10 +63,12 @@ def check_models(spec: GridSpec) -> None:
     """Every hub id resolves: cached here, or answered by the hub (their families, where a
     config is readable here, were checked with the grid file). Ids are checked side by side,
     so a grid of many pairs waits one timeout at most; every failure is reported."""
-    named = {getattr(pair, role): f"pairs[{i}].{role}" for i, pair in enumerate(spec.pairs) for role in ("target", "draft")}
+    named = {getattr(pair, role): f"pairs[{i}].{role}"
+             for i, pair in enumerate(spec.pairs) for role in ("target", "draft")}
     problems = Problems()
     with ThreadPoolExecutor(max_workers=8) as pool:
-        for done in [pool.submit(problems.check, check_hub_id_resolves, name, where) for name, where in named.items()]:
+        for done in [pool.submit(problems.check, check_hub_id_resolves, name, where)
+                     for name, where in named.items()]:
             done.result()
     problems.raise_all()
 
@@ -81,8 +83,9 @@ def check_context(spec: GridSpec) -> None:
         limit = (config.get("text_config") or config).get("max_position_embeddings")
         needed = spec.max_new_tokens + max(spec.gamma) + 1
         if isinstance(limit, int) and needed > limit:
-            problems.found.append(f"pairs[{i}].target: max_new_tokens {spec.max_new_tokens} (+ gamma {max(spec.gamma)} + 1) "
-                                  f"needs {needed} positions after the prompt; {pair.target} holds {limit}")
+            problems.found.append(f"pairs[{i}].target: max_new_tokens {spec.max_new_tokens} "
+                                  f"(+ gamma {max(spec.gamma)} + 1) needs {needed} positions after the "
+                                  f"prompt; {pair.target} holds {limit}")
     problems.raise_all()
 
 

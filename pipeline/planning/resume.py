@@ -22,7 +22,8 @@ PROMPT_CHANGED = "made from another prompt"
 OLD_KEY = "written before keys carried the prompt"
 
 
-def wanted_rows(units: Iterable[WorkUnit], samples_for: Callable[[WorkUnit], list[Sample]]) -> dict[tuple[str, str], str]:
+def wanted_rows(units: Iterable[WorkUnit],
+                samples_for: Callable[[WorkUnit], list[Sample]]) -> dict[tuple[str, str], str]:
     """(configuration key, sample id) -> row key of every row the units ask for."""
     wanted = {}
     for unit in units:
@@ -44,11 +45,13 @@ class Resume:
         lines = []
         if self.keep:
             errors = ", ".join(f"{n} {category}" for category, n in sorted(self.kept_errors.items()))
-            lines.append(f"{len(self.keep)} rows already written are kept" + (f" (error rows: {errors})" if errors else ""))
+            lines.append(f"{len(self.keep)} rows already written are kept"
+                         + (f" (error rows: {errors})" if errors else ""))
         for reason, n in sorted(Counter(self.recompute.values()).items()):
             lines.append(f"{n} rows are computed again: {reason}")
         if self.other:
-            lines.append(f"{self.other} rows of configurations or samples not in this grid are left as they are")
+            lines.append(f"{self.other} rows of configurations or samples not in this grid "
+                         "are left as they are")
         return lines
 
 

@@ -19,7 +19,8 @@ class SampleSource(Protocol):
 
     def first_turn(self, dataset: str, limit: int | None) -> list[Sample]: ...
 
-    def second_turn(self, first_samples: list[Sample], first_outputs: dict[str, str], task: str) -> list[Sample]: ...
+    def second_turn(self, first_samples: list[Sample], first_outputs: dict[str, str],
+                    task: str) -> list[Sample]: ...
 
 
 class RegistrySource:
@@ -46,10 +47,12 @@ class RegistrySource:
             user = self.user_datasets.get(dataset)
             named = user_dataset_spec(user) if user else dataset
             budget = {} if self.max_image_pixels is None else {"max_image_pixels": self.max_image_pixels}
-            self._cache[(dataset, limit)] = load_samples(named, limit=limit, source=self.sources.get(dataset), **budget)
+            self._cache[(dataset, limit)] = load_samples(
+                named, limit=limit, source=self.sources.get(dataset), **budget)
         return self._cache[(dataset, limit)]
 
-    def second_turn(self, first_samples: list[Sample], first_outputs: dict[str, str], task: str) -> list[Sample]:
+    def second_turn(self, first_samples: list[Sample], first_outputs: dict[str, str],
+                    task: str) -> list[Sample]:
         from pipeline.data import build_second_turn
 
         return build_second_turn(first_samples, first_outputs, task, source=self.sources.get(task))

@@ -9,7 +9,9 @@ from typing import Callable, Iterable, Sequence
 
 from pipeline.data.sample import Sample
 from pipeline.decoding.verify_kinds import VerifySpec
-from pipeline.planning.grid import FIRST_TURN, GridSpec, ModelGroup, Pair, RunConfig, Shard, WorkUnit, model_groups, row_key
+from pipeline.planning.grid import (
+    FIRST_TURN, GridSpec, ModelGroup, Pair, RunConfig, Shard, WorkUnit, model_groups, row_key,
+)
 from pipeline.planning.timed_samples import choose_timed
 
 
@@ -79,7 +81,8 @@ def is_timed(config: RunConfig, untimed: frozenset[Pair | VerifySpec]) -> bool:
 
 
 def _timed_samples(
-    groups: dict[tuple[ModelGroup, str, str], list[RunConfig]], samples_for: Callable[[WorkUnit], list[Sample]],
+    groups: dict[tuple[ModelGroup, str, str], list[RunConfig]],
+    samples_for: Callable[[WorkUnit], list[Sample]],
     live_samples: int, live_seed: int,
 ) -> dict[ModelGroup, set[str]]:
     """Each group's walltime samples, chosen over its first-turn datasets in grid order (the
@@ -88,7 +91,8 @@ def _timed_samples(
     for (group, dataset, turn), configs in groups.items():
         if turn == FIRST_TURN:
             by_group[group][dataset] = samples_for(WorkUnit(configs[0], dataset, turn))
-    return {group: set(choose_timed(datasets, live_samples, live_seed)) for group, datasets in by_group.items()}
+    return {group: set(choose_timed(datasets, live_samples, live_seed))
+            for group, datasets in by_group.items()}
 
 
 def _bundles(
@@ -100,13 +104,15 @@ def _bundles(
     (all of them in `live` mode, the replayable ones of timed pairs on the `timed` samples in
     `auto` mode); one live bundle per sampling configuration."""
     replayed = [c for c in configs if decode_mode(c, grid_mode) == "replay"]
-    live_greedy = [c for c in configs if c.decode.greedy and c.batch == 1 and decode_mode(c, grid_mode) == "live"]
+    live_greedy = [c for c in configs
+                   if c.decode.greedy and c.batch == 1 and decode_mode(c, grid_mode) == "live"]
     bundles = [("replay", replayed, sample_ids), ("live", live_greedy, sample_ids)]
     # a batch size's configurations decode together, its AR baseline included (its walltime is theirs)
     bundles += [("live", [c for c in configs if c.batch == batch], sample_ids)
                 for batch in sorted({c.batch for c in configs} - {1})]
     if timed:
-        bundles.append(("live", [c for c in replayed if is_timed(c, untimed)], [s for s in sample_ids if s in timed]))
+        bundles.append(("live", [c for c in replayed if is_timed(c, untimed)],
+                        [s for s in sample_ids if s in timed]))
     bundles += [("live", [c], sample_ids) for c in configs if not c.decode.greedy]
     return [bundle for bundle in bundles if bundle[1]]
 

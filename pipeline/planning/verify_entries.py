@@ -6,18 +6,12 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from pipeline.decoding.shape_kinds import BanditTree, ShapeTree
-from pipeline.decoding.verify_kinds import VERIFY_KINDS, CandidateTree, Chain, DynamicTree, VerifySpec
-from pipeline.names import did_you_mean
+from pipeline.decoding.verify_kinds import (
+    VERIFY_KINDS, BanditTree, CandidateTree, Chain, DynamicTree, ShapeTree, VerifySpec,
+)
+from pipeline.registry import parse_entry
 
-__all__ = ["verify_class", "make_verify", "verify_of_row", "ShapeTree", "BanditTree"]
-
-
-def verify_class(kind: str) -> type[VerifySpec]:
-    if kind not in VERIFY_KINDS:
-        raise ValueError(f"unknown verify kind {kind!r}{did_you_mean(kind, VERIFY_KINDS)}; choose one of "
-                         f"{', '.join(VERIFY_KINDS)} (or an import path 'package.module:Class')")
-    return VERIFY_KINDS[kind]
+__all__ = ["make_verify", "verify_of_row", "ShapeTree", "BanditTree"]
 
 
 def make_verify(entry: Any) -> VerifySpec:
@@ -26,22 +20,9 @@ def make_verify(entry: Any) -> VerifySpec:
     if isinstance(entry, VerifySpec):
         entry.validate()
         return entry
-    if isinstance(entry, str):
-        entry = {"kind": entry}
-    if not isinstance(entry, dict) or "kind" not in entry:
-        raise ValueError(f"expected a kind ({', '.join(VERIFY_KINDS)}) or a mapping with 'kind', got {entry!r}")
-    knobs = dict(entry)
-    cls = verify_class(str(knobs.pop("kind")))
-    knobs = {getattr(cls, "ALIASES", {}).get(name, name): value for name, value in knobs.items()}
-    knobs = {name: _tupled(value) for name, value in knobs.items()}  # YAML lists, hashable
-    known = [f.name for f in fields(cls)]
-    unknown = sorted(set(knobs) - set(known))
-    if unknown:
-        raise ValueError(f"{unknown} not a field of a {cls.kind!r} verify entry{did_you_mean(unknown[0], known)}; "
-                         f"its fields: kind{''.join(', ' + name for name in known)}")
-    spec = cls(**knobs)
-    spec.validate()
-    return spec
+    kind, knobs = parse_entry(entry, VERIFY_KINDS)
+    # YAML lists, hashable
+    return VERIFY_KINDS.make(kind, {name: _tupled(value) for name, value in knobs.items()})
 
 
 def verify_of_row(row: dict) -> VerifySpec:
@@ -52,7 +33,7 @@ def verify_of_row(row: dict) -> VerifySpec:
         shapes = _plain(row.get("verify_shapes"))
         knobs = {"nodes": row.get("verify_nodes"), "top_k": row.get("verify_top_k"), "shapes": shapes,
                  "shape": shapes[0] if shapes else None}
-        cls = verify_class(kind)
+        cls = VERIFY_KINDS.find(kind)
         known = {f.name for f in fields(cls)}
         return cls(**{k: _plain(v) for k, v in knobs.items() if k in known and v is not None})
     label = row.get("verify")

@@ -53,8 +53,10 @@ STORY_LENGTH = len(STORY_CAPTIONS) + 1
 # where a state-space draft's step, flat in the context, should gain on an attention draft's.
 GALLERY_LENGTH = 20
 GALLERY_PROMPTS = (
-    "Here is a gallery of shapes: {images} Describe the gallery: which colors and shapes appear, and how often?",
-    "{images} These are pictures from one collection. Which picture stands out, and why? Describe it in detail.",
+    "Here is a gallery of shapes: {images} Describe the gallery: "
+    "which colors and shapes appear, and how often?",
+    "{images} These are pictures from one collection. Which picture stands out, and why? "
+    "Describe it in detail.",
 )
 
 

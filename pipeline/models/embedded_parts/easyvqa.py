@@ -80,10 +80,12 @@ def load_split(split: str) -> list[LabelledImage]:
     return out
 
 
-def _resolve(facts: set[tuple[str, str]], kind: str, vocabulary: tuple[str, ...], split: str, image_id: int) -> str | None:
+def _resolve(facts: set[tuple[str, str]], kind: str, vocabulary: tuple[str, ...], split: str,
+             image_id: int) -> str | None:
     """The one value the facts allow (stated, or the last one not ruled out); None if open."""
     stated = {value for k, value in facts if k == kind}
     left = stated or set(vocabulary) - {value for k, value in facts if k == f"not {kind}"}
     if len(stated) > 1 or not left:
-        raise ValueError(f"easy-vqa {split} image {image_id}: its questions contradict each other on its {kind}")
+        raise ValueError(f"easy-vqa {split} image {image_id}: "
+                         f"its questions contradict each other on its {kind}")
     return left.pop() if len(left) == 1 else None

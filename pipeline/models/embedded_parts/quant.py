@@ -30,7 +30,8 @@ def fake_quantize(weight: torch.Tensor, bits: int = BITS, group: int = GROUP) ->
 
 
 @torch.no_grad()
-def quantize_weights(model: torch.nn.Module, skip: tuple[str, ...], bits: int = BITS, group: int = GROUP) -> int:
+def quantize_weights(model: torch.nn.Module, skip: tuple[str, ...], bits: int = BITS,
+                     group: int = GROUP) -> int:
     """Round the weights of every nn.Linear whose name does not end with one of `skip`, in
     place; returns how many layers were rounded."""
     count = 0

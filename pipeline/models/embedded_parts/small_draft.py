@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Iterable
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Mamba2Config, Mamba2ForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import (
+    LlamaConfig, LlamaForCausalLM, Mamba2Config, Mamba2ForCausalLM, PretrainedConfig, PreTrainedModel,
+)
 
 from pipeline.models.embedded_parts.projector import Projector
 
@@ -68,7 +70,8 @@ def small_draft_config(target: PretrainedConfig) -> LlamaConfig:
     )
 
 
-def save_small_draft(lm: PreTrainedModel, projector: Projector, directory: Path, vocabulary: list[int]) -> None:
+def save_small_draft(lm: PreTrainedModel, projector: Projector, directory: Path,
+                     vocabulary: list[int]) -> None:
     """The language model in fp16 (what ships, ~14 MB), the projector in fp32 (0.7 MB) and the
     output vocabulary (ids)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -92,13 +95,16 @@ def ssm_draft_config(target: PretrainedConfig) -> Mamba2Config:
     )
 
 
-ARCHITECTURES = {"llama": (small_draft_config, LlamaForCausalLM), "mamba2": (ssm_draft_config, Mamba2ForCausalLM)}
+ARCHITECTURES = {"llama": (small_draft_config, LlamaForCausalLM),
+                 "mamba2": (ssm_draft_config, Mamba2ForCausalLM)}
 
 
-def load_small_draft(directory: Path, dtype: torch.dtype, arch: str = "llama") -> tuple[PreTrainedModel, Projector]:
+def load_small_draft(directory: Path, dtype: torch.dtype,
+                     arch: str = "llama") -> tuple[PreTrainedModel, Projector]:
     """A shipped draft of `arch` (eval mode, no gradients) and its projector."""
     if not (directory / "model.safetensors").is_file():
-        raise FileNotFoundError(f"the draft's weights {directory} are missing: run scripts/train_small_draft.py --arch {arch}")
+        raise FileNotFoundError(f"the draft's weights {directory} are missing: "
+                                f"run scripts/train_small_draft.py --arch {arch}")
     lm = ARCHITECTURES[arch][1].from_pretrained(directory, dtype=dtype).eval()
     lm.requires_grad_(False)
     vocabulary = json.loads((directory / VOCABULARY_NAME).read_text())

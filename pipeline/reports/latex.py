@@ -1,14 +1,14 @@
 """The paper's Table 1 and Table 2 forms as LaTeX (booktabs), for pasting into a paper.
 
 Best values are bold and second-best underlined within each block of rows (one pair's turn),
-with the same tie rule as the Markdown tables (`pipeline.results.report.best_marks`).
+with the same tie rule as the Markdown tables (`pipeline.reports.report.best_marks`).
 Out-of-distribution columns carry a dagger, explained under the table. Needs `\\usepackage{booktabs}`.
 """
 from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.results.report import best_marks
+from pipeline.reports.report import best_marks
 
 STYLE = {"best": "\\textbf{%s}", "second": "\\underline{%s}"}
 OOD_MARK = "$^{\\dagger}$"
@@ -35,7 +35,8 @@ def latex_table(
     levels = list(table.index.names)
     block_levels = levels[: levels.index("method_label")]
     marks = best_marks(table)
-    header = ["Method"] + [escape(titles.get(c, c)) + (OOD_MARK if c in ood_columns else "") for c in table.columns]
+    header = ["Method"] + [escape(titles.get(c, c)) + (OOD_MARK if c in ood_columns else "")
+                           for c in table.columns]
     lines = [
         "\\begin{table}[t]", "\\centering", "\\small",
         f"\\begin{{tabular}}{{l{'c' * len(table.columns)}}}", "\\toprule", " & ".join(header) + " \\\\",
@@ -49,7 +50,8 @@ def latex_table(
             lines.append(f"\\multicolumn{{{len(header)}}}{{l}}{{\\emph{{{heading}}}}} \\\\")
         repeated = block["method_label"].duplicated(keep=False)
         for i, row in block.iterrows():
-            name = escape(row["method_label"]) + (f" ({escape(row['policy'])})" if repeated[i] and "policy" in row else "")
+            name = (escape(row["method_label"])
+                    + (f" ({escape(row['policy'])})" if repeated[i] and "policy" in row else ""))
             cells = [name]
             for column in table.columns:
                 value = row[column]
@@ -86,8 +88,9 @@ def paper_tables(rows: pd.DataFrame, tau: pd.DataFrame, categories: pd.DataFrame
     gammas = sorted({int(g) for g in ok["gamma"].dropna()})
     where = f"gamma {', '.join(map(str, gammas))}; best bold, second underlined"
     return {
-        "table1.tex": latex_table(tau, caption=f"Block efficiency tau per dataset ({where}).", label="tab:tau",
-                                  ood_columns=ood, titles=dataset_titles(list(tau.columns))),
-        "table2.tex": latex_table(categories, caption=f"Category averages of tau ({where}).", label="tab:categories",
+        "table1.tex": latex_table(tau, caption=f"Block efficiency tau per dataset ({where}).",
+                                  label="tab:tau", ood_columns=ood, titles=dataset_titles(list(tau.columns))),
+        "table2.tex": latex_table(categories, caption=f"Category averages of tau ({where}).",
+                                  label="tab:categories",
                                   ood_columns={c for c in categories.columns if c.lower().startswith("ood")}),
     }

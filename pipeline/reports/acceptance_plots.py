@@ -1,12 +1,14 @@
-"""Figures of acceptance beyond the pooled tau (`pipeline.results.acceptance`): acceptance by
+"""Figures of acceptance beyond the pooled tau (`pipeline.reports.acceptance`): acceptance by
 draft position, and tau per request. One panel per pair and turn, as the tau figure has."""
 from __future__ import annotations
 
 import pandas as pd
 from matplotlib.figure import Figure
 
-from pipeline.results.plots import legend, method_colour, ordered_turns, pair_label, panel_label, panels, suptitle_target
-from pipeline.results.report import method_order
+from pipeline.reports.plots import (
+    legend, method_colour, ordered_turns, pair_label, panel_label, panels, suptitle_target,
+)
+from pipeline.reports.report import method_order
 
 
 def _facets(table: pd.DataFrame, width: str, panel_height: float):
@@ -33,8 +35,8 @@ def per_position_figure(table: pd.DataFrame, width: str = "two-column") -> tuple
         for label in labels:
             line = panel[panel["method_label"] == label]
             if len(line):
-                ax.plot(line["position"], line["acceptance"], marker=".", lw=1, ms=3, color=method_colour(label),
-                        label=label)
+                ax.plot(line["position"], line["acceptance"], marker=".", lw=1, ms=3,
+                        color=method_colour(label), label=label)
         ax.set_ylim(0, 1.02)
         ax.tick_params(labelsize=6)
         ax.set_xlabel("draft position", fontsize=6)
@@ -42,10 +44,10 @@ def per_position_figure(table: pd.DataFrame, width: str = "two-column") -> tuple
         ax.set_ylabel("P(accept | reached)", fontsize=7)
     fig.suptitle(f"Acceptance by draft position{suptitle_target(pairs)}", fontsize=8)
     legend(fig, axes.flat[0], width)
-    caption = ("Conditional acceptance at each draft position of a chain (blocks that accepted it among those that "
-               "reached it), pooled over blocks; a row's last block counts only up to what it accepted (EOS or the "
-               "budget may have cut it); token trees' positions are in per_position.csv. Pairs: "
-               f"{'; '.join(pair_label(*p) for p in pairs)}.")
+    caption = ("Conditional acceptance at each draft position of a chain (blocks that accepted it among "
+               "those that reached it), pooled over blocks; a row's last block counts only up to what it "
+               "accepted (EOS or the budget may have cut it); token trees' positions are in "
+               f"per_position.csv. Pairs: {'; '.join(pair_label(*p) for p in pairs)}.")
     return fig, caption
 
 
@@ -66,6 +68,7 @@ def request_tau_figure(taus: pd.DataFrame, width: str = "two-column") -> tuple[F
         ax.set_ylabel("tau per request", fontsize=7)
     fig.suptitle(f"Block efficiency per request{suptitle_target(pairs)}", fontsize=8)
     fig.tight_layout()
-    caption = ("tau (accepted + 1 per block) of each request, per method: boxes span the quartiles, whiskers 1.5 "
-               f"IQR, dots the requests beyond. Pairs: {'; '.join(pair_label(*p) for p in pairs)}.")
+    caption = ("tau (accepted + 1 per block) of each request, per method: boxes span the quartiles, "
+               "whiskers 1.5 IQR, dots the requests beyond. Pairs: "
+               f"{'; '.join(pair_label(*p) for p in pairs)}.")
     return fig, caption

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.results.audit import with_lossless_column
-from pipeline.results.calibration_store import Calibrations
-from pipeline.results.report import batch_of, method_order, pooled_tau, with_tree_labels
-from pipeline.results.speedup import block_shapes, shapes_used
+from pipeline.reports.audit import with_lossless_column
+from pipeline.reports.report import batch_of, method_order, pooled_tau, with_tree_labels
+from pipeline.reports.speedup import block_shapes, shapes_used
+from pipeline.storage.calibration_store import Calibrations
 
-CONFIG = ["target", "draft", "dtype", "engine", "gamma", "method_label", "policy"]
-PAIR = ["target", "draft", "dtype", "engine"]
+CONFIG = ["target", "draft", "dtype", "engine", "temperature", "gamma", "method_label", "policy"]
+# its AR baseline: the same pair and temperature
+PAIR = ["target", "draft", "dtype", "engine", "temperature"]
 COLUMNS = ["requests", "tau", "tokens/s", "AR tokens/s", "latency s", "AR latency s", "speedup", "expected",
            "= AR here", "= batch 1", "stops paying at batch"]
 
@@ -56,11 +57,13 @@ def batch_table(rows: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
             "latency s": sd["time_request_s"].median(), "AR latency s": base["time_request_s"].median(),
             "speedup": base["seconds"].sum() / mine["seconds"].sum() if len(base) else float("nan"),
             "expected": _expected(sd, where, calibrations),
-            "= AR here": _share(sd["matches_ar"]), "= batch 1": _share(sd["matches_batch1"]) if key[-1] > 1 else "-",
+            "= AR here": _share(sd["matches_ar"]),
+            "= batch 1": _share(sd["matches_batch1"]) if key[-1] > 1 else "-",
         })
     table = pd.DataFrame(lines)
     first_loss = {key: _first_loss(group) for key, group in table.groupby(CONFIG, sort=False)}
-    table["stops paying at batch"] = [first_loss[tuple(line[c] for c in CONFIG)] for _, line in table.iterrows()]
+    table["stops paying at batch"] = [first_loss[tuple(line[c] for c in CONFIG)]
+                                      for _, line in table.iterrows()]
     order = sorted(range(len(table)), key=lambda i: (*(str(table[c].iloc[i]) for c in PAIR),
                                                      method_order(table["method_label"].iloc[i]),
                                                      str(table["policy"].iloc[i]), table["batch"].iloc[i]))

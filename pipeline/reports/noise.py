@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from pipeline.decoding.calibration import Calibration
-from pipeline.results.calibration_store import Calibrations
+from pipeline.storage.calibration_store import Calibrations
 
 # (max - min) / median of a ratio's middle rounds beyond which the ratio, and every figure
 # computed from it, is unreliable
@@ -76,7 +76,8 @@ def ratio_spreads(calibration: Calibration, draft_rows: int, verify_tokens: int)
     spread = lambda name, rounds: [Spread(name, tuple(rounds))] if rounds else []
     return {
         "eq1": spread("Tq/Tp", calibration.ratio_draft_target_rounds),
-        "corrected": spread("Tq/Tp" if draft_rows == 1 else f"Tq({draft_rows} rows)/Tp", calibration.draft_rounds(draft_rows))
+        "corrected": spread("Tq/Tp" if draft_rows == 1 else f"Tq({draft_rows} rows)/Tp",
+                            calibration.draft_rounds(draft_rows))
         + spread(f"Tp({verify_tokens})/Tp", calibration.verify_rounds(verify_tokens)),
     }
 
@@ -135,7 +136,8 @@ def shown(table: pd.DataFrame, noise: str = "noise") -> pd.DataFrame:
 def calibration_spreads(calibration: Calibration) -> list[Spread]:
     """Every ratio a calibration measured, as spreads: Tq/Tp, the draft batches, the verify curve."""
     spreads = [Spread("Tq/Tp", tuple(calibration.ratio_draft_target_rounds))]
-    spreads += [Spread(f"Tq({m} rows)/Tp", tuple(calibration.draft_rounds(m))) for m in calibration.draft_row_counts if m > 1]
+    spreads += [Spread(f"Tq({m} rows)/Tp", tuple(calibration.draft_rounds(m)))
+                for m in calibration.draft_row_counts if m > 1]
     spreads += [Spread(f"Tp({n})/Tp", tuple(calibration.verify_rounds(n))) for n in calibration.verify_tokens]
     return [s for s in spreads if s.rounds]
 
@@ -144,17 +146,18 @@ def noise_section(calibrations: Calibrations, timed: pd.DataFrame, speedup: pd.D
     """The summary's account of measurement noise: the limits, then each calibration the tables
     drew (`calibrations.used`) and each pair's timed decodes that broke them, or the widest
     spread and highest load seen when none did; `timed`: the live and AR rows of timed samples."""
-    lines = [f"A latency ratio is unreliable when its middle rounds (all but the lowest and the highest) spread over "
-             f"more than {SPREAD_LIMIT:.0%} of their median, and so is every expected speedup computed from it; a walltime is "
-             "unreliable when the "
-             "machine's 1-minute load average, read before and after each timed decode, exceeded its cores. The tables "
-             f"above print such figures as `{UNRELIABLE}` and say why in their `noise` column."]
+    lines = ["A latency ratio is unreliable when its middle rounds (all but the lowest and the highest) "
+             f"spread over more than {SPREAD_LIMIT:.0%} of their median, and so is every expected speedup "
+             "computed from it; a walltime is unreliable when the machine's 1-minute load average, read "
+             "before and after each timed decode, exceeded its cores. The tables above print such figures "
+             f"as `{UNRELIABLE}` and say why in their `noise` column."]
     spreads, loads = [], []  # (spread, whose) and (load, whose) of everything judged
     for calibration in calibrations.used:
         pair = f"{calibration.target} <- {calibration.draft} ({calibration.dtype})"
         mine, load = calibration_spreads(calibration), calibration_load(calibration)
         spreads += [(s, f"{s.name} of {pair}") for s in mine if not math.isnan(s.relative)]
-        found = [str(s) for s in mine if s.noisy] + ([f"{load} while it measured"] if load and load.noisy else [])
+        found = ([str(s) for s in mine if s.noisy]
+                 + ([f"{load} while it measured"] if load and load.noisy else []))
         if found:
             lines.append(f"- **Calibration of {pair}**: " + "; ".join(found) + ".")
     for (target, draft, dtype), rows in timed.groupby(["target", "draft", "dtype"]) if len(timed) else []:
@@ -168,18 +171,21 @@ def noise_section(calibrations: Calibrations, timed: pd.DataFrame, speedup: pd.D
     if len(lines) > 1 or flagged:
         found = "\n".join(lines[1:])
         if flagged:
-            advice = (f"**{flagged} row(s) of the speedup table hold unreliable figures.** Measure again on a quiet "
-                      "machine: `python jobs/calibrate.py --grid GRID --out OUT` measures the ratios again and rewrites "
-                      "this report; walltimes need the timed samples decoded again (a new `--run`).")
+            advice = (f"**{flagged} row(s) of the speedup table hold unreliable figures.** Measure again on "
+                      "a quiet machine: `python jobs/calibrate.py --grid GRID --out OUT` measures the "
+                      "ratios again and rewrites this report; walltimes need the timed samples decoded "
+                      "again (a new `--run`).")
         else:
-            advice = ("The load exceeded the cores (above), yet every ratio's middle rounds stayed within the limit: "
-                      "the figures are printed, with this warning. A calibration running on every core itself holds the "
-                      "load near the core count, so a few tenths above it can come from Ray's own processes.")
+            advice = ("The load exceeded the cores (above), yet every ratio's middle rounds stayed within "
+                      "the limit: the figures are printed, with this warning. A calibration running on every "
+                      "core itself holds the load near the core count, so a few tenths above it can come "
+                      "from Ray's own processes.")
         return "## Measurement noise\n\n" + "\n\n".join(filter(None, (lines[0], found, advice)))
     seen = []
     if spreads:
         spread, whose = max(spreads, key=lambda found: found[0].relative)
-        seen.append(f"the widest spread of a ratio's rounds was {spread.relative:.0%} of its median ({whose})")
+        seen.append(f"the widest spread of a ratio's rounds was {spread.relative:.0%} "
+                    f"of its median ({whose})")
     if loads:
         peak = max(loads, key=lambda load: load.peak)
         seen.append(f"the load around timed decodes peaked at {peak.peak:.1f} on {peak.cores} cores")

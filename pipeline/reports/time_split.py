@@ -36,6 +36,7 @@ def time_split_text(live: pd.DataFrame) -> str:
     if shares is None:
         return ""
     pct = {name: f"{value:.0f}" for name, value in shares.items()}
-    prefill = pct["time_target_prefill_s"] + (f"+{pct['time_draft_prefill_s']}" if shares["time_draft_prefill_s"] else "")
+    prefill = (pct["time_target_prefill_s"]
+               + (f"+{pct['time_draft_prefill_s']}" if shares["time_draft_prefill_s"] else ""))
     return (f"prefill {prefill} (vision {pct['time_vision_s']}) · draft {pct['time_draft_s']} · verify "
             f"{pct['time_verify_s']} · TABED {pct['time_tabed_s']} · rest {pct['rest']}")

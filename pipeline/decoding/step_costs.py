@@ -6,7 +6,7 @@ token costs — true on a GPU, not on a CPU. So we measure both ratios with the 
 cached-rows code and report Eq. 1 beside the corrected tau / (gamma * Tq/Tp + Tp(gamma+1)/Tp(1)).
 The verify cost is measured for every token count a grid verifies (gamma + 1 for each of its
 gammas): a curve of Tp(n)/Tp(1), so each gamma's speedup uses its own verify cost.
-The result is a `pipeline.decoding.calibration.Calibration`; `pipeline.results.calibration_store`
+The result is a `pipeline.decoding.calibration.Calibration`; `pipeline.storage.calibration_store`
 keeps it beside the results dataset.
 
 A CPU shared with other work drifts by tens of percent between minutes, so one measurement

@@ -1,10 +1,11 @@
 """Write a run's reports next to its results: Markdown and CSV tables, PNG plots.
 
-`OUT/_report-<run>/` (underscore: Parquet readers of OUT skip it; written whole or not at all): `summary.md` (completeness,
-tau per dataset, category averages, expected and measured speedup with the samples timed, each
-target's drafts side by side and the calibration used, M vs T and where MT* lands, the lossless audit, replay fidelity, image
-conversions, failed samples), one CSV per table, the paper's Table 1/2 as LaTeX
-(`table1.tex`, `table2.tex`), and `tau` and `weights` figures as PNG, PDF and SVG.
+`OUT/_report-<run>/` (underscore: Parquet readers of OUT skip it; written whole or not at all):
+`summary.md` (completeness, tau per dataset, category averages, expected and measured speedup with
+the samples timed, each target's drafts side by side and the calibration used, M vs T and where MT*
+lands, the lossless audit, replay fidelity, image conversions, failed samples), one CSV per table,
+the paper's Table 1/2 as LaTeX (`table1.tex`, `table2.tex`), and `tau` and `weights` figures as
+PNG, PDF and SVG.
 """
 from __future__ import annotations
 
@@ -14,26 +15,26 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.results.acceptance import CONFIG, acceptance_table, per_position_table, request_taus
-from pipeline.results.acceptance_plots import per_position_figure, request_tau_figure
-from pipeline.results.audit import GROUP_KEYS, audit, lossless_text
-from pipeline.results.batch_plots import batch_figure
-from pipeline.results.batch_sweep import batch_table, batch_text
-from pipeline.results.calibration_section import calibration_section
-from pipeline.results.calibration_store import Calibrations, read_calibrations
-from pipeline.results.completeness import completeness_table, completeness_text, grids_text
-from pipeline.results.fidelity import GROUP_KEYS as FIDELITY_KEYS, fidelity_table, fidelity_text
-from pipeline.results.latex import paper_tables
-from pipeline.results.manifest import expected_rows, run_grids
-from pipeline.results.noise import noise_section, shown
-from pipeline.results.paper_check import paper_check
-from pipeline.results.plots import save, tau_figure, weight_ratio_figure
-from pipeline.results.report import (
+from pipeline.reports.acceptance import CONFIG, acceptance_table, per_position_table, request_taus
+from pipeline.reports.acceptance_plots import per_position_figure, request_tau_figure
+from pipeline.reports.audit import GROUP_KEYS, audit, lossless_text
+from pipeline.reports.batch_plots import batch_figure
+from pipeline.reports.batch_sweep import batch_table, batch_text
+from pipeline.reports.calibration_section import calibration_section
+from pipeline.reports.completeness import completeness_table, completeness_text, grids_text
+from pipeline.reports.fidelity import GROUP_KEYS as FIDELITY_KEYS, fidelity_table, fidelity_text
+from pipeline.reports.latex import paper_tables
+from pipeline.reports.noise import noise_section, shown
+from pipeline.reports.paper_check import paper_check
+from pipeline.reports.plots import save, tau_figure, weight_ratio_figure
+from pipeline.reports.report import (
     category_table, decoded_alone, error_counts, findings_text, markdown_table, method_findings, tau_table,
 )
-from pipeline.results.run_lock import lock_holder
-from pipeline.results.speedup import draft_size_table, speedup_table
-from pipeline.results.store import report_dir
+from pipeline.reports.speedup import draft_size_table, speedup_table
+from pipeline.storage.calibration_store import Calibrations, read_calibrations
+from pipeline.storage.manifest import expected_rows, run_grids
+from pipeline.storage.run_lock import lock_holder
+from pipeline.storage.store import report_dir
 
 
 def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
@@ -59,16 +60,18 @@ def _write_report(out: str | Path, run: str, everything: pd.DataFrame, folder: P
     calibrations = read_calibrations(out)
     rows = decoded_alone(everything)  # batched rows: the batch sweep and the audit read them
     tables = {
-        "tau": ("Block efficiency tau per dataset (tau = accepted proposals + 1 per block, the paper's convention; "
-                "tau0 = tau - 1 below; pooled over blocks; Avg. = benchmark datasets)", tau_table(rows)),
+        "tau": ("Block efficiency tau per dataset (tau = accepted proposals + 1 per block, the paper's "
+                "convention; tau0 = tau - 1 below; pooled over blocks; Avg. = benchmark datasets)",
+                tau_table(rows)),
         "categories": ("Category averages (paper Table 2)", category_table(rows)),
         "speedup": (
-            "Speedup: expected from tau and measured latency ratios (Eq. 1 and its CPU-corrected form, at each "
-            "row's gamma), measured = AR walltime / SD walltime on the samples run live, per engine, gamma and "
-            "machine (`timed_on`: device, how decode steps ran, torch, transformers; `-`: not timed). `tau` here "
-            "pools every first-turn block of every dataset, OOD included, so it differs from the tau table's `Avg.` "
-            "(the mean of the benchmark datasets' cells); `tau timed` pools only the samples the walltime was "
-            "measured on; `noise` says why a figure is printed as unreliable",
+            "Speedup: expected from tau and measured latency ratios (Eq. 1 and its CPU-corrected form, "
+            "at each row's gamma), measured = AR walltime / SD walltime on the samples run live, per "
+            "engine, gamma and machine (`timed_on`: device, how decode steps ran, torch, transformers; "
+            "`-`: not timed). `tau` here pools every first-turn block of every dataset, OOD included, "
+            "so it differs from the tau table's `Avg.` (the mean of the benchmark datasets' cells); "
+            "`tau timed` pools only the samples the walltime was measured on; `noise` says why a figure "
+            "is printed as unreliable",
             speedup_table(rows, calibrations),
         ),
     }
@@ -78,7 +81,8 @@ def _write_report(out: str | Path, run: str, everything: pd.DataFrame, folder: P
         table.to_csv(folder / f"{name}.csv")
         sections.append(f"## {title}\n\n{markdown_table(shown(table))}")
     sections += [timed_samples_text(rows), draft_size_section(tables["speedup"][1], calibrations, folder),
-                 calibration_section(calibrations, folder), measurement_noise_section(rows, calibrations, tables["speedup"][1])]
+                 calibration_section(calibrations, folder),
+                 measurement_noise_section(rows, calibrations, tables["speedup"][1])]
     findings = method_findings(rows)
     findings.to_csv(folder / "findings.csv")
     sections.append(
@@ -86,12 +90,13 @@ def _write_report(out: str | Path, run: str, everything: pd.DataFrame, folder: P
         f"{findings_text(findings)}\n\n{markdown_table(findings, mark_best=False)}"
     )
     sections += [batch_section(everything, calibrations, folder), acceptance_section(rows, folder),
-                 paper_section(rows, folder), audit_section(everything, folder), fidelity_section(everything, folder),
-                 image_conversions_text(rows)]
+                 paper_section(rows, folder), audit_section(everything, folder),
+                 fidelity_section(everything, folder), image_conversions_text(rows)]
     errors = error_counts(everything)
     if not errors.empty:
         lines = [f"| {r.dataset} | {r.turn} | {r.errors} |" for r in errors.itertuples()]
-        sections.append("## Failed samples (left out of every table)\n\n| dataset | turn | errors |\n|---|---|---|\n" + "\n".join(lines))
+        sections.append("## Failed samples (left out of every table)\n\n"
+                        "| dataset | turn | errors |\n|---|---|---|\n" + "\n".join(lines))
     for name, latex in paper_tables(rows, tables["tau"][1], tables["categories"][1]).items():
         (folder / name).write_text(latex)
     sections.append(figures_section(rows, folder))
@@ -111,7 +116,8 @@ def completeness_section(out: str | Path, run: str, rows: pd.DataFrame, folder: 
             f"{markdown_table(table, mark_best=False)}")
 
 
-def checked_section(folder: Path, name: str, title: str, text: str, table: pd.DataFrame, keys: list[str]) -> str:
+def checked_section(folder: Path, name: str, title: str, text: str, table: pd.DataFrame,
+                    keys: list[str]) -> str:
     """A check's table as `name`.csv and as a section: title, the sentence saying what it found, the table."""
     table.to_csv(folder / f"{name}.csv", index=False)
     return f"## {title}\n\n{text}\n\n{markdown_table(table.set_index(keys), mark_best=False)}"
@@ -121,20 +127,22 @@ def audit_section(rows: pd.DataFrame, folder: Path) -> str:
     """Greedy speculative rows equal to the target's own greedy output, per pair, dtype, engine."""
     table, differ = audit(rows)
     differ.to_csv(folder / "divergences.csv", index=False)
-    return checked_section(folder, "lossless", "Lossless audit: greedy speculative output vs the target's own greedy output",
+    return checked_section(folder, "lossless",
+                           "Lossless audit: greedy speculative output vs the target's own greedy output",
                            lossless_text(table, differ), table, GROUP_KEYS)
 
 
 def batch_section(rows: pd.DataFrame, calibrations: Calibrations, folder: Path) -> str:
-    """Speedup over AR at the same batch against the batch size (`pipeline.results.batch_sweep`);
+    """Speedup over AR at the same batch against the batch size (`pipeline.reports.batch_sweep`);
     empty unless the run decoded batches over 1."""
     table = batch_table(rows, calibrations)
     if table.empty:
         return ""
     table.to_csv(folder / "batch.csv")
-    lines = ["## Batch sweep: where speculative decoding stops paying (first turns, live rows; speedup = AR walltime / "
-             "SD walltime decoding the same requests in batches of the same size; `expected` = Eq. 1 corrected, with "
-             "draft and verify costs calibrated at that batch size; `latency s` = median per-request latency; "
+    lines = ["## Batch sweep: where speculative decoding stops paying (first turns, live rows; "
+             "speedup = AR walltime / SD walltime decoding the same requests in batches of the same size; "
+             "`expected` = Eq. 1 corrected, with draft and verify costs calibrated at that batch size; "
+             "`latency s` = median per-request latency; "
              "`= AR here` / `= batch 1`: outputs equal to AR at this batch / to the sample decoded alone)",
              batch_text(table), markdown_table(shown(table), mark_best=False)]
     made = batch_figure(table)
@@ -146,7 +154,7 @@ def batch_section(rows: pd.DataFrame, calibrations: Calibrations, folder: Path) 
 
 def acceptance_section(rows: pd.DataFrame, folder: Path) -> str:
     """Both tau conventions, the acceptance rate, tau per request and acceptance by draft
-    position (`pipeline.results.acceptance`): what other tools and papers report."""
+    position (`pipeline.reports.acceptance`): what other tools and papers report."""
     table, positions = acceptance_table(rows), per_position_table(rows)
     if table.empty:
         return ""
@@ -155,10 +163,11 @@ def acceptance_section(rows: pd.DataFrame, folder: Path) -> str:
     shown_columns = ["requests", "tau", "tau0", "acceptance_rate", "tau_request_median", "tau_request_q1",
                      "tau_request_q3"]
     lines = ["## Acceptance in other tools' conventions (per configuration, every dataset pooled)\n\n"
-             "`tau` = accepted proposals + 1 per block (block efficiency, the TABED paper's); `tau0` = tau - 1, "
-             "accepted drafts per block (EAGLE's and ViSpec's acceptance length); `acceptance_rate` = accepted "
-             "drafts / drafted positions; `tau_request_*` = median and quartiles of each request's own tau "
-             "(pooling weighs long answers more). Acceptance by draft position: `per_position.csv`.",
+             "`tau` = accepted proposals + 1 per block (block efficiency, the TABED paper's); "
+             "`tau0` = tau - 1, accepted drafts per block (EAGLE's and ViSpec's acceptance length); "
+             "`acceptance_rate` = accepted drafts / drafted positions; `tau_request_*` = median and "
+             "quartiles of each request's own tau (pooling weighs long answers more). Acceptance by draft "
+             "position: `per_position.csv`.",
              markdown_table(table.set_index(CONFIG)[shown_columns], mark_best=False)]
     for stem, draw, data in (("per_position", per_position_figure, positions),
                              ("tau_per_request", request_tau_figure, request_taus(rows))):
@@ -175,9 +184,9 @@ def paper_section(rows: pd.DataFrame, folder: Path) -> str:
     both.to_csv(folder / "paper_check.csv", index=False)
     lines = ["## Beside the paper (TABED's Tables 1 and 10-14, block efficiency tau)"]
     if missing:
-        lines.append("No published reference for " + "; ".join(f"{d} -> {t}" for t, d in missing) + ": the paper "
-                     "reports mjbooo/lvlm68m, lvlm68m-ov and lvlm160m-bf16 drafts with LLaVA-1.5 7B and LLaVA-NeXT "
-                     "7B/13B targets.")
+        lines.append("No published reference for " + "; ".join(f"{d} -> {t}" for t, d in missing)
+                     + ": the paper reports mjbooo/lvlm68m, lvlm68m-ov and lvlm160m-bf16 drafts with "
+                     "LLaVA-1.5 7B and LLaVA-NeXT 7B/13B targets.")
     if len(both):
         averages = both[both["dataset"] == "Avg."].set_index(["table", "target", "draft", "turn", "method"])
         lines += ["Benchmark averages (every cell in `paper_check.csv`; `difference` = ours - paper):",
@@ -189,18 +198,23 @@ def image_conversions_text(rows: pd.DataFrame) -> str:
     """How many of the run's images were converted beyond the pixel format (scaled from 16
     bits, alpha composited on white, EXIF-rotated), counted once per first-turn sample."""
     first = rows[rows["turn"] == "first"].drop_duplicates("sample_id")
-    notes = [note.split(": ", 1)[-1] for conversions in first["image_conversions"].dropna() for note in conversions]
+    notes = [note.split(": ", 1)[-1]
+             for conversions in first["image_conversions"].dropna() for note in conversions]
     if not notes:
-        return f"## Images\n\nNo image of the {len(first)} first-turn samples needed more than a format conversion."
+        return (f"## Images\n\nNo image of the {len(first)} first-turn samples needed more than a "
+                "format conversion.")
     counts = pd.Series(notes).value_counts()
     listed = ", ".join(f"{n} {kind}" for kind, n in counts.items())
-    return f"## Images\n\n{len(notes)} image conversions in {len(first)} first-turn samples: {listed} (pipeline/data/images.py)."
+    return (f"## Images\n\n{len(notes)} image conversions in {len(first)} first-turn samples: {listed} "
+            "(pipeline/data/images.py).")
 
 
 def fidelity_section(rows: pd.DataFrame, folder: Path) -> str:
     """Live greedy rows against the replay of the same configuration and sample."""
     table = fidelity_table(rows)
-    return checked_section(folder, "fidelity", "Replay fidelity: live greedy rows vs trace replay of the same configuration and sample",
+    return checked_section(folder, "fidelity",
+                           "Replay fidelity: live greedy rows vs trace replay "
+                           "of the same configuration and sample",
                            fidelity_text(table), table, FIDELITY_KEYS)
 
 
@@ -225,20 +239,22 @@ def draft_size_section(speedup: pd.DataFrame, calibrations: Calibrations, folder
     if table.empty:
         return ""
     table.to_csv(folder / "draft_sizes.csv")
-    return ("## Draft sizes: each target's drafts side by side (first turns; Tq/Tp from the calibration used; "
-            "tau, Eq. 1 and measured speedup per method)\n\n" + markdown_table(shown(table), mark_best=False))
+    return ("## Draft sizes: each target's drafts side by side (first turns; Tq/Tp from the calibration "
+            "used; tau, Eq. 1 and measured speedup per method)\n\n"
+            + markdown_table(shown(table), mark_best=False))
 
 
 def measurement_noise_section(rows: pd.DataFrame, calibrations: Calibrations, speedup: pd.DataFrame) -> str:
-    """Which measured figures are noise (pipeline.results.noise), or how quiet the measuring was."""
-    timed = rows[rows["timed"].fillna(False).astype(bool) & rows["mode"].isin(["live", "ar"])] if "timed" in rows else rows[:0]
+    """Which measured figures are noise (pipeline.reports.noise), or how quiet the measuring was."""
+    timed = (rows[rows["timed"].fillna(False).astype(bool) & rows["mode"].isin(["live", "ar"])]
+             if "timed" in rows else rows[:0])
     return noise_section(calibrations, timed, speedup)
 
 
 def figures_section(rows: pd.DataFrame, folder: Path) -> str:
     """Each figure as PNG, PDF and SVG, shown with its caption."""
-    lines = ["## Figures (PNG, PDF and SVG at a two-column paper's width; `-one-column` files at one column's; "
-             "LaTeX tables: table1.tex, table2.tex)"]
+    lines = ["## Figures (PNG, PDF and SVG at a two-column paper's width; `-one-column` files at one "
+             "column's; LaTeX tables: table1.tex, table2.tex)"]
     for stem, draw in (("tau", tau_figure), ("weights", weight_ratio_figure)):
         made = draw(rows)
         if made is not None:

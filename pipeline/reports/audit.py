@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.results.report import batch_of
+from pipeline.reports.report import batch_of
 
 REFERENCE_KEYS = ["target", "draft", "dtype", "engine", "batch", "sample_id", "turn", "max_new_tokens"]
 GROUP_KEYS = ["target", "draft", "dtype", "engine"]
+# what else makes two rows one configuration (besides batch): a sampled row's batch-1 reference
+CONFIG_KEYS = ["methods", "policy", "verify", "gamma", "temperature", "seed"]
 BF16_NOTE = (
     "Rows below 100% in bf16 are expected: the target scores gamma + 1 proposed tokens in one "
     "forward, which rounds differently from the one-token steps of its own greedy decoding, so "
@@ -30,35 +32,54 @@ def with_lossless_column(rows: pd.DataFrame) -> pd.DataFrame:
     """`rows` plus `matches_ar`: True/False for greedy SD and replay rows that have an AR
     reference at their batch size, None for AR rows, sampled rows, error rows and rows without a
     reference; and `matches_batch1`: for batched greedy rows (AR rows too), whether the output
-    is the AR output of the same sample decoded alone (None elsewhere)."""
+    is the AR output of the same sample decoded alone, and for batched sampled SD rows, whether
+    it is the same configuration's output for the sample decoded alone (each request draws from
+    its own generator, so it should be wherever the arithmetic allows); None elsewhere."""
     rows = rows.assign(batch=batch_of(rows))
     greedy = (rows["temperature"] == 0) & rows["error"].isna()
     reference_rows = rows[(rows["methods"] == "AR") & greedy]
-    reference = {
-        tuple(key): list(ids)
-        for key, ids in zip(reference_rows[REFERENCE_KEYS].itertuples(index=False), reference_rows["output_ids"])
-    }
+    reference = {tuple(key): list(ids)
+                 for key, ids in zip(reference_rows[REFERENCE_KEYS].itertuples(index=False),
+                                     reference_rows["output_ids"])}
     audited = (rows["methods"] != "AR") & greedy
     matches, positions, tokens = [], [], []
-    for is_audited, key, ids in zip(audited, rows[REFERENCE_KEYS].itertuples(index=False), rows["output_ids"]):
+    for is_audited, key, ids in zip(audited, rows[REFERENCE_KEYS].itertuples(index=False),
+                                    rows["output_ids"]):
         expected = reference.get(tuple(key)) if is_audited else None
         matches.append(None if expected is None else list(ids) == expected)
         position, pair = first_divergence(list(ids), expected) if matches[-1] is False else (None, None)
         positions.append(position)
         tokens.append(pair)
     alone = lambda key: reference.get(tuple(key._replace(batch=1)))
-    batch1 = [None if not (is_greedy and key.batch > 1 and alone(key) is not None) else list(ids) == alone(key)
-              for is_greedy, key, ids in zip(greedy, rows[REFERENCE_KEYS].itertuples(index=False), rows["output_ids"])]
+    batch1 = [None if not (is_greedy and key.batch > 1 and alone(key) is not None)
+              else list(ids) == alone(key)
+              for is_greedy, key, ids in zip(greedy, rows[REFERENCE_KEYS].itertuples(index=False),
+                                             rows["output_ids"])]
+    sampled = (rows["temperature"] > 0) & rows["error"].isna() & (rows["methods"] != "AR")
+    if sampled.any():
+        batch1 = _sampled_batch1(rows, sampled, batch1)
     return rows.assign(matches_ar=pd.Series(matches, index=rows.index, dtype="object"),
                        first_divergence=pd.Series(positions, index=rows.index, dtype="object"),
                        divergent_tokens=pd.Series(tokens, index=rows.index, dtype="object"),
                        matches_batch1=pd.Series(batch1, index=rows.index, dtype="object"))
 
 
+def _sampled_batch1(rows: pd.DataFrame, sampled: pd.Series, batch1: list) -> list:
+    """`batch1` with each batched sampled SD row compared with its configuration's batch-1 row."""
+    keys = rows[REFERENCE_KEYS + [c for c in CONFIG_KEYS if c in rows]].itertuples(index=False)
+    keys, alone_rows = list(keys), sampled & (rows["batch"] == 1)
+    alone = {tuple(key): list(ids) for key, ids, one in zip(keys, rows["output_ids"], alone_rows) if one}
+    for i, (key, ids, mine) in enumerate(zip(keys, rows["output_ids"], sampled)):
+        reference = alone.get(tuple(key._replace(batch=1))) if mine and key.batch > 1 else None
+        batch1[i] = batch1[i] if reference is None else list(ids) == reference
+    return batch1
+
+
 def first_divergence(ids: list[int], expected: list[int]) -> tuple[int, str]:
     """Where a speculative output first leaves the target's own (0-based new-token position)
     and the two tokens there, `SD token / AR token` (`end` where one output stopped)."""
-    position = next((i for i, (a, b) in enumerate(zip(ids, expected)) if a != b), min(len(ids), len(expected)))
+    position = next((i for i, (a, b) in enumerate(zip(ids, expected)) if a != b),
+                    min(len(ids), len(expected)))
     ours, theirs = (str(seq[position]) if position < len(seq) else "end" for seq in (ids, expected))
     return position, f"{ours} / {theirs}"
 
@@ -82,12 +103,14 @@ def audit(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     audited = audited[audited["matches_ar"].notna()]
     if audited.empty:
         return pd.DataFrame(columns=GROUP_KEYS + ["rows", "equal to AR", "rate %"]), differ
-    table = audited.groupby(GROUP_KEYS)["matches_ar"].agg(rows="size", equal=lambda s: int(s.sum())).reset_index()
+    table = (audited.groupby(GROUP_KEYS)["matches_ar"]
+             .agg(rows="size", equal=lambda s: int(s.sum())).reset_index())
     table = table.rename(columns={"equal": "equal to AR"})
     table["rate %"] = (100.0 * table["equal to AR"] / table["rows"]).round(1)
     batched = audited[audited["matches_batch1"].notna()]
     if len(batched):  # a run with batches over 1: how many of their rows batching changed
-        counts = batched.groupby(GROUP_KEYS)["matches_batch1"].agg(batched="size", same=lambda s: int(s.sum()))
+        counts = (batched.groupby(GROUP_KEYS)["matches_batch1"]
+                  .agg(batched="size", same=lambda s: int(s.sum())))
         table = table.merge(counts.reset_index(), on=GROUP_KEYS, how="left").fillna({"batched": 0, "same": 0})
         table = table.rename(columns={"batched": "batched rows", "same": "equal to batch 1"})
     return table, differ
@@ -116,11 +139,13 @@ def _lossless_sentence(table: pd.DataFrame, differ: pd.DataFrame | None) -> str:
     below = table[table["equal to AR"] < table["rows"]]
     if below.empty:
         return f"Every audited row ({int(table['rows'].sum())}) equals the target's own greedy output."
-    text = f"{len(below)} of {len(table)} pair/dtype/engine groups have rows that differ from the target's greedy output."
+    text = (f"{len(below)} of {len(table)} pair/dtype/engine groups have rows that differ from "
+            "the target's greedy output.")
     if differ is not None and len(differ):
         where = differ["first_divergence"].astype(int)
-        text += (f" The {len(differ)} differing rows first leave it at new token {int(where.median())} (median; "
-                 f"earliest {where.min()}, latest {where.max()}); each row, position and token pair: `divergences.csv`.")
+        text += (f" The {len(differ)} differing rows first leave it at new token {int(where.median())} "
+                 f"(median; earliest {where.min()}, latest {where.max()}); each row, position and token "
+                 "pair: `divergences.csv`.")
     if set(below["dtype"]) <= {"bf16"}:
         return f"{text} {BF16_NOTE}"
     return f"{text} WARNING: differences outside bf16 mean speculative decoding was not lossless here."

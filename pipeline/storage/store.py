@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from pipeline.results.schema import FILE_SCHEMA, PARTITIONS, SCHEMA
+from pipeline.storage.schema import FILE_SCHEMA, PARTITIONS, SCHEMA
 
 HIVE = ds.partitioning(pa.schema([(name, pa.string()) for name in PARTITIONS]), flavor="hive")
 
@@ -54,7 +54,8 @@ def run_names(out: str | Path) -> list[str]:
 
 
 def shard_path(out: str | Path, run: str, target: str, draft: str, dataset: str, shard: str) -> Path:
-    parts = [f"{name}={quote(value, safe='')}" for name, value in zip(PARTITIONS[1:], (target, draft, dataset))]
+    parts = [f"{name}={quote(value, safe='')}"
+             for name, value in zip(PARTITIONS[1:], (target, draft, dataset))]
     return run_dir(out, run).joinpath(*parts, f"part-{shard}.parquet")
 
 
@@ -162,7 +163,8 @@ def stored_config_keys(out: str | Path, run: str) -> set[str]:
 
 def written_rows(out: str | Path, run: str, turns: Iterable[str]) -> list[dict]:
     """Identity and error category of this run's rows of `turns` (what a resume sorts)."""
-    table = read_table(out, run, columns=["key", "config_key", "sample_id", "prompt_hash", "turn", "error_category"])
+    table = read_table(out, run,
+                       columns=["key", "config_key", "sample_id", "prompt_hash", "turn", "error_category"])
     return table.filter(pc.is_in(table["turn"], pa.array(list(turns), pa.string()))).to_pylist()
 
 
@@ -208,12 +210,14 @@ def first_turn_answers(
     Greedy SD is lossless, so every greedy row of the target (any draft or method) holds the
     same answer; rows with an error are skipped.
     """
-    table = read_table(out, run, columns=["target", "dtype", "dataset", "turn", "temperature", "max_new_tokens", "error", "sample_id", "output_text"])
+    table = read_table(out, run, columns=["target", "dtype", "dataset", "turn", "temperature",
+                                          "max_new_tokens", "error", "sample_id", "output_text"])
     mask = pc.and_(
         pc.and_(pc.equal(table["target"], target), pc.equal(table["dtype"], dtype)),
         pc.and_(pc.equal(table["dataset"], dataset), pc.equal(table["turn"], "first")),
     )
-    mask = pc.and_(mask, pc.and_(pc.equal(table["temperature"], 0.0), pc.equal(table["max_new_tokens"], max_new_tokens)))
+    mask = pc.and_(mask, pc.and_(pc.equal(table["temperature"], 0.0),
+                                 pc.equal(table["max_new_tokens"], max_new_tokens)))
     mask = pc.and_(mask, pc.is_null(table["error"]))
     rows = table.filter(mask).select(["sample_id", "output_text"]).to_pylist()
     return {row["sample_id"]: row["output_text"] for row in rows}

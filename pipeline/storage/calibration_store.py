@@ -1,7 +1,7 @@
 """Calibrations on disk: one file per pair and dtype in `OUT/_calibration/` (the underscore
 keeps pyarrow's dataset discovery of the decoding results away from them), read back once into
 `Calibrations`, which picks the one a report uses and draws its tables. No torch here: reports
-read calibrations without the models (`pipeline.decoding.calibrate` measures them).
+read calibrations without the models (`pipeline.decoding.step_costs` measures them).
 """
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ def write_calibration(out: str | Path, calibration: Calibration) -> Path:
 def read_calibrations(out: str | Path) -> Calibrations:
     """Every calibration under OUT, each file through `Calibration.from_row` (none: empty)."""
     files = sorted((Path(out) / CALIBRATION_DIR).glob("*.parquet"))
-    return Calibrations([Calibration.from_row(row) for f in files for row in pd.read_parquet(f).to_dict("records")])
+    return Calibrations([Calibration.from_row(row)
+                         for f in files for row in pd.read_parquet(f).to_dict("records")])
 
 
 @dataclass
@@ -64,13 +65,15 @@ class Calibrations:
         """One line per pair and dtype, the calibration reports use: ratios as median [min-max]
         over rounds, and when, where, how and under what load it was measured."""
         lines = [
-            {"target": c.target, "draft": c.draft, "dtype": c.dtype, "device": c.where, "engine": c.engine,
-             "gamma": c.gamma, "Tq/Tp": _spread(c.ratio_draft_target, c.ratio_draft_target_rounds, "(one measurement)"),
+            {"target": c.target, "draft": c.draft, "dtype": c.dtype, "device": c.where,
+             "engine": c.engine, "gamma": c.gamma,
+             "Tq/Tp": _spread(c.ratio_draft_target, c.ratio_draft_target_rounds, "(one measurement)"),
              "Tp(gamma+1)/Tp": _spread(c.ratio_verify, c.ratio_verify_rounds, "(one measurement)"),
              "Tp(n)/Tp by n": ", ".join(f"{n}: {_spread(c.verify_ratio(n), c.verify_rounds(n))}"
                                         for n in sorted(c.verify_tokens)),
              "Tp ms": round(1e3 * c.target_token_s, 2), "Tq ms": round(1e3 * c.draft_token_s, 2),
-             "rounds x repeats": f"{c.rounds} x {c.repeats}", "load": _load(c), "measured at": c.measured_at or "-"}
+             "rounds x repeats": f"{c.rounds} x {c.repeats}", "load": _load(c),
+             "measured at": c.measured_at or "-"}
             for c in self.used
         ]
         return pd.DataFrame(lines).set_index(["target", "draft", "dtype"]) if lines else pd.DataFrame()
@@ -89,7 +92,8 @@ class Calibrations:
             rows.append(mine | {"tokens": 1, "ratio": 1.0, "low": 1.0, "high": 1.0})
             for n in sorted(c.verify_tokens):
                 rounds = c.verify_rounds(n) or [math.nan]
-                rows.append(mine | {"tokens": n, "ratio": c.verify_ratio(n), "low": min(rounds), "high": max(rounds)})
+                rows.append(mine | {"tokens": n, "ratio": c.verify_ratio(n), "low": min(rounds),
+                                    "high": max(rounds)})
         return pd.DataFrame(rows, columns=["target", "dtype", "device", "tokens", "ratio", "low", "high"])
 
     def context_costs(self) -> pd.DataFrame:
@@ -97,7 +101,8 @@ class Calibrations:
         calibration of each): how each model's step cost grows with the context."""
         return pd.DataFrame([
             {"target": c.target, "draft": c.draft, "dtype": c.dtype, "device": c.where, "context": tokens,
-             "Tp ms": round(1e3 * target_s, 3), "Tq ms": round(1e3 * draft_s, 3), "Tq/Tp": round(draft_s / target_s, 4)}
+             "Tp ms": round(1e3 * target_s, 3), "Tq ms": round(1e3 * draft_s, 3),
+             "Tq/Tp": round(draft_s / target_s, 4)}
             for c in self.used
             for tokens, target_s, draft_s in zip(c.context_tokens, c.context_target_s, c.context_draft_s)
         ])

@@ -13,7 +13,7 @@ from importlib import resources
 
 import pandas as pd
 
-from pipeline.results.report import pooled_tau
+from pipeline.reports.report import pooled_tau
 
 INSTRUCTION_TURNS = ("qaorg", "captioning", "summary", "story")
 PAPER_GAMMA = 5
@@ -39,15 +39,17 @@ def _our_cells(rows: pd.DataFrame) -> pd.DataFrame:
              .apply(pooled_tau, include_groups=False).rename("ours").reset_index())
     cells = cells.rename(columns={"paper_dataset": "dataset", "paper_turn": "turn", "method_label": "method"})
     bench = cells[cells["dataset"].isin(BENCHMARK)]
-    averages = bench.groupby(["target", "draft", "turn", "method"])["ours"].mean().reset_index().assign(dataset="Avg.")
+    averages = (bench.groupby(["target", "draft", "turn", "method"])["ours"].mean().reset_index()
+                .assign(dataset="Avg."))
     return pd.concat([cells, averages], ignore_index=True)
 
 
 def paper_check(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
     """(our cells beside the paper's with the difference, for pairs the paper published; the
     run's pairs it did not publish)."""
-    paper = paper_tables().sort_values("table").drop_duplicates(["target", "draft", "dataset", "turn", "method"],
-                                                                 keep="last")  # Table 1 repeats Table 10
+    # Table 1 repeats Table 10
+    paper = (paper_tables().sort_values("table")
+             .drop_duplicates(["target", "draft", "dataset", "turn", "method"], keep="last"))
     pairs = list(dict.fromkeys(zip(rows["target"], rows["draft"])))
     published = set(zip(paper["target"], paper["draft"]))
     missing = [pair for pair in pairs if pair not in published]
@@ -55,6 +57,8 @@ def paper_check(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[str, str]]
     if ours.empty:
         return pd.DataFrame(columns=["table", "target", "draft", "dataset", "turn", "method", "paper", "ours",
                                      "difference"]), missing
-    both = paper.rename(columns={"tau": "paper"}).merge(ours, on=["target", "draft", "dataset", "turn", "method"])
+    both = paper.rename(columns={"tau": "paper"}).merge(
+        ours, on=["target", "draft", "dataset", "turn", "method"])
     both["difference"] = both["ours"] - both["paper"]
-    return both[["table", "target", "draft", "dataset", "turn", "method", "paper", "ours", "difference"]], missing
+    return both[["table", "target", "draft", "dataset", "turn", "method", "paper", "ours",
+                 "difference"]], missing

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pandas as pd
 
 from pipeline.planning.verify_entries import verify_of_row
-from pipeline.results.calibration_store import Calibrations
-from pipeline.results.noise import noise_parts, noise_text, ratio_spreads, rows_load
-from pipeline.results.report import method_order, pooled_tau, with_tree_labels
-from pipeline.results.time_split import time_split_text
+from pipeline.reports.noise import noise_parts, noise_text, ratio_spreads, rows_load
+from pipeline.reports.report import method_order, pooled_tau, with_tree_labels
+from pipeline.reports.time_split import time_split_text
+from pipeline.storage.calibration_store import Calibrations
 
 # Walltimes of different engines, gammas, devices, step modes or library versions are never
 # pooled or compared: `timed_on` names what a row's walltime was measured on, and comes before
@@ -26,13 +26,15 @@ UNTIMED = "-"  # a configuration without live rows: tau and Eq. 1 only
 def timing_label(rows: pd.DataFrame) -> pd.Series:
     """Per row, what its walltime was measured on: device, how decode steps ran, torch and
     transformers (`unrecorded` for rows written before these columns existed)."""
-    columns = [rows[c] if c in rows else pd.Series(None, index=rows.index, dtype=object) for c in TIMING_COLUMNS]
+    columns = [rows[c] if c in rows else pd.Series(None, index=rows.index, dtype=object)
+               for c in TIMING_COLUMNS]
 
     def label(device, steps, torch_version, transformers_version) -> str:
         if all(pd.isna(v) for v in (device, steps, torch_version, transformers_version)):
             return "unrecorded"
         name = lambda v: "?" if pd.isna(v) else v
-        return f"{name(device)}, {name(steps)} steps, torch {name(torch_version)}, transformers {name(transformers_version)}"
+        return (f"{name(device)}, {name(steps)} steps, torch {name(torch_version)}, "
+                f"transformers {name(transformers_version)}")
 
     return pd.Series([label(*values) for values in zip(*columns)], index=rows.index, dtype=object)
 
@@ -45,7 +47,7 @@ def speedup_table(df: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
     `tau` pools every first-turn block of every dataset, OOD ones included (the tau table's
     `Avg.` is instead the mean of the benchmark datasets' cells); `tau timed` pools the live
     rows the walltime was measured on, a few samples whose tau can differ from the rest.
-    `noise` names the figures that are unreliable and why (`pipeline.results.noise`): a
+    `noise` names the figures that are unreliable and why (`pipeline.reports.noise`): a
     latency ratio whose rounds spread too far, or a timing taken above the machine's cores.
 
     `eq1` is the paper's tau / (gamma Tq/Tp + 1) at the row's own gamma, which assumes one
@@ -56,7 +58,8 @@ def speedup_table(df: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
     a chain, nodes + 1 for a tree), both from the calibration; NaN where it did not time them.
     """
     ok = with_tree_labels(df[df["error"].isna() & (df["turn"] == "first")].copy())
-    ok["engine"] = ok["engine"].astype(object).where(ok["engine"].notna(), "-")  # rows from before engines were recorded
+    # rows from before engines were recorded
+    ok["engine"] = ok["engine"].astype(object).where(ok["engine"].notna(), "-")
     ok["gamma"] = [UNTIMED if pd.isna(g) else int(g) for g in ok["gamma"]]
     ok["timed_on"] = timing_label(ok)
     config_keys = [k for k in SPEEDUP_INDEX if k != "timed_on"]
@@ -78,9 +81,12 @@ def speedup_table(df: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
             flags = {}
             for (_, nodes, draft_rows), _ in used:
                 for column, spreads in ratio_spreads(calib, draft_rows, nodes + 1).items():
-                    flags[column] = list(dict.fromkeys(flags.get(column, []) + [s for s in spreads if s.noisy]))
-        same_pair = lambda rows: rows[(rows["target"] == config["target"]) & (rows["draft"] == config["draft"])
-                                      & (rows["dtype"] == config["dtype"]) & (rows["engine"] == config["engine"])]
+                    flags[column] = list(dict.fromkeys(
+                        flags.get(column, []) + [s for s in spreads if s.noisy]))
+        same_pair = lambda rows: rows[(rows["target"] == config["target"])
+                                      & (rows["draft"] == config["draft"])
+                                      & (rows["dtype"] == config["dtype"])
+                                      & (rows["engine"] == config["engine"])]
         baseline = same_pair(ok[ok["mode"] == "ar"])
         timed = same_pair(timed_sd) if label == "AR" else group[group["mode"] == "live"]
         for machine in sorted(set(timed["timed_on"])) or [UNTIMED]:
@@ -89,17 +95,18 @@ def speedup_table(df: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
             load = rows_load(pd.concat([live, ar[ar["sample_id"].isin(live["sample_id"])]]))
             measured_flags = [load] if label != "AR" and load is not None and load.noisy else []
             split = time_split_text(ar if label == "AR" else live)
-            rows.append(row | {"timed_on": machine, "tau timed": pooled_tau(live) if len(live) else float("nan"),
+            rows.append(row | {"timed_on": machine,
+                               "tau timed": pooled_tau(live) if len(live) else float("nan"),
                                "measured": _measured_speedup(mine, ar, label), "time split %": split,
                                "noise": noise_text(flags | {"measured": measured_flags})})
-    table = pd.DataFrame(rows).reindex(columns=SPEEDUP_INDEX + ["tau", "tau timed", "eq1", "corrected", "measured",
-                                                                "time split %", "noise"])
+    table = pd.DataFrame(rows).reindex(columns=SPEEDUP_INDEX + ["tau", "tau timed", "eq1", "corrected",
+                                                                "measured", "time split %", "noise"])
     table = table.set_index(SPEEDUP_INDEX)
 
     def order(i: int) -> tuple:
         target, draft, dtype, engine, gamma, machine, label, policy = table.index[i]
-        return (target, draft, dtype, engine, label != "AR", -1 if gamma == UNTIMED else gamma, machine == UNTIMED,
-                machine, method_order(label), policy)
+        return (target, draft, dtype, engine, label != "AR", -1 if gamma == UNTIMED else gamma,
+                machine == UNTIMED, machine, method_order(label), policy)
 
     return table.iloc[sorted(range(len(table)), key=order)]
 
@@ -124,13 +131,17 @@ def draft_size_table(speedup: pd.DataFrame, calibrations: Calibrations) -> pd.Da
     for key, block in table.groupby(groups, sort=False):
         machines = sorted(set(block["timed_on"]) - {UNTIMED}) or [UNTIMED]
         for machine in machines:
-            seen = block[block["timed_on"].isin({machine, UNTIMED})].sort_values("timed_on", key=lambda s: s == UNTIMED)
+            seen = block[block["timed_on"].isin({machine, UNTIMED})].sort_values(
+                "timed_on", key=lambda s: s == UNTIMED)
             for draft, group in seen.groupby("draft", sort=False):
                 calib = calibrations.latest(key[0], draft, key[1])
-                row = dict(zip(groups, key)) | {"timed_on": machine, "draft": draft,
-                                                "Tq/Tp": float("nan") if calib is None else calib.ratio_draft_target}
+                row = dict(zip(groups, key)) | {
+                    "timed_on": machine, "draft": draft,
+                    "Tq/Tp": float("nan") if calib is None else calib.ratio_draft_target,
+                }
                 by_label = group.drop_duplicates("method_label").set_index("method_label")
-                noise = {"Tq/Tp": [] if calib is None else [s for s in ratio_spreads(calib, 1, 2)["eq1"] if s.noisy]}
+                noise = {"Tq/Tp": [] if calib is None
+                         else [s for s in ratio_spreads(calib, 1, 2)["eq1"] if s.noisy]}
                 for label in labels:
                     why = noise_parts(by_label["noise"].get(label, ""))
                     for column in ("tau", "eq1", "measured"):
@@ -138,7 +149,8 @@ def draft_size_table(speedup: pd.DataFrame, calibrations: Calibrations) -> pd.Da
                         noise[f"{column} {label}"] = [why[column]] if column in why else []
                 rows.append(row | {"noise": noise_text(noise)})
     result = pd.DataFrame(rows).set_index(groups + ["timed_on", "draft"])
-    return result.iloc[sorted(range(len(result)), key=lambda i: (result.index[i][:5], result["Tq/Tp"].iloc[i]))]
+    return result.iloc[sorted(range(len(result)),
+                              key=lambda i: (result.index[i][:5], result["Tq/Tp"].iloc[i]))]
 
 
 def block_shapes(rows: pd.DataFrame, gamma: int) -> list[tuple[int, int, int]] | None:
@@ -155,7 +167,8 @@ def block_shapes(rows: pd.DataFrame, gamma: int) -> list[tuple[int, int, int]] |
         return None
 
 
-def shapes_used(rows: pd.DataFrame, shapes: list[tuple[int, int, int]]) -> list[tuple[tuple[int, int, int], int]]:
+def shapes_used(rows: pd.DataFrame,
+                shapes: list[tuple[int, int, int]]) -> list[tuple[tuple[int, int, int], int]]:
     """Each block shape with how many blocks used it: a bandit's rows say per block
     (`shape_per_block`); any other kind has one shape, every block."""
     if len(shapes) == 1 or "shape_per_block" not in rows:

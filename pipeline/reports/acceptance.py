@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipeline.results.report import method_order, with_tree_labels
+from pipeline.reports.report import method_order, with_tree_labels
 
 CONFIG = ["target", "draft", "dtype", "turn", "method_label"]
 
@@ -80,8 +80,10 @@ def acceptance_table(rows: pd.DataFrame) -> pd.DataFrame:
         quartiles = per_request.quantile([0.25, 0.5, 0.75])
         tau = 1 + accepted.sum() / blocks.sum()
         out.append(dict(zip(CONFIG, config)) | {
-            "requests": len(group), "tau": tau, "tau0": tau - 1, "acceptance_rate": accepted.sum() / drafted.sum(),
-            "tau_request_median": quartiles[0.5], "tau_request_q1": quartiles[0.25], "tau_request_q3": quartiles[0.75],
+            "requests": len(group), "tau": tau, "tau0": tau - 1,
+            "acceptance_rate": accepted.sum() / drafted.sum(),
+            "tau_request_median": quartiles[0.5],
+            "tau_request_q1": quartiles[0.25], "tau_request_q3": quartiles[0.75],
             "tau_request_min": per_request.min(), "tau_request_max": per_request.max(),
         })
     return _ordered(pd.DataFrame(out))

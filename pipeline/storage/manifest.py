@@ -47,7 +47,8 @@ class GridRecord:
     digest: str
     written_at: str
     units: tuple[Unit, ...] = ()
-    counts: tuple[tuple[str, str, str, str, int], ...] = ()  # (target, draft, dtype, turn, rows), old manifests
+    # (target, draft, dtype, turn, rows), old manifests
+    counts: tuple[tuple[str, str, str, str, int], ...] = ()
 
     @property
     def rows(self) -> int:
@@ -102,7 +103,8 @@ def run_grids(out: str | Path, run: str) -> list[GridRecord]:
     if manifest is None:
         return []
     if "grids" not in manifest:
-        counts = tuple((e["target"], e["draft"], e["dtype"], e["turn"], int(e["rows"])) for e in manifest.get("expected", []))
+        counts = tuple((e["target"], e["draft"], e["dtype"], e["turn"], int(e["rows"]))
+                       for e in manifest.get("expected", []))
         return [GridRecord(str(manifest.get("grid", run)), "", "", counts=counts)]
     return [GridRecord(g["name"], g["digest"], g["written_at"], tuple(Unit(**u) for u in g["units"]),
                        tuple(tuple(c) for c in g.get("counts", []))) for g in manifest["grids"]]
@@ -145,11 +147,13 @@ def extension_text(run: str, stored: list[GridRecord], stored_keys: set[str], ne
     known = stored_keys | {k for g in stored for k in g.config_keys}
     if not known or any(g.digest == new.digest for g in stored):
         return None
-    labels = {u.config_key: u.label for g in stored for u in g.units} | {u.config_key: u.label for u in new.units}
+    labels = ({u.config_key: u.label for g in stored for u in g.units}
+              | {u.config_key: u.label for u in new.units})
     added = sorted({u.label for u in new.units if u.config_key not in known})
     kept = sorted(labels.get(k, k) for k in known - new.config_keys)
     held = ", ".join(f"{g.name} ({g.rows} rows)" for g in stored) or "rows from before manifests"
-    named = lambda found: "" if not found else " (" + "; ".join(found[:SHOWN]) + ("; ..." if len(found) > SHOWN else "") + ")"
+    named = lambda found: "" if not found else (" (" + "; ".join(found[:SHOWN])
+                                                + ("; ..." if len(found) > SHOWN else "") + ")")
     return (f"run {run!r} already holds grid(s) {held}; grid {new.name!r} adds {len(added)} configuration(s)"
-            f"{named(added)} and leaves {len(kept)} stored configuration(s) alone{named(kept)}; completeness is "
-            "judged against all of them")
+            f"{named(added)} and leaves {len(kept)} stored configuration(s) alone{named(kept)}; "
+            "completeness is judged against all of them")

@@ -17,7 +17,7 @@ from pipeline.data.sample import Sample
 from pipeline.decoding.records import SampleRecord
 from pipeline.planning.grid import RunConfig, row_key
 
-PARTITIONS = ("run", "target", "draft", "dataset")  # hive directory levels, in order (pipeline.results.store)
+PARTITIONS = ("run", "target", "draft", "dataset")  # hive directory levels, in order (pipeline.storage.store)
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,8 @@ class RowSource:
     sample: Sample
     record: SampleRecord
     timed: bool = False  # the sample is one of its pair's walltime samples
-    # what the worker timed on: device_name, torch_version, transformers_version, cpu_cores (pipeline.models.devices)
+    # what the worker timed on: device_name, torch_version, transformers_version,
+    # cpu_cores (pipeline.models.devices)
     environment: Mapping[str, Any] = field(default_factory=dict)
 
     @cached_property
@@ -76,11 +77,14 @@ def _verify_column(src: RowSource, name: str) -> Any:
 
 def _block_shapes(src: RowSource) -> list[list[int]] | None:
     decode = src.config.decode
-    return None if decode.is_ar else [list(s) for s in decode.verify.block_shapes(decode.gamma, len(decode.methods))]
+    return (None if decode.is_ar
+            else [list(s) for s in decode.verify.block_shapes(decode.gamma, len(decode.methods))])
 
 
 COLUMNS: tuple[Column, ...] = (
-    Column("key", pa.string(), lambda src: row_key(src.config_key, src.sample.sample_id, src.sample.prompt_hash)),  # configuration + prompt
+    # configuration + prompt
+    Column("key", pa.string(),
+           lambda src: row_key(src.config_key, src.sample.sample_id, src.sample.prompt_hash)),
     Column("config_key", pa.string(), lambda src: src.config_key),  # hash of the configuration alone
     Column("shard", pa.string(), lambda src: src.shard),
     Column("run", pa.string(), lambda src: src.run),
@@ -89,8 +93,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("dataset", pa.string(), _sample("dataset")),
     Column("dtype", pa.string(), lambda src: src.config.pair.dtype),
     Column("sample_id", pa.string(), _sample("sample_id")),
-    Column("prompt_hash", pa.string(), _sample("prompt_hash")),  # prompt text + image pixels (Sample.prompt_hash)
-    Column("timed", pa.bool_(), lambda src: src.timed),  # chosen for walltime (pipeline.planning.timed_samples)
+    # prompt text + image pixels (Sample.prompt_hash)
+    Column("prompt_hash", pa.string(), _sample("prompt_hash")),
+    # chosen for walltime (pipeline.planning.timed_samples)
+    Column("timed", pa.bool_(), lambda src: src.timed),
     Column("image_conversions", pa.list_(pa.string()), lambda src: list(src.sample.image_conversions)),
     Column("split", pa.string(), _sample("split")),
     Column("row", pa.int64(), _sample("row")),
@@ -99,16 +105,21 @@ COLUMNS: tuple[Column, ...] = (
     Column("answer", pa.string(), _sample("answer")),  # the dataset's reference answer, where it has one
     Column("methods", pa.string(), _decode("methods")),  # letters of MTCP, or AR
     Column("method_label", pa.string(), _decode("method_label")),  # paper notation: MT, MT*, MTCP* ...
-    Column("policy", pa.string(), lambda src: src.config.decode.policy.label),  # static | grid(<measure>) | inverse(T=<t>)
+    # static | grid(<measure>) | inverse(T=<t>)
+    Column("policy", pa.string(), lambda src: src.config.decode.policy.label),
     Column("policy_kind", pa.string(), lambda src: src.config.decode.policy.kind),
     # a policy's own knobs, null where it has none of that name (measure: grid; temperature: inverse)
     Column("measure", pa.string(), lambda src: getattr(src.config.decode.policy, "measure", None)),
-    Column("policy_temperature", pa.float64(), lambda src: getattr(src.config.decode.policy, "temperature", None)),
-    Column("window", pa.int32(), lambda src: src.config.decode.policy.window if src.dynamic else None),  # null = ALL history
+    Column("policy_temperature", pa.float64(),
+           lambda src: getattr(src.config.decode.policy, "temperature", None)),
+    # null = ALL history
+    Column("window", pa.int32(), lambda src: src.config.decode.policy.window if src.dynamic else None),
     Column("distance", pa.string(), lambda src: src.config.decode.policy.distance if src.dynamic else None),
     Column("gamma", pa.int32(), _decode("gamma")),  # null for AR
-    # chain | candidates | dynamic(n=..,k=..): how the target verified (null for AR and rows from before trees)
-    Column("verify", pa.string(), lambda src: None if src.config.decode.is_ar else src.config.decode.verify.label),
+    # chain | candidates | dynamic(n=..,k=..): how the target verified
+    # (null for AR and rows from before trees)
+    Column("verify", pa.string(),
+           lambda src: None if src.config.decode.is_ar else src.config.decode.verify.label),
     # the same as structured columns, which reports read (pipeline.planning.verify_entries.verify_of_row)
     Column("verify_kind", pa.string(), lambda src: _verify_column(src, "verify_kind")),
     Column("verify_nodes", pa.int32(), lambda src: _verify_column(src, "verify_nodes")),
@@ -131,24 +142,26 @@ COLUMNS: tuple[Column, ...] = (
     Column("batch_requests", pa.int32(), _outcome("batch_requests")),
     # how the decode steps ran: captured (CUDA graphs) | compiled | uncompiled, "+"-joined when mixed
     Column("steps", pa.string(), _outcome("steps")),
-    Column("fallback", pa.string(), _outcome("fallback")),  # why a decode left the compiled path or engine asked for
-    # what walltimes were measured on; reports never pool timings across these (pipeline.results.report)
+    # why a decode left the compiled path or engine asked for
+    Column("fallback", pa.string(), _outcome("fallback")),
+    # what walltimes were measured on; reports never pool timings across these (pipeline.reports.report)
     Column("device_name", pa.string(), lambda src: src.environment.get("device_name")),
     Column("torch_version", pa.string(), lambda src: src.environment.get("torch_version")),
     Column("transformers_version", pa.string(), lambda src: src.environment.get("transformers_version")),
-    Column("cpu_cores", pa.int32(), lambda src: src.environment.get("cpu_cores")),  # the machine's, as its load counts them
+    # the machine's, as its load counts them
+    Column("cpu_cores", pa.int32(), lambda src: src.environment.get("cpu_cores")),
     # 1-minute load average before and after a live decode (null for replay rows)
     Column("load_before", pa.float64(), _outcome("load_before")),
     Column("load_after", pa.float64(), _outcome("load_after")),
     Column("accepted_per_block", pa.list_(pa.int32()), _outcome("accepted_per_block")),
-    # live greedy rows: the accepted counts trace replay gives the same sample (pipeline.results.fidelity)
+    # live greedy rows: the accepted counts trace replay gives the same sample (pipeline.reports.fidelity)
     Column("replay_accepted_per_block", pa.list_(pa.int32()), _outcome("replay_accepted_per_block")),
     Column("weights_per_block", pa.list_(pa.list_(pa.float64())), _outcome("weights_per_block")),
     # a bandit tree's rows: which of `verify_shapes` each block used (empty otherwise)
     Column("shape_per_block", pa.list_(pa.int32()), _outcome("shape_per_block")),
     Column("blocks", pa.int32(), _outcome("blocks")),
-    Column("tau", pa.float64(), _tau),  # per sample; aggregates pool blocks (pipeline.results.report)
-    # tau - 1: accepted drafts per block, the convention of EAGLE and ViSpec (pipeline.results.acceptance)
+    Column("tau", pa.float64(), _tau),  # per sample; aggregates pool blocks (pipeline.reports.report)
+    # tau - 1: accepted drafts per block, the convention of EAGLE and ViSpec (pipeline.reports.acceptance)
     Column("tau0", pa.float64(), lambda src: None if _tau(src) is None else _tau(src) - 1),
     Column("new_tokens", pa.int32(), _outcome("new_tokens")),
     Column("output_ids", pa.list_(pa.int32()), _outcome("output_ids")),
@@ -170,7 +183,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("time_request_s", pa.float64(), _outcome("time_request_s")),
     Column("batch_tokens_per_s", pa.float64(), _outcome("batch_tokens_per_s")),
     Column("error", pa.string(), _outcome("error")),  # null when the sample decoded fine
-    Column("error_category", pa.string(), _outcome("error_category")),  # input | model | resource (records.py)
+    # input | model | resource (records.py)
+    Column("error_category", pa.string(), _outcome("error_category")),
 )
 # Results written before `engine` and `time_tabed_s` existed still read: a dataset read with
 # this schema fills columns a file lacks with nulls.
@@ -180,8 +194,8 @@ SCHEMA = pa.schema([(column.name, column.type) for column in COLUMNS])
 FILE_SCHEMA = pa.schema([field for field in SCHEMA if field.name not in PARTITIONS])
 
 
-def make_row(run: str, shard: str, config: RunConfig, sample: Sample, record: SampleRecord, timed: bool = False,
-             environment: Mapping[str, Any] | None = None) -> dict:
+def make_row(run: str, shard: str, config: RunConfig, sample: Sample, record: SampleRecord,
+             timed: bool = False, environment: Mapping[str, Any] | None = None) -> dict:
     """One result row: the grid fields, the sample's identity, the engine's record and where it ran."""
     source = RowSource(run, shard, config, sample, record, timed, environment or {})
     return {column.name: column.value(source) for column in COLUMNS}

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from pipeline.results.store import run_dir
+from pipeline.storage.store import run_dir
 
 
 _HELD: set[Path] = set()  # locks this process holds: taking one again nests
@@ -46,7 +46,8 @@ def run_lock(out: str | Path, run: str) -> Iterator[Path]:
             if other is not None:
                 raise RunLocked(
                     f"run {run!r} in {out} is being written by pid {other.get('pid')} on {other.get('host')} "
-                    f"since {other.get('since')}; wait for it to finish, or if that driver is gone, delete {path}"
+                    f"since {other.get('since')}; wait for it to finish, or if that driver is gone, "
+                    f"delete {path}"
                 )
             path.unlink(missing_ok=True)  # its driver is dead, or it is no lock at all: take the run over
     finally:

@@ -29,7 +29,8 @@ def fidelity_rows(rows: pd.DataFrame) -> pd.DataFrame:
     `identical` (same accepted count in every block) and `dtau` (|tau live - tau replay|)."""
     if "replay_accepted_per_block" not in rows.columns:
         rows = rows.assign(replay_accepted_per_block=None)
-    live = rows[(rows["mode"] == "live") & (rows["temperature"] == 0) & (rows["methods"] != "AR") & rows["error"].isna()]
+    live = rows[(rows["mode"] == "live") & (rows["temperature"] == 0) & (rows["methods"] != "AR")
+                & rows["error"].isna()]
     checked, identical, dtau = [], [], []
     for accepted, replayed in zip(live["accepted_per_block"], live["replay_accepted_per_block"]):
         has_replay = replayed is not None and not (isinstance(replayed, float) and pd.isna(replayed))
@@ -60,7 +61,8 @@ def fidelity_text(table: pd.DataFrame) -> str:
         return "No live greedy speculative row was checked against replay (the run decoded none live)."
     disagree = table[table["identical"] < table["checked"]]
     if disagree.empty:
-        return f"Replay gives live decoding's accepted counts in every checked row ({int(table['checked'].sum())})."
+        return ("Replay gives live decoding's accepted counts in every checked row "
+                f"({int(table['checked'].sum())}).")
     groups = "; ".join(
         f"{r['target']} <- {r['draft']} ({r['dtype']}, {r['engine']}): {r['checked'] - r['identical']} of "
         f"{r['checked']} rows differ, mean abs dtau {r['mean abs dtau']:.3f}"

@@ -15,7 +15,7 @@ from pipeline.drafting.methods import method_order as letter_order
 TABLE_INDEX = ["target", "draft", "turn", "method_label"]
 # Grid fields shown as extra index levels only where rows of one method and dataset differ in them.
 # `mode` is not among them: live and replay rows of one configuration give the same accepted counts
-# (pipeline.results.fidelity measures how often).
+# (pipeline.reports.fidelity measures how often).
 VARYING = ["policy", "window", "distance", "gamma", "temperature", "seed", "max_new_tokens"]
 AVERAGE = "Avg."
 
@@ -37,7 +37,9 @@ def with_tree_labels(rows: pd.DataFrame) -> pd.DataFrame:
     if "verify" not in rows:
         return rows
     tree = rows["verify"].notna() & (rows["verify"] != "chain")
-    return rows.assign(method_label=rows["method_label"].where(~tree, rows["method_label"] + " (" + rows["verify"] + ")"))
+    return rows.assign(
+        method_label=rows["method_label"].where(~tree, rows["method_label"] + " (" + rows["verify"] + ")")
+    )
 
 
 def batch_of(rows: pd.DataFrame) -> pd.Series:
@@ -96,13 +98,16 @@ def category_table(df: pd.DataFrame) -> pd.DataFrame:
     """Paper Table 2: mean of per-dataset pooled tau within each category and turn group
     (benchmark first turn, benchmark second turn, OOD first turn)."""
     ok = with_tree_labels(df[df["error"].isna()])
-    cells = ok.groupby(SUMMARY_INDEX + ["category", "turn", "dataset"]).apply(pooled_tau, include_groups=False)
+    cells = (ok.groupby(SUMMARY_INDEX + ["category", "turn", "dataset"])
+             .apply(pooled_tau, include_groups=False))
     cells = cells.rename("tau").reset_index()
-    cells["group"] = cells["category"].str.capitalize() + " " + cells["turn"].where(cells["turn"] == "first", "second")
+    cells["group"] = (cells["category"].str.capitalize() + " "
+                      + cells["turn"].where(cells["turn"] == "first", "second"))
     table = cells.groupby(SUMMARY_INDEX + ["group"])["tau"].mean().unstack("group")
     order = sorted(table.columns, key=lambda c: (not c.startswith("Benchmark"), c.endswith("second"), c))
     table = table[order]
-    return table.iloc[sorted(range(len(table)), key=lambda i: (table.index[i][:2], method_order(table.index[i][2])))]
+    return table.iloc[sorted(range(len(table)),
+                             key=lambda i: (table.index[i][:2], method_order(table.index[i][2])))]
 
 
 def best_marks(table: pd.DataFrame) -> dict[tuple[int, str], str]:
@@ -114,8 +119,10 @@ def best_marks(table: pd.DataFrame) -> dict[tuple[int, str], str]:
     flat = table.reset_index()
     index_columns = list(table.index.names)
     candidates = flat[flat["method_label"] != "AR"] if "method_label" in flat else flat
-    block_levels = index_columns[: index_columns.index("method_label")] if "method_label" in index_columns else []
-    blocks = [block for _, block in candidates.groupby(block_levels, sort=False)] if block_levels else [candidates]
+    block_levels = (index_columns[: index_columns.index("method_label")]
+                    if "method_label" in index_columns else [])
+    blocks = ([block for _, block in candidates.groupby(block_levels, sort=False)]
+              if block_levels else [candidates])
     marks: dict[tuple[int, str], str] = {}
     for column, block in itertools.product(table.columns, blocks):
         values = pd.to_numeric(block[column], errors="coerce").dropna().round(2)
@@ -164,7 +171,8 @@ def method_findings(df: pd.DataFrame) -> pd.DataFrame:
     keys = ["target", "draft", "turn", "dataset"]
     if ok.empty:  # e.g. a run stopped before any speculative row was written
         return pd.DataFrame(columns=keys)
-    cells = ok.groupby(keys + ["method_label", "policy", "policy_kind"]).apply(pooled_tau, include_groups=False)
+    cells = (ok.groupby(keys + ["method_label", "policy", "policy_kind"])
+             .apply(pooled_tau, include_groups=False))
     rows = []
     for key, group in cells.rename("tau").reset_index().groupby(keys, sort=False):
         group = group.sort_values("tau", ascending=False, kind="stable").reset_index(drop=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.results.calibration_store import Calibrations
-from pipeline.results.plots import context_cost_figure, save, verify_cost_figure
-from pipeline.results.report import markdown_table
+from pipeline.reports.plots import context_cost_figure, save, verify_cost_figure
+from pipeline.reports.report import markdown_table
+from pipeline.storage.calibration_store import Calibrations
 
 
 def calibration_section(calibrations: Calibrations, folder: Path) -> str:
@@ -15,7 +15,8 @@ def calibration_section(calibrations: Calibrations, folder: Path) -> str:
     if table.empty:
         return ""
     table.to_csv(folder / "calibration.csv")
-    text = ("## Calibration used (latency ratios, median [min-max] over rounds; the latest per pair and dtype)\n\n"
+    text = ("## Calibration used (latency ratios, median [min-max] over rounds; "
+            "the latest per pair and dtype)\n\n"
             + markdown_table(table, mark_best=False))
     curves = calibrations.verify_curves()
     made = verify_cost_figure(curves)
@@ -29,6 +30,8 @@ def calibration_section(calibrations: Calibrations, folder: Path) -> str:
         costs.to_csv(folder / "context_cost.csv", index=False)
         save(made[0], folder / "context_cost")
         by_context = costs.set_index(["target", "draft", "dtype", "device", "context"])
-        text += ("\n\n### Step cost against the prompt's length (calibration: one row, after a text prompt of each length)"
-                 f"\n\n{markdown_table(by_context, mark_best=False)}\n\n![context cost](context_cost.png)\n\n> {made[1]}")
+        text += ("\n\n### Step cost against the prompt's length "
+                 "(calibration: one row, after a text prompt of each length)"
+                 f"\n\n{markdown_table(by_context, mark_best=False)}"
+                 f"\n\n![context cost](context_cost.png)\n\n> {made[1]}")
     return text

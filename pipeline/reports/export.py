@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 import pandas as pd
 
-from pipeline.results.report import decoded_alone, with_tree_labels
+from pipeline.reports.report import decoded_alone, with_tree_labels
 
 FORMATS = ("spec-bench",)
 
@@ -33,7 +33,8 @@ def spec_bench_lines(rows: pd.DataFrame) -> dict[str, list[dict]]:
         parts = [row["target"]] + ([] if label == "AR" else [row["draft"]]) + [row["dtype"], label]
         model_id = "__".join(quote(str(part), safe="") for part in parts)
         wall = row.get("time_wall_s")
-        wall = row["time_total_s"] if wall is None or pd.isna(wall) else wall  # rows from before the wall clock
+        # rows from before the wall clock
+        wall = row["time_total_s"] if wall is None or pd.isna(wall) else wall
         accepted = [int(a) for a in row["accepted_per_block"]]
         files.setdefault(f"{model_id}.jsonl", []).append({
             "question_id": f"{row['sample_id']}", "category": row["dataset"], "model_id": model_id,
@@ -42,7 +43,8 @@ def spec_bench_lines(rows: pd.DataFrame) -> dict[str, list[dict]]:
                          "accept_lengths": [a + 1 for a in accepted]}],
         })
     # an AR row serves every draft of its target: one line per sample and turn
-    return {name: list({line["question_id"]: line for line in lines}.values()) for name, lines in files.items()}
+    return {name: list({line["question_id"]: line for line in lines}.values())
+            for name, lines in files.items()}
 
 
 def export(rows: pd.DataFrame, folder: str | Path, fmt: str = "spec-bench") -> list[Path]:

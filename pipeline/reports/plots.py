@@ -22,7 +22,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from pipeline.results.report import method_order, pooled_tau, with_tree_labels
+from pipeline.reports.report import method_order, pooled_tau, with_tree_labels
 
 WIDTHS = {"one-column": 3.5, "two-column": 7.16}  # inches: a two-column paper's column and page width
 PAGE_HEIGHT = 9.0  # inches: a page's text height (US letter or A4 with 1-inch margins)
@@ -87,9 +87,13 @@ def tau_figure(rows: pd.DataFrame, width: str = "two-column") -> tuple[Figure, s
     labels = sorted(set(cells["method_label"]) - {"AR"}, key=method_order)  # AR is the line at tau = 1
     fig, axes = panels(len(pairs), len(turns), width, panel_height=2.1)
     for (pair, turn), ax in zip([(p, t) for p in pairs for t in turns], axes.flat):
-        panel = cells[(cells[["target", "draft", "dtype"]].apply(tuple, axis=1) == pair) & (cells["turn"] == turn)]
+        panel = cells[(cells[["target", "draft", "dtype"]].apply(tuple, axis=1) == pair)
+                      & (cells["turn"] == turn)]
         # benchmark datasets first, then the others (OOD), as in the tables
-        datasets = sorted(set(panel["dataset"]), key=lambda d: (panel.loc[panel["dataset"] == d, "category"].iloc[0] != "benchmark", d))
+        datasets = sorted(
+            set(panel["dataset"]),
+            key=lambda d: (panel.loc[panel["dataset"] == d, "category"].iloc[0] != "benchmark", d)
+        )
         step = 0.85 / max(len(labels), 1)
         for k, label in enumerate(labels):
             values = panel[panel["method_label"] == label].set_index("dataset")["tau"].reindex(datasets)
@@ -97,7 +101,8 @@ def tau_figure(rows: pd.DataFrame, width: str = "two-column") -> tuple[Figure, s
                    color=method_colour(label), label=label)
         ax.axhline(1.0, color=method_colour("AR"), lw=0.8)
         ood = set(panel.loc[panel["category"] != "benchmark", "dataset"])
-        ax.set_xticks(range(len(datasets)), [d.replace("embedded_", "") + (" (OOD)" if d in ood else "") for d in datasets],
+        ax.set_xticks(range(len(datasets)),
+                      [d.replace("embedded_", "") + (" (OOD)" if d in ood else "") for d in datasets],
                       fontsize=6)
         samples = int(panel["samples"].max()) if len(panel) else 0
         ax.set_title(f"{panel_label(pair, pairs)}\n{turn} turn, {samples} samples/dataset", fontsize=6)
@@ -106,24 +111,29 @@ def tau_figure(rows: pd.DataFrame, width: str = "two-column") -> tuple[Figure, s
     axes.flat[0].set_ylim(1.0, max(top, 1.0) * 1.05 + 0.05)  # shared by every panel
     for ax in axes[:, 0]:
         ax.set_ylabel("tau (1 = AR)", fontsize=7)
-    fig.suptitle(f"Block efficiency tau per drafting method (gamma {_gammas(rows)}){suptitle_target(pairs)}", fontsize=8)
+    fig.suptitle(f"Block efficiency tau per drafting method (gamma {_gammas(rows)}){suptitle_target(pairs)}",
+                 fontsize=8)
     legend(fig, axes.flat[0], width)
     caption = (f"Pooled block efficiency tau per method and dataset; one panel per pair and turn "
                f"({len(pairs)} pair(s): {'; '.join(pair_label(*p) for p in pairs)}); gamma {_gammas(rows)}; "
-               f"{int(cells['samples'].max())} samples per dataset at most; the axis starts at tau = 1, plain decoding (AR).")
+               f"{int(cells['samples'].max())} samples per dataset at most; the axis starts at tau = 1, "
+               f"plain decoding (AR).")
     return fig, caption
 
 
 def weight_ratio_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """One first-turn row of a TABED ensemble holding M and T (MT* first) per pair and
     category: the sample with the most blocks."""
-    chain = rows["verify"].fillna("chain") == "chain" if "verify" in rows else True  # the paper's figure is of chains
-    dynamic = rows[rows["error"].isna() & (rows["turn"] == "first") & rows["method_label"].str.endswith("*") & chain
-                   & rows["methods"].str.contains("M") & rows["methods"].str.contains("T") & (rows["blocks"] > 1)]
+    # the paper's figure is of chains
+    chain = rows["verify"].fillna("chain") == "chain" if "verify" in rows else True
+    dynamic = rows[rows["error"].isna() & (rows["turn"] == "first") & rows["method_label"].str.endswith("*")
+                   & chain & rows["methods"].str.contains("M") & rows["methods"].str.contains("T")
+                   & (rows["blocks"] > 1)]
     if dynamic.empty:
         return dynamic
     label = sorted(dynamic["method_label"].unique(), key=lambda l: (l != "MT*", method_order(l)))[0]
-    chosen = dynamic[dynamic["method_label"] == label].sort_values(["blocks", "sample_id"], ascending=[False, True])
+    chosen = dynamic[dynamic["method_label"] == label].sort_values(
+        ["blocks", "sample_id"], ascending=[False, True])
     return chosen.groupby(["target", "draft", "dtype", "category"], sort=True).head(1)
 
 
@@ -169,17 +179,19 @@ def weight_ratio_figure(rows: pd.DataFrame, width: str = "two-column") -> tuple[
     for ax in axes.flat:
         ax.set_visible(False)
     for _, row in chosen.iterrows():
-        position = pairs.index((row["target"], row["draft"], row["dtype"])) * len(categories) + categories.index(row["category"])
+        position = (pairs.index((row["target"], row["draft"], row["dtype"])) * len(categories)
+                    + categories.index(row["category"]))
         ax = axes.flat[position]
         ax.set_visible(True)
         _draw_ratio(ax, row, panel_label((row["target"], row["draft"], row["dtype"]), pairs))
     first = chosen.iloc[0]
-    fig.suptitle(f"{first['method_label']} ({first['policy']}): share of M in the ensemble weights{suptitle_target(pairs)}",
-                 fontsize=8)
+    fig.suptitle(f"{first['method_label']} ({first['policy']}): share of M in the ensemble weights"
+                 f"{suptitle_target(pairs)}", fontsize=8)
     legend(fig, next(ax for ax in axes.flat if ax.get_visible()), width)
-    caption = (f"w(M)/(w(M)+w(T)) of {first['method_label']} ({first['policy']}) per block, one first-turn sample per "
-               f"scenario category (the one with the most blocks) and pair ({'; '.join(pair_label(*p) for p in pairs)}); "
-               f"gamma {_gammas(chosen)}; shading: proposals accepted in the block, darker = more.")
+    caption = (f"w(M)/(w(M)+w(T)) of {first['method_label']} ({first['policy']}) per block, one first-turn "
+               "sample per scenario category (the one with the most blocks) and pair "
+               f"({'; '.join(pair_label(*p) for p in pairs)}); gamma {_gammas(chosen)}; shading: proposals "
+               "accepted in the block, darker = more.")
     return fig, caption
 
 
@@ -217,14 +229,17 @@ def verify_cost_figure(curves: pd.DataFrame, width: str = "one-column") -> tuple
         curve = curve.sort_values("tokens")
         low = curve["low"] if "low" in curve else curve["ratio"]
         high = curve["high"] if "high" in curve else curve["ratio"]
-        spread = [(curve["ratio"] - low).fillna(0).clip(lower=0), (high - curve["ratio"]).fillna(0).clip(lower=0)]
+        spread = [(curve["ratio"] - low).fillna(0).clip(lower=0),
+                  (high - curve["ratio"]).fillna(0).clip(lower=0)]
         ax.errorbar(curve["tokens"], curve["ratio"], yerr=spread, marker="o", ms=3, lw=1.2, capsize=2,
                     label=f"{target} ({dtype}), {device}")
     ax.axhline(1.0, color="0.5", lw=0.8, ls="--", label="one step (what Eq. 1 assumes)")
-    _label_single(fig, ax, "tokens in one target forward (chain: gamma + 1; tree: nodes + 1)", "Tp(n) / Tp(1)")
-    caption = ("Verify cost against tokens verified in one target forward, measured by calibration (median over "
-               "rounds; bars: the lowest and highest round): what a chain of gamma proposals or a tree of n nodes costs "
-               "the target, relative to one step. Where the bars are long, the machine was busy and the curve is noise.")
+    _label_single(fig, ax, "tokens in one target forward (chain: gamma + 1; tree: nodes + 1)",
+                  "Tp(n) / Tp(1)")
+    caption = ("Verify cost against tokens verified in one target forward, measured by calibration "
+               "(median over rounds; bars: the lowest and highest round): what a chain of gamma proposals "
+               "or a tree of n nodes costs the target, relative to one step. Where the bars are long, the "
+               "machine was busy and the curve is noise.")
     return fig, caption
 
 
@@ -239,16 +254,17 @@ def context_cost_figure(costs: pd.DataFrame, width: str = "one-column") -> tuple
     ax = fig.subplots()
     for (target, dtype), pairs in costs.groupby(["target", "dtype"], sort=True):
         first = pairs[pairs["draft"] == pairs["draft"].iloc[0]].sort_values("context")
-        ax.plot(first["context"], first["Tp ms"], color="0.4", ls="--", marker=".", lw=1, label=f"target {target} ({dtype})")
+        ax.plot(first["context"], first["Tp ms"], color="0.4", ls="--", marker=".", lw=1,
+                label=f"target {target} ({dtype})")
         for draft, curve in pairs.groupby("draft", sort=True):
             curve = curve.sort_values("context")
             ax.plot(curve["context"], curve["Tq ms"], marker="o", ms=3, lw=1.2, label=f"draft {draft}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     _label_single(fig, ax, "prompt tokens before the step", "one cached step, ms")
-    caption = ("One cached decoding step (one row, median over the calibration's rounds) after text prompts of "
-               "several lengths: an attention draft reads a KV cache as long as the prompt, a state-space draft a "
-               "state of fixed size. The target's step is dashed.")
+    caption = ("One cached decoding step (one row, median over the calibration's rounds) after text "
+               "prompts of several lengths: an attention draft reads a KV cache as long as the prompt, a "
+               "state-space draft a state of fixed size. The target's step is dashed.")
     return fig, caption
 
 

@@ -15,6 +15,8 @@ chains and candidate trees of the Llama draft at batch > 1) reports it `unmeasur
 
 Lines, `name=value` (`<who>`: ours, or base for `--against`; `<key>`: m, mt_star, ...):
 - `<who>_b<B>_<key>_speedup`: AR time / SD time at batch B, in that checkout;
+- `b<B>_<key>_sd_vs_base`, `b<B>_ar_vs_base`: base's SD (AR) time over ours (1: as fast; over 1:
+  ours is faster), so that a faster AR does not read as a slower SD;
 - `<who>_b<B>_<key>_tabed_share`: TABED's share (choosing weights, mixing, scoring history) of
   the SD decode's time;
 - `b<B>_<key>_speedup_vs_base`: ours over base (1: as fast);
@@ -156,6 +158,8 @@ def figures(best: dict[tuple, dict], checkouts: list[str], names: list[str],
         out[f"b{batch}_ours_vs_hf_ar"] = (out[f"b{batch}_ar_tokens_per_s"]
                                           / out[f"b{batch}_hf_ar_tokens_per_s"])
         out[f"b{batch}_hf_ar_equals_ar"] = sum(a == h for a, h in zip(ar["outputs"], hf["outputs"]))
+        if "base" in checkouts:
+            out[f"b{batch}_ar_vs_base"] = best[("base", batch, "ar")]["seconds"] / ar["seconds"]
         for name in names[2:]:
             for who in checkouts:
                 sd, base_ar = best[(who, batch, name)], best[(who, batch, "ar")]
@@ -170,6 +174,8 @@ def figures(best: dict[tuple, dict], checkouts: list[str], names: list[str],
             ours, base = out.get(f"ours_b{batch}_{name}_speedup"), out.get(f"base_b{batch}_{name}_speedup")
             if isinstance(ours, float) and isinstance(base, float):
                 out[f"b{batch}_{name}_speedup_vs_base"] = ours / base
+                seconds = lambda who: best[(who, batch, name)]["seconds"]
+                out[f"b{batch}_{name}_sd_vs_base"] = seconds("base") / seconds("ours")
     return out
 
 

@@ -77,7 +77,7 @@ class Decoders:
                 records = self.decode(name, samples)
                 outputs = [r.output_ids for r in records]
         except ValueError as err:  # what this checkout cannot decode
-            return {"unmeasured": str(err).split(":")[0]}
+            return {"unmeasured": str(err).split(";")[0]}
         seconds = time.perf_counter() - began
         tabed, total = (records[0].time_tabed_s, records[0].time_total_s) if records else (0.0, 0.0)
         return {"seconds": seconds, "outputs": outputs, "tabed_s": tabed, "total_s": total}

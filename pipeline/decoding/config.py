@@ -50,11 +50,7 @@ class DecodeConfig:
             raise ValueError(f"gamma (draft length) must be >= 1, got {self.gamma}")
         self.policy.validate()
         self.verify.validate()
-        depth = getattr(self.verify, "depth", None)
-        if depth not in (None, self.gamma):
-            raise ValueError(f"a {self.verify.kind} tree's depth is the draft steps per block, "
-                             "its gamma: depth "
-                             f"{depth} with gamma {self.gamma} (a grid sets gamma from depth)")
+        self.verify.check_gamma(self.gamma)
         if not self.verify.samples and not self.greedy:
             raise ValueError(f"a {self.verify.kind} tree verifies greedy decoding only (it keeps children "
                              "by rank, which sampling's acceptance rule cannot correct for); for sampling "

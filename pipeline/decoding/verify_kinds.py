@@ -1,12 +1,8 @@
-"""Every verify kind, in one registry (the grid's `verify` axis): how the target verifies a
-block, one chain (`chain`) or a token tree (`candidates`, `dynamic`, `shape`, `bandit`). Each
-kind is a registered class, like the weight policies: its knobs, its name in tables, what a
-block of it costs (nodes the target reads, rows the draft runs), whether greedy trace replay
-scores it, whether it samples, and the proposer that drafts it (`pipeline.decoding.draft`).
-Torch-free, so grid files validate without torch; `pipeline.planning.verify_entries` makes
-specs from grid entries and result rows. A kind of your own is a subclass and its proposer,
-named by import path in a grid (`{kind: "pkg.mod:Class"}`), like a policy (docs/extending.md).
-"""
+"""Every verify kind in one registry (the grid's `verify` axis): one chain or a token tree, each
+a registered class like the weight policies: its knobs, its name in tables, what a block of it
+costs, whether greedy replay scores it, whether it samples, and the proposer that drafts it.
+Torch-free, so grid files validate without torch. A kind of your own is a subclass and its
+proposer, named by import path in a grid, like a policy (docs/extending.md)."""
 from __future__ import annotations
 
 import json
@@ -51,6 +47,9 @@ class VerifySpec:
 
     def validate(self) -> None:
         """ValueError naming a bad knob."""
+
+    def check_gamma(self, gamma: int) -> None:
+        """ValueError when a knob disagrees with the configuration's draft steps per block."""
 
     def settled(self, methods: int, gamma: int) -> tuple[VerifySpec, int]:
         """The spec and gamma a configuration of `methods` drafting methods runs (normalised:
@@ -137,6 +136,11 @@ class DynamicTree(VerifySpec, kind="dynamic"):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"dynamic tree {name} must be an integer >= 1, got {value!r}")
 
+    def check_gamma(self, gamma: int) -> None:
+        if self.depth not in (None, gamma):
+            raise ValueError(f"a {self.kind} tree's depth is the draft steps per block, its gamma: depth "
+                             f"{self.depth} with gamma {gamma} (a grid sets gamma from depth)")
+
     def for_gamma(self, gamma: int) -> DynamicTree:
         """The same tree at depth `gamma`: it holds at most gamma x top_k nodes."""
         return replace(self, nodes=min(self.nodes, gamma * self.top_k))
@@ -177,12 +181,11 @@ def shape_levels(shape: tuple[int, ...]) -> list[int]:
 
 def check_shape(shape: Any, what: str) -> tuple[int, ...]:
     """A tree shape `(N1, ..., Nd)` as a tuple, or ValueError naming `what`."""
-    if not isinstance(shape, (list, tuple)) or not shape or any(
-            isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in shape):
+    counts = shape if isinstance(shape, (list, tuple)) else [None]
+    if not shape or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts):
         raise ValueError(f"{what} must be a non-empty list of integers >= 1 (children per node at each "
                          f"depth), got {shape!r}")
-    if sum(shape_levels(tuple(shape))) > MAX_TREE_NODES:
-        nodes = sum(shape_levels(tuple(shape)))
+    if (nodes := sum(shape_levels(tuple(shape)))) > MAX_TREE_NODES:
         raise ValueError(f"{what} {list(shape)} has {nodes} nodes; at most {MAX_TREE_NODES}")
     return tuple(shape)
 
@@ -220,8 +223,8 @@ class ShapeTree(VerifySpec, kind="shape"):
         return {"kind": self.kind, "shape": list(self.shape)}
 
     def columns(self) -> dict[str, Any]:
-        return super().columns() | {"verify_nodes": self.tree_nodes(0, 1),
-                                    "verify_shapes": [list(self.shape)]}
+        shapes = [list(self.shape)]
+        return super().columns() | {"verify_nodes": self.tree_nodes(0, 1), "verify_shapes": shapes}
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ every sample, synchronising the device before each clock read.
     python bench/gpu_engine.py --shapes 13b --draft 160m --engine static
 
 On a GPU box copy the repository (no install needed: the script puts the repo root on the
-path); it needs only torch, transformers>=5.23 (`pip install --no-deps transformers-*.whl`
+path); it needs only torch, transformers>=5.24 (`pip install --no-deps transformers-*.whl`
 over an older one), tokenizers and pillow.
 
 Output: a `#` header with one walltime line per contender, then `name=value` lines (`<engine>`

@@ -103,7 +103,7 @@ class HFModel(LVLM):
         mask, positions = attention_mask.to(self.device), position_ids.to(self.device)
         if hidden:
             out = self.model(input_ids=ids, inputs_embeds=inputs_embeds, attention_mask=mask,
-                             position_ids=positions, past_key_values=cache, use_cache=True,
+                             position_ids=positions, cache=cache, use_cache=True,
                              logits_to_keep=keep, output_hidden_states=True)
             return out.logits[:, -keep:].float(), out.hidden_states[-1][:, -keep:]
         if compiled and ids is not None:
@@ -162,7 +162,7 @@ class HFModel(LVLM):
         """fp32 logits of the last `keep` positions, `[B, keep, V]`; `compiled`: through
         transformers' compiled call (one compile per model, reused for each static shape)."""
         forward = self.model.get_compiled_call(self.step_compile) if compiled else self.model
-        out = forward(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=keep)
+        out = forward(**inputs, cache=cache, use_cache=True, logits_to_keep=keep)
         return out.logits[:, -keep:].float()
 
     def image_features(self, images: Sequence[Image.Image], pooled: bool = False) -> list[torch.Tensor]:

@@ -152,3 +152,17 @@ def test_one_host_transfer_per_block_at_batch_3(pairs, engine, monkeypatch):
             records = decode(pairs["llama"], samples(3), config(kind, temperature), engine=engine)
             assert len(per_block) == max(len(r.accepted_per_block) for r in records) > 3
             assert set(per_block) == {1}, (kind, temperature, per_block)
+
+
+def test_a_decodes_energy_is_split_over_its_requests_by_new_tokens(pairs, monkeypatch):
+    """Where a GPU's counter can be read, each row carries its share of its batch's joules
+    (sums over rows are the energy spent); where none can (this CPU), every row says None."""
+    import pipeline.decoding.timing as timing
+
+    assert all(r.energy_j is None for r in decode(pairs["llama"], samples(2), config("chain")))
+    readings = iter([100.0, 130.0])
+    monkeypatch.setattr(timing, "energy_meter", lambda device: lambda: next(readings))
+    records = decode(pairs["llama"], samples(2), config("chain"))
+    assert sum(r.energy_j for r in records) == pytest.approx(30.0)
+    assert [r.energy_j / 30.0 for r in records] == pytest.approx(
+        [r.new_tokens / sum(x.new_tokens for x in records) for r in records])

@@ -33,9 +33,9 @@ REPO = Path(__file__).resolve().parents[1]
 # columns were added to rows whose other columns all matched, and so were `verify_knobs` and
 # `verify_block_shapes` when one decoder came to serve every batch size.
 SMOKE_ROWS = REPO / "tests" / "fixtures" / "smoke_rows.json"
-# where it ran, how busy the machine was and how fast it went, not what it computed
+# where it ran, how busy the machine was, how fast it went and what energy it took, not what it computed
 MACHINE = ("device_name", "torch_version", "transformers_version", "cpu_cores", "load_before", "load_after",
-           "batch_tokens_per_s")
+           "batch_tokens_per_s", "energy_j")
 
 
 def comparable_rows(df) -> list[dict]:

@@ -109,6 +109,27 @@ def test_speedup_uses_calibration_and_live_walltime():
     assert table.loc[("t", "d", "fp32", "static", "-", machine, "AR", "static"), "measured"] == 1.0
 
 
+def test_energy_columns_appear_only_where_a_gpu_counter_was_read():
+    """J per new token and per accepted draft token beside the speedups; rows without energy
+    (a CPU) leave the columns out rather than print zeros."""
+    from pipeline.reports.speedup import speedup_table
+
+    base = {"target": "t", "draft": "d", "dtype": "fp32", "turn": "first", "error": None, "gamma": 5.0,
+            "policy": "static", "engine": "static", "sample_id": "s0", "new_tokens": 8, **CPU}
+    df = pd.DataFrame([
+        {**base, "method_label": "AR", "mode": "ar", "accepted_per_block": [0] * 8, "time_total_s": 4.0,
+         "gamma": None, "blocks": 8, "energy_j": 16.0},
+        {**base, "method_label": "M", "mode": "live", "accepted_per_block": [3, 1], "time_total_s": 2.0,
+         "blocks": 2, "energy_j": 10.0},
+    ])
+    table = speedup_table(df, calibrations_of([]))
+    m = table.xs("M", level="method_label").iloc[0]
+    assert m["J/token"] == pytest.approx(10.0 / 8) and m["J/accepted"] == pytest.approx(10.0 / 4)
+    ar = table.xs("AR", level="method_label").iloc[0]
+    assert ar["J/token"] == pytest.approx(2.0) and pd.isna(ar["J/accepted"])
+    assert "J/token" not in speedup_table(df.assign(energy_j=None), calibrations_of([])).columns
+
+
 def test_a_grid_sweeping_gamma_gets_one_speedup_row_per_gamma():
     """tau, Eq. 1, the verify cost and the measured speedup of each gamma are its own."""
     from pipeline.reports.speedup import speedup_table

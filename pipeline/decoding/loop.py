@@ -264,6 +264,7 @@ def finish_records(records: list[SampleRecord], outputs: list[list[int]], target
     batch's); a request's `time_request_s` was set as it stopped."""
     seconds = timer.totals()
     wall = time.perf_counter() - timer.started
+    energy = timer.energy_j()
     total = seconds["prefill"] + seconds["draft"] + seconds["verify"]
     tokens = sum(len(output) for output in outputs)
     for record, output in zip(records, outputs):
@@ -284,4 +285,6 @@ def finish_records(records: list[SampleRecord], outputs: list[list[int]], target
         if len(records) == 1:
             record.time_request_s = wall
         record.batch_tokens_per_s = tokens / total if total > 0 else None
+        if energy is not None:
+            record.energy_j = energy * (len(output) / tokens if tokens else 1 / len(records))
     return records

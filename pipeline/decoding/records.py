@@ -48,6 +48,10 @@ class SampleRecord:
     time_request_s: float | None = None
     # new tokens of every request decoded with this one (itself alone: its own) over time_total_s
     batch_tokens_per_s: float | None = None
+    # joules the GPU used for this request: its decode's energy (NVML) split over the requests
+    # decoded together by their new tokens, so sums over rows are the energy spent; None where
+    # no counter could be read (a CPU, no pynvml), never 0
+    energy_j: float | None = None
     # a live greedy row's accepted counts as trace replay scores the same sample (None elsewhere):
     # the replay-fidelity check of pipeline.reports.fidelity
     replay_accepted_per_block: list[int] | None = None

@@ -6,6 +6,8 @@ from collections import defaultdict
 
 import torch
 
+from pipeline.models.devices import energy_meter
+
 
 class PhaseTimer:
     """Seconds per phase without waiting for the device inside a block: CUDA events on a GPU
@@ -14,10 +16,15 @@ class PhaseTimer:
     per proposal, and its cost lands in the very overhead it measures."""
 
     def __init__(self, device: torch.device) -> None:
-        self.started = time.perf_counter()  # the decode's wall clock starts with its timer
         self.cuda = device.type == "cuda"
         self.seconds: dict[str, float] = defaultdict(float)
         self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+        self._meter = energy_meter(device)  # None: energy unmeasured here
+        if self._meter is not None:
+            if self.cuda:
+                torch.cuda.synchronize()  # the decode's energy starts with its timer, on an idle device
+            self._energy_start = self._meter()
+        self.started = time.perf_counter()  # the decode's wall clock starts with its timer
 
     def phase(self, name: str) -> _Phase:
         return _Phase(self, name)
@@ -29,6 +36,11 @@ class PhaseTimer:
                 self.seconds[name] += start.elapsed_time(end) / 1000
             self._events.clear()
         return self.seconds
+
+    def energy_j(self) -> float | None:
+        """Joules the device used since the timer started (call after `totals`, which waits for
+        the device); None where no energy counter can be read."""
+        return None if self._meter is None else self._meter() - self._energy_start
 
 
 class _Phase:

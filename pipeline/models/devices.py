@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import platform
 from functools import lru_cache
+from typing import Callable
 
 import torch
 import transformers
@@ -53,3 +54,26 @@ def machine_load() -> float | None:
 def cpu_cores() -> int:
     """The machine's cores, as the load average counts them (all of them, not this process's share)."""
     return os.cpu_count() or 1
+
+
+EnergyMeter = Callable[[], float]  # joules the device has used since its driver loaded
+
+
+@lru_cache(maxsize=None)
+def energy_meter(device: torch.device | str) -> EnergyMeter | None:
+    """NVML's energy counter of an NVIDIA GPU, in joules (millijoule resolution, updated by the
+    driver every few milliseconds), or None where there is none to read: a CPU, no `pynvml`
+    (the `nvidia-ml-py` package), or a GPU without the counter. Never a made-up zero."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device() if device.index is None
+                                                   else device.index)
+        pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+    except Exception:  # no pynvml, no driver, or a GPU without the counter: unmeasured
+        return None
+    return lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000

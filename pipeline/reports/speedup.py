@@ -98,9 +98,12 @@ def speedup_table(df: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
             rows.append(row | {"timed_on": machine,
                                "tau timed": pooled_tau(live) if len(live) else float("nan"),
                                "measured": _measured_speedup(mine, ar, label), "time split %": split,
+                               **energy_per_token(ar if label == "AR" else live),
                                "noise": noise_text(flags | {"measured": measured_flags})})
     table = pd.DataFrame(rows).reindex(columns=SPEEDUP_INDEX + ["tau", "tau timed", "eq1", "corrected",
-                                                                "measured", "time split %", "noise"])
+                                                                "measured", *ENERGY, "time split %", "noise"])
+    if table[list(ENERGY)].isna().all().all():  # no row's energy measured (a CPU, no NVML)
+        table = table.drop(columns=list(ENERGY))
     table = table.set_index(SPEEDUP_INDEX)
 
     def order(i: int) -> tuple:
@@ -178,6 +181,20 @@ def shapes_used(rows: pd.DataFrame,
         for arm in [] if arms is None else arms:
             counts[int(arm)] += 1
     return [(shape, n) for shape, n in zip(shapes, counts) if n] or [(shapes[0], 1)]
+
+
+ENERGY = ("J/token", "J/accepted")
+
+
+def energy_per_token(rows: pd.DataFrame) -> dict[str, float]:
+    """Joules per new token and per accepted draft token of timed rows whose energy was
+    measured (NVML; every row of them, else NaN: never a partial or zero figure)."""
+    if rows.empty or "energy_j" not in rows or rows["energy_j"].isna().any():
+        return dict.fromkeys(ENERGY, float("nan"))
+    energy = rows["energy_j"]
+    accepted = sum(sum(blocks) for blocks in rows["accepted_per_block"])
+    return {"J/token": energy.sum() / rows["new_tokens"].sum(),
+            "J/accepted": energy.sum() / accepted if accepted else float("nan")}
 
 
 def _missing(value) -> bool:

@@ -71,7 +71,8 @@ def _write_report(out: str | Path, run: str, everything: pd.DataFrame, folder: P
             "`-`: not timed). `tau` here pools every first-turn block of every dataset, OOD included, "
             "so it differs from the tau table's `Avg.` (the mean of the benchmark datasets' cells); "
             "`tau timed` pools only the samples the walltime was measured on; `noise` says why a figure "
-            "is printed as unreliable",
+            "is printed as unreliable; where a GPU's energy counter was read (NVML), `J/token` and "
+            "`J/accepted` give joules per new token and per accepted draft token of the timed rows",
             speedup_table(rows, calibrations),
         ),
     }

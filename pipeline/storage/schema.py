@@ -182,6 +182,9 @@ COLUMNS: tuple[Column, ...] = (
     # the new tokens of its whole batch per second of time_total_s
     Column("time_request_s", pa.float64(), _outcome("time_request_s")),
     Column("batch_tokens_per_s", pa.float64(), _outcome("batch_tokens_per_s")),
+    # the GPU's energy for this request (NVML; its share of its batch's by new tokens); null where
+    # unmeasured (a CPU, no pynvml), never 0
+    Column("energy_j", pa.float64(), _outcome("energy_j")),
     Column("error", pa.string(), _outcome("error")),  # null when the sample decoded fine
     # input | model | resource (records.py)
     Column("error_category", pa.string(), _outcome("error_category")),

@@ -1,0 +1,159 @@
+"""One GPU check that fits a lent GPU's budget: sections in priority order, each in a process of
+its own with its share of `--budget-s` (time a section leaves unused passes on to the next),
+each printing its `name=value` lines as soon as it finishes, into a raw log as well.
+
+    python bench/gpu_check.py --shapes 7b --budget-s 420      # a lent GPU: everything below
+    python bench/gpu_check.py --shapes tiny --budget-s 240    # a CPU: every section it can
+
+Sections (`bench/gpu_sections.py`), most important first:
+- device: the device, torch and transformers; gpu_tests_passed / _failed (the GPU-only tests);
+- exact: exact_fp32 / exact_fp16, greedy SD outputs equal to AR's on the device (tiny pair, every
+  verify kind, batch 1 and 3, eager engine: the GPU-only tests hold captured steps to eager's), and bf16_divergence, the share that differ in bf16, with
+  bf16_first_divergence, the earliest token where one does;
+- target_step: target_step_ms (our AR decode step, static engine) beside floor_ms (the step's
+  weight bytes over copy_bandwidth_gb_s, measured with a copy kernel);
+- sd_speedup: sd_speedup_M, sd_speedup_MTstar (over our AR), hf_assisted_speedup (transformers'
+  assisted generation over its own greedy AR), outputs compared, and energy_j_per_token_ar,
+  energy_j_per_token_sd_M, energy_j_per_accepted_token_sd_M from NVML's energy counter read
+  around the timed decodes only;
+- batch: batch_speedup_<B>, SD M over AR at the same batch size B (1, 4, 16; tiny: 1, 2, 4);
+- ssm_step: ssm_step_ms of a Mamba2 draft (130M) beside llama_draft_step_ms (68M) after a
+  2048-token context.
+A section that cannot run says `unmeasured` and why; one that outruns its share is stopped and
+said `unmeasured (out of time)`; sections the budget never reached are named in `skipped=`.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SHARES = {"device": 0.2, "exact": 0.1, "target_step": 0.1, "sd_speedup": 0.25, "batch": 0.2, "ssm_step": 0.15}
+MIN_START_S = 5.0  # a section is not started with less time than this left
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", choices=["tiny", "7b", "13b"], default="7b")
+    parser.add_argument("--draft", choices=["68m", "160m"], default="68m")
+    parser.add_argument("--budget-s", type=float, default=420.0)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--log-dir", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--section", choices=list(SHARES), help=argparse.SUPPRESS)  # run one, in this process
+    args = parser.parse_args(argv)
+    if args.budget_s <= 0 or args.max_new_tokens <= 0:
+        parser.error("--budget-s and --max-new-tokens must be positive")
+    return args
+
+
+def run_section(args: argparse.Namespace) -> int:
+    """The child: one section's figures on stdout, or the section unmeasured and why."""
+    import warnings
+
+    import torch
+
+    warnings.filterwarnings("ignore")
+    from bench.gpu_sections import SECTIONS
+
+    try:
+        figures = SECTIONS[args.section](args)
+    except torch.cuda.OutOfMemoryError:
+        figures = {args.section: "unmeasured (out of memory)"}
+    except Exception as err:  # a section's failure must not stop the sections after it
+        figures = {args.section: f"unmeasured ({type(err).__name__}: {str(err).splitlines()[0][:200]})"}
+    for name, value in figures.items():
+        print(f"{name}={value:.6g}" if isinstance(value, float) else f"{name}={value}", flush=True)
+    return 0
+
+
+class Log:
+    """Lines to stdout and to the raw log file at once, so a stopped check keeps what it printed."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path, self.file = path, path.open("w")
+
+    def __call__(self, line: str) -> None:
+        print(line, flush=True)
+        self.file.write(line + "\n")
+        self.file.flush()
+
+
+def stream(process: subprocess.Popen, log: Log) -> threading.Thread:
+    def pump() -> None:
+        for line in process.stdout:
+            log(line.rstrip("\n"))
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    return thread
+
+
+def run_child(args: argparse.Namespace, section: str, seconds: float, log: Log) -> bool:
+    """Run one section in its own process group for at most `seconds`; False if it was stopped."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--section", section, "--shapes", args.shapes,
+               "--draft", args.draft, "--max-new-tokens", str(args.max_new_tokens)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1"}
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+    reader = stream(process, log)
+    try:
+        process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        process.wait()
+        reader.join(timeout=5)
+        log(f"{section}=unmeasured (out of time: stopped after its {seconds:.0f} s share)")
+        return False
+    reader.join(timeout=5)
+    return True
+
+
+def log_path(args: argparse.Namespace, device: str) -> Path:
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", f"gpu-check-{args.shapes}-{device}").strip("-").lower()
+    return args.log_dir / f"{slug}-{stamp}.txt"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.section:
+        return run_section(args)
+    import torch
+
+    from bench.record import header
+
+    deadline = time.monotonic() + args.budget_s
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    log = Log(log_path(args, name))
+    for line in header(["python", "bench/gpu_check.py", *(argv if argv is not None else sys.argv[1:])], device):
+        log(line)
+    log(f"# budget {args.budget_s:.0f} s; sections in order: {', '.join(SHARES)}")
+    carried, skipped = 0.0, []
+    for section, share in SHARES.items():
+        left = deadline - time.monotonic()
+        if left < MIN_START_S:
+            skipped.append(section)
+            continue
+        allowed = min(left, share * args.budget_s + carried)
+        started = time.monotonic()
+        run_child(args, section, allowed, log)
+        carried = max(0.0, allowed - (time.monotonic() - started))
+        log(f"# {section}: {time.monotonic() - started:.1f} s of {allowed:.0f}")
+    log(f"skipped={','.join(skipped) if skipped else 'none'}")
+    log(f"# kept: {log.path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""The sections `bench/gpu_check.py` runs, one per process: each returns its `name=value` figures;
+what it cannot measure here it gives as `unmeasured (why)` (no CUDA, no NVML), and an error
+(out of memory, say) makes the whole section unmeasured, never a zero."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import transformers
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a plain copy of the repo
+
+from bench import gpu_batch, gpu_engine  # noqa: E402
+from bench.real_shapes import DRAFTS, build_pair, pair_shape, step_weight_bytes  # noqa: E402
+from pipeline.decoding.config import DecodeConfig  # noqa: E402
+from pipeline.decoding.loop import autoregressive_decode, speculative_decode  # noqa: E402
+from pipeline.drafting.policies import GridSearchPolicy, StaticPolicy  # noqa: E402
+from pipeline.models.devices import device_name  # noqa: E402
+from pipeline.planning.verify_entries import make_verify  # noqa: E402
+
+Figures = dict[str, object]
+EXACT_VERIFY = ("chain", "candidates", "dynamic", "bandit")
+GPU_TESTS = ["tests/test_engine_static.py", "tests/test_fallback.py", "-k", "on_gpu"]
+
+
+def device_of(args: argparse.Namespace) -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def engine_of(device: torch.device) -> str:
+    """Captured CUDA graphs on a GPU; eager on a CPU, where compiling costs more than it saves."""
+    return "static" if device.type == "cuda" else "eager"
+
+
+def device_section(args: argparse.Namespace) -> Figures:
+    figures: Figures = {"device": device_name(device_of(args)), "torch": torch.__version__,
+                        "transformers": transformers.__version__}
+    if not torch.cuda.is_available():
+        return {**figures, "gpu_tests": "unmeasured (no CUDA: the GPU-only tests skip)"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *GPU_TESTS],
+                         cwd=ROOT, capture_output=True, text=True)
+    counts = dict((kind, int(n)) for n, kind in re.findall(r"(\d+) (passed|failed|error)", run.stdout))
+    failed = [line for line in run.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    return {**figures, "gpu_tests_passed": counts.get("passed", 0),
+            "gpu_tests_failed": counts.get("failed", 0) + counts.get("error", 0),
+            **({"gpu_tests_failures": "; ".join(failed)} if failed else {})}
+
+
+def exact_section(args: argparse.Namespace) -> Figures:
+    """Greedy SD against AR at the same batch (1 and 3) on the tiny pair, every verify kind."""
+    from pipeline.models.loading import load_pair
+    from pipeline.models.tiny import build_tiny_pair
+
+    device = device_of(args)
+    samples = gpu_engine.make_samples(3)
+    figures: Figures = {}
+    with tempfile.TemporaryDirectory() as out:
+        target_dir, draft_dir = build_tiny_pair(out)
+        for dtype in ("fp32", "fp16", "bf16"):
+            target, draft = load_pair(str(target_dir), str(draft_dir), dtype=dtype, device=device)
+            pairs = [(sd, ar) for batch in (1, 3) for sd, ar in tiny_outputs(target, draft, samples, batch)]
+            differ = [next(i for i, (a, b) in enumerate(zip(sd + [-1], ar + [-2])) if a != b)
+                      for sd, ar in pairs if sd != ar]
+            if dtype == "bf16":
+                figures["bf16_divergence"] = len(differ) / len(pairs)
+                figures["bf16_first_divergence"] = min(differ) if differ else "none"
+            else:
+                figures[f"exact_{dtype}"] = f"{len(pairs) - len(differ)}/{len(pairs)}"
+    return figures
+
+
+def tiny_outputs(target, draft, samples, batch: int) -> list[tuple[list[int], list[int]]]:
+    """(SD, AR) outputs per request; eager engine (the GPU-only tests hold captured steps to
+    eager's outputs; compiling every step shape of three dtypes would take minutes)."""
+    engine = "eager"
+    groups = [samples[i : i + batch] for i in range(0, len(samples), batch)]
+    ar = [r.output_ids for g in groups for r in autoregressive_decode(target, g, max_new_tokens=24,
+                                                                      engine=engine)]
+    out = []
+    for verify in EXACT_VERIFY:
+        config = DecodeConfig(methods="MT", policy=GridSearchPolicy(), max_new_tokens=24,
+                              verify=make_verify(verify))
+        sd = [r.output_ids for g in groups
+              for r in speculative_decode(target, draft, g, config, gpu_engine.ColourCaptioner(), engine=engine)]
+        out += list(zip(sd, ar))
+    return out
+
+
+def real_pair(args: argparse.Namespace):
+    device = device_of(args)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return build_pair(pair_shape(args.shapes, args.draft), 0.7, device, dtype)
+
+
+def target_step_section(args: argparse.Namespace) -> Figures:
+    target, _ = real_pair(args)
+    samples = gpu_engine.make_samples(2)
+    engine = engine_of(target.device)
+    autoregressive_decode(target, samples[:1], max_new_tokens=args.max_new_tokens, engine=engine)  # compiles
+    records = autoregressive_decode(target, samples, max_new_tokens=args.max_new_tokens, engine=engine)
+    bandwidth = gpu_engine.copy_bandwidth_gb_s(target.device)
+    step = 1000 * sum(r.time_verify_s for r in records) / sum(r.new_tokens for r in records)
+    floor = step_weight_bytes(target) / bandwidth / 1e6
+    return {"target_step_ms": step, "floor_ms": floor, "target_step_over_floor": step / floor,
+            "copy_bandwidth_gb_s": bandwidth}
+
+
+def sd_speedup_section(args: argparse.Namespace) -> Figures:
+    """SD M and MT* over our AR, transformers' assisted generation over its own greedy AR, and
+    the energy of our AR and SD M decodes (NVML's counter, read around the timed decodes)."""
+    target, draft = real_pair(args)
+    device, new = target.device, args.max_new_tokens
+    samples = gpu_engine.make_samples(3)
+    engine = engine_of(device)
+    decoders = {"ar": lambda s: autoregressive_decode(target, [s], max_new_tokens=new, engine=engine)[0]}
+    for key, (methods, policy) in {"M": ("M", StaticPolicy), "MTstar": ("MT", GridSearchPolicy)}.items():
+        config = DecodeConfig(methods=methods, policy=policy(), max_new_tokens=new)
+        decoders[key] = lambda s, c=config: speculative_decode(target, draft, [s], c, engine=engine)[0]
+    draft.model.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.model.generation_config.num_assistant_tokens = 5
+    decoders["hf_ar"] = lambda s: gpu_engine.hf_generate(target, s, new)
+    decoders["hf_assisted"] = lambda s: gpu_engine.hf_generate(target, s, new, assistant_model=draft.model)
+    meter = energy_meter(device)
+    runs, energy = {}, {}
+    for name, decode in decoders.items():
+        decode(samples[0])  # warm-up: compiles and captures
+        start_j, start = meter(), time.perf_counter()
+        results = [decode(s) for s in samples]
+        gpu_engine.synchronize(device)
+        runs[name] = (time.perf_counter() - start, results)
+        energy[name] = None if start_j is None else meter() - start_j
+    ids = {name: [getattr(r, "output_ids", r) for r in results] for name, (_, results) in runs.items()}
+    rate = {name: sum(map(len, ids[name])) / seconds for name, (seconds, _) in runs.items()}
+    figures: Figures = {f"sd_speedup_{k}": rate[k] / rate["ar"] for k in ("M", "MTstar")}
+    figures["hf_assisted_speedup"] = rate["hf_assisted"] / rate["hf_ar"]
+    figures["sd_equals_ar"] = f"{sum(ids['M'][i] == ids['MTstar'][i] == a for i, a in enumerate(ids['ar']))}/3"
+    figures["hf_assisted_equals_hf_ar"] = f"{sum(a == b for a, b in zip(ids['hf_assisted'], ids['hf_ar']))}/3"
+    figures["ar_tokens_per_s"] = rate["ar"]
+    if energy["ar"] is None:
+        return {**figures, "energy": "unmeasured (no NVML: pynvml missing or no NVIDIA device)"}
+    accepted = sum(sum(r.accepted_per_block) for r in runs["M"][1])
+    figures["energy_j_per_token_ar"] = energy["ar"] / sum(map(len, ids["ar"]))
+    figures["energy_j_per_token_sd_M"] = energy["M"] / sum(map(len, ids["M"]))
+    figures["energy_j_per_accepted_token_sd_M"] = energy["M"] / accepted if accepted else "none accepted"
+    return figures
+
+
+def energy_meter(device: torch.device) -> Callable[[], float | None]:
+    """Joules the GPU has used since its driver loaded (NVML), or a meter reading None."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+    except Exception:  # no pynvml, no NVIDIA driver, or a GPU without the counter
+        return lambda: None
+
+    def joules() -> float:
+        gpu_engine.synchronize(device)
+        return pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000
+
+    return joules if device.type == "cuda" else (lambda: None)
+
+
+def batch_section(args: argparse.Namespace) -> Figures:
+    gpu_batch.SD_CONFIGS = {"m": gpu_batch.SD_CONFIGS["m"]}
+    batches = ["1", "4", "16"] if args.shapes != "tiny" else ["1", "2", "4"]
+    lines = gpu_batch.main(["--shapes", args.shapes, "--draft", args.draft, "--batches", *batches,
+                            "--max-new-tokens", str(args.max_new_tokens), "--rounds", "1",
+                            "--device", str(device_of(args)), "--engine", engine_of(device_of(args))])
+    return {f"batch_speedup_{b}": lines[f"b{b}_m_speedup"] for b in batches} | {
+        f"batch_{b}_sd_equals_ar": lines[f"b{b}_m_equals_ar"] for b in batches}
+
+
+@torch.inference_mode()
+def ssm_section(args: argparse.Namespace) -> Figures:
+    """One decode step of a Mamba2 draft beside a Llama draft's, after a long context."""
+    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Mamba2Config, Mamba2ForCausalLM
+
+    device = device_of(args)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    tiny = args.shapes == "tiny"
+    shape, context, vocab = (DRAFTS["68m"], 2048, 32064) if not tiny else (None, 256, 512)
+    llama = LlamaConfig(vocab_size=vocab, hidden_size=64 if tiny else shape.hidden,
+                        num_hidden_layers=2 if tiny else shape.layers,
+                        num_attention_heads=2 if tiny else shape.heads,
+                        intermediate_size=128 if tiny else shape.intermediate, max_position_embeddings=4096)
+    mamba = Mamba2Config(vocab_size=vocab, hidden_size=64 if tiny else 768, num_hidden_layers=2 if tiny else 24,
+                         state_size=16 if tiny else 128, head_dim=16 if tiny else 64,
+                         num_heads=8 if tiny else 24, expand=2, n_groups=1)
+    figures: Figures = {"ssm_context": context}
+    for name, model in (("llama_draft_step_ms", LlamaForCausalLM(llama)),
+                        ("ssm_step_ms", Mamba2ForCausalLM(mamba))):
+        model = model.to(device, dtype).eval()
+        cache = DynamicCache(config=model.config)
+        model(input_ids=torch.randint(5, vocab, (1, context), device=device), cache=cache, use_cache=True,
+              logits_to_keep=1)
+        token = torch.tensor([[7]], device=device)
+        for _ in range(3):  # warm-up
+            model(input_ids=token, cache=cache, use_cache=True, logits_to_keep=1)
+        gpu_engine.synchronize(device)
+        start, steps = time.perf_counter(), 20
+        for _ in range(steps):
+            model(input_ids=token, cache=cache, use_cache=True, logits_to_keep=1)
+        gpu_engine.synchronize(device)
+        figures[name] = 1000 * (time.perf_counter() - start) / steps
+        figures[name.replace("step_ms", "params_m")] = sum(p.numel() for p in model.parameters()) / 1e6
+    fused = importlib.util.find_spec("mamba_ssm") is not None
+    figures["ssm_kernels"] = "mamba_ssm" if fused else "reference (transformers' PyTorch path: no mamba_ssm)"
+    return figures
+
+
+SECTIONS: dict[str, Callable[[argparse.Namespace], Figures]] = {
+    "device": device_section,
+    "exact": exact_section,
+    "target_step": target_step_section,
+    "sd_speedup": sd_speedup_section,
+    "batch": batch_section,
+    "ssm_step": ssm_section,
+}

@@ -1,0 +1,51 @@
+"""`bench/gpu_check.py` on this CPU: every section it can run in its budget, the rest named
+`unmeasured` with the reason, a raw log written; a short budget stops in time naming what it skipped."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def check(tmp_path: Path, budget: int) -> tuple[dict[str, str], str, float]:
+    start = time.monotonic()
+    run = subprocess.run([sys.executable, "bench/gpu_check.py", "--shapes", "tiny", "--budget-s", str(budget),
+                          "--max-new-tokens", "16", "--log-dir", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=budget + 60)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    figures = dict(line.split("=", 1) for line in run.stdout.splitlines() if "=" in line and not line.startswith("#"))
+    logs = list(tmp_path.glob("gpu-check-tiny-cpu-*.txt"))
+    assert len(logs) == 1 and logs[0].read_text().splitlines()[-2] == run.stdout.splitlines()[-2]
+    return figures, logs[0].read_text(), time.monotonic() - start
+
+
+def test_every_section_runs_on_a_cpu_and_says_what_it_cannot_measure(tmp_path):
+    figures, log, _ = check(tmp_path, 240)
+    assert figures["skipped"] == "none" and "# device: cpu" in log
+    assert figures["gpu_tests"].startswith("unmeasured (no CUDA")
+    for dtype in ("fp32", "fp16"):  # greedy SD = AR for every verify kind, batch 1 and 3
+        equal, total = map(int, figures[f"exact_{dtype}"].split("/"))
+        assert equal == total == 24
+    assert 0 <= float(figures["bf16_divergence"]) <= 1
+    assert float(figures["target_step_ms"]) > float(figures["floor_ms"]) > 0
+    assert float(figures["sd_speedup_M"]) > 0 and float(figures["hf_assisted_speedup"]) > 0
+    assert figures["sd_equals_ar"] == "3/3" and figures["hf_assisted_equals_hf_ar"] == "3/3"
+    assert figures["energy"].startswith("unmeasured (no NVML")  # never a zero
+    assert not any(name.startswith("energy_j") for name in figures)
+    assert all(float(figures[f"batch_speedup_{b}"]) > 0 for b in (1, 2, 4))
+    assert all(figures[f"batch_{b}_sd_equals_ar"] == "4" for b in (1, 2, 4))
+    assert float(figures["ssm_step_ms"]) > 0 and float(figures["llama_draft_step_ms"]) > 0
+    assert not [name for name, value in figures.items() if value.startswith("unmeasured (")
+                and name not in ("gpu_tests", "energy")]
+
+
+def test_a_short_budget_stops_in_time_and_names_what_it_skipped(tmp_path):
+    figures, log, seconds = check(tmp_path, 20)
+    assert seconds < 20 + 15  # the last section is stopped at the budget; start-up and the log are extra
+    skipped = figures["skipped"].split(",")
+    assert skipped != ["none"] and skipped[-1] == "ssm_step"
+    stopped = [name for name, value in figures.items() if value.startswith("unmeasured (out of time")]
+    assert all(name not in skipped for name in stopped)

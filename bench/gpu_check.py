@@ -8,7 +8,8 @@ each printing its `name=value` lines as soon as it finishes, into a raw log as w
 Sections (`bench/gpu_sections.py`), most important first:
 - device: the device, torch and transformers; gpu_tests_passed / _failed (the GPU-only tests);
 - exact: exact_fp32 / exact_fp16, greedy SD outputs equal to AR's on the device (tiny pair, every
-  verify kind, batch 1 and 3, eager engine: the GPU-only tests hold captured steps to eager's), and bf16_divergence, the share that differ in bf16, with
+  verify kind, batch 1 and 3, eager engine: the GPU-only tests hold captured steps to eager's),
+  and bf16_divergence, the share that differ in bf16, with
   bf16_first_divergence, the earliest token where one does;
 - target_step: target_step_ms (our AR decode step, static engine) beside floor_ms (the step's
   weight bytes over copy_bandwidth_gb_s, measured with a copy kernel);
@@ -136,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     log = Log(log_path(args, name))
-    for line in header(["python", "bench/gpu_check.py", *(argv if argv is not None else sys.argv[1:])], device):
+    command = ["python", "bench/gpu_check.py", *(argv if argv is not None else sys.argv[1:])]
+    for line in header(command, device):
         log(line)
     log(f"# budget {args.budget_s:.0f} s; sections in order: {', '.join(SHARES)}")
     carried, skipped = 0.0, []

@@ -89,8 +89,9 @@ def tiny_outputs(target, draft, samples, batch: int) -> list[tuple[list[int], li
     for verify in EXACT_VERIFY:
         config = DecodeConfig(methods="MT", policy=GridSearchPolicy(), max_new_tokens=24,
                               verify=make_verify(verify))
+        captioner = gpu_engine.ColourCaptioner()
         sd = [r.output_ids for g in groups
-              for r in speculative_decode(target, draft, g, config, gpu_engine.ColourCaptioner(), engine=engine)]
+              for r in speculative_decode(target, draft, g, config, captioner, engine=engine)]
         out += list(zip(sd, ar))
     return out
 
@@ -142,7 +143,8 @@ def sd_speedup_section(args: argparse.Namespace) -> Figures:
     rate = {name: sum(map(len, ids[name])) / seconds for name, (seconds, _) in runs.items()}
     figures: Figures = {f"sd_speedup_{k}": rate[k] / rate["ar"] for k in ("M", "MTstar")}
     figures["hf_assisted_speedup"] = rate["hf_assisted"] / rate["hf_ar"]
-    figures["sd_equals_ar"] = f"{sum(ids['M'][i] == ids['MTstar'][i] == a for i, a in enumerate(ids['ar']))}/3"
+    equal = sum(m == mt == ar for m, mt, ar in zip(ids["M"], ids["MTstar"], ids["ar"]))
+    figures["sd_equals_ar"] = f"{equal}/3"
     figures["hf_assisted_equals_hf_ar"] = f"{sum(a == b for a, b in zip(ids['hf_assisted'], ids['hf_ar']))}/3"
     figures["ar_tokens_per_s"] = rate["ar"]
     if energy["ar"] is None:
@@ -195,7 +197,8 @@ def ssm_section(args: argparse.Namespace) -> Figures:
                         num_hidden_layers=2 if tiny else shape.layers,
                         num_attention_heads=2 if tiny else shape.heads,
                         intermediate_size=128 if tiny else shape.intermediate, max_position_embeddings=4096)
-    mamba = Mamba2Config(vocab_size=vocab, hidden_size=64 if tiny else 768, num_hidden_layers=2 if tiny else 24,
+    mamba = Mamba2Config(vocab_size=vocab, hidden_size=64 if tiny else 768,
+                         num_hidden_layers=2 if tiny else 24,
                          state_size=16 if tiny else 128, head_dim=16 if tiny else 64,
                          num_heads=8 if tiny else 24, expand=2, n_groups=1)
     figures: Figures = {"ssm_context": context}

@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SHARES = {"device": 0.2, "exact": 0.1, "target_step": 0.1, "sd_speedup": 0.25, "batch": 0.2, "ssm_step": 0.15}
+SHARES = {"device": 0.25, "exact": 0.1, "target_step": 0.1, "sd_speedup": 0.25, "batch": 0.15, "ssm_step": 0.15}
 MIN_START_S = 5.0  # a section is not started with less time than this left
 
 

@@ -1,4 +1,5 @@
-"""The sections `bench/gpu_check.py` runs, one per process: each returns its `name=value` figures;
+"""The sections `bench/gpu_check.py` runs, one per process: each yields its `name=value` figures
+as it measures them (a section stopped at its share keeps what it printed);
 what it cannot measure here it gives as `unmeasured (why)` (no CUDA, no NVML), and an error
 (out of memory, say) makes the whole section unmeasured, never a zero."""
 from __future__ import annotations
@@ -11,7 +12,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import transformers
@@ -24,10 +25,10 @@ from bench.real_shapes import DRAFTS, build_pair, pair_shape, step_weight_bytes 
 from pipeline.decoding.config import DecodeConfig  # noqa: E402
 from pipeline.decoding.loop import autoregressive_decode, speculative_decode  # noqa: E402
 from pipeline.drafting.policies import GridSearchPolicy, StaticPolicy  # noqa: E402
-from pipeline.models.devices import device_name  # noqa: E402
+from pipeline.models.devices import device_name, energy_meter  # noqa: E402
 from pipeline.planning.verify_entries import make_verify  # noqa: E402
 
-Figures = dict[str, object]
+Figures = Iterator[tuple[str, object]]
 EXACT_VERIFY = ("chain", "candidates", "dynamic", "bandit")
 GPU_TESTS = ["tests/test_engine_static.py", "tests/test_fallback.py", "-k", "on_gpu"]
 
@@ -42,17 +43,19 @@ def engine_of(device: torch.device) -> str:
 
 
 def device_section(args: argparse.Namespace) -> Figures:
-    figures: Figures = {"device": device_name(device_of(args)), "torch": torch.__version__,
-                        "transformers": transformers.__version__}
+    yield from {"device": device_name(device_of(args)), "torch": torch.__version__,
+                "transformers": transformers.__version__}.items()
     if not torch.cuda.is_available():
-        return {**figures, "gpu_tests": "unmeasured (no CUDA: the GPU-only tests skip)"}
+        yield "gpu_tests", "unmeasured (no CUDA: the GPU-only tests skip)"
+        return
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *GPU_TESTS],
                          cwd=ROOT, capture_output=True, text=True)
     counts = dict((kind, int(n)) for n, kind in re.findall(r"(\d+) (passed|failed|error)", run.stdout))
     failed = [line for line in run.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
-    return {**figures, "gpu_tests_passed": counts.get("passed", 0),
-            "gpu_tests_failed": counts.get("failed", 0) + counts.get("error", 0),
-            **({"gpu_tests_failures": "; ".join(failed)} if failed else {})}
+    yield "gpu_tests_passed", counts.get("passed", 0)
+    yield "gpu_tests_failed", counts.get("failed", 0) + counts.get("error", 0)
+    if failed:
+        yield "gpu_tests_failures", "; ".join(failed)
 
 
 def exact_section(args: argparse.Namespace) -> Figures:
@@ -62,7 +65,6 @@ def exact_section(args: argparse.Namespace) -> Figures:
 
     device = device_of(args)
     samples = gpu_engine.make_samples(3)
-    figures: Figures = {}
     with tempfile.TemporaryDirectory() as out:
         target_dir, draft_dir = build_tiny_pair(out)
         for dtype in ("fp32", "fp16", "bf16"):
@@ -71,11 +73,10 @@ def exact_section(args: argparse.Namespace) -> Figures:
             differ = [next(i for i, (a, b) in enumerate(zip(sd + [-1], ar + [-2])) if a != b)
                       for sd, ar in pairs if sd != ar]
             if dtype == "bf16":
-                figures["bf16_divergence"] = len(differ) / len(pairs)
-                figures["bf16_first_divergence"] = min(differ) if differ else "none"
+                yield "bf16_divergence", len(differ) / len(pairs)
+                yield "bf16_first_divergence", min(differ) if differ else "none"
             else:
-                figures[f"exact_{dtype}"] = f"{len(pairs) - len(differ)}/{len(pairs)}"
-    return figures
+                yield f"exact_{dtype}", f"{len(pairs) - len(differ)}/{len(pairs)}"
 
 
 def tiny_outputs(target, draft, samples, batch: int) -> list[tuple[list[int], list[int]]]:
@@ -111,8 +112,8 @@ def target_step_section(args: argparse.Namespace) -> Figures:
     bandwidth = gpu_engine.copy_bandwidth_gb_s(target.device)
     step = 1000 * sum(r.time_verify_s for r in records) / sum(r.new_tokens for r in records)
     floor = step_weight_bytes(target) / bandwidth / 1e6
-    return {"target_step_ms": step, "floor_ms": floor, "target_step_over_floor": step / floor,
-            "copy_bandwidth_gb_s": bandwidth}
+    yield from {"target_step_ms": step, "floor_ms": floor, "target_step_over_floor": step / floor,
+                "copy_bandwidth_gb_s": bandwidth}.items()
 
 
 def sd_speedup_section(args: argparse.Namespace) -> Figures:
@@ -134,44 +135,29 @@ def sd_speedup_section(args: argparse.Namespace) -> Figures:
     runs, energy = {}, {}
     for name, decode in decoders.items():
         decode(samples[0])  # warm-up: compiles and captures
-        start_j, start = meter(), time.perf_counter()
+        gpu_engine.synchronize(device)
+        start_j, start = meter and meter(), time.perf_counter()
         results = [decode(s) for s in samples]
         gpu_engine.synchronize(device)
         runs[name] = (time.perf_counter() - start, results)
-        energy[name] = None if start_j is None else meter() - start_j
+        energy[name] = meter and meter() - start_j
     ids = {name: [getattr(r, "output_ids", r) for r in results] for name, (_, results) in runs.items()}
     rate = {name: sum(map(len, ids[name])) / seconds for name, (seconds, _) in runs.items()}
-    figures: Figures = {f"sd_speedup_{k}": rate[k] / rate["ar"] for k in ("M", "MTstar")}
+    figures = {f"sd_speedup_{k}": rate[k] / rate["ar"] for k in ("M", "MTstar")}
     figures["hf_assisted_speedup"] = rate["hf_assisted"] / rate["hf_ar"]
     equal = sum(m == mt == ar for m, mt, ar in zip(ids["M"], ids["MTstar"], ids["ar"]))
     figures["sd_equals_ar"] = f"{equal}/3"
     figures["hf_assisted_equals_hf_ar"] = f"{sum(a == b for a, b in zip(ids['hf_assisted'], ids['hf_ar']))}/3"
     figures["ar_tokens_per_s"] = rate["ar"]
-    if energy["ar"] is None:
-        return {**figures, "energy": "unmeasured (no NVML: pynvml missing or no NVIDIA device)"}
+    if meter is None:
+        yield from figures.items()
+        yield "energy", "unmeasured (no NVML: pynvml missing, no NVIDIA device or no energy counter)"
+        return
     accepted = sum(sum(r.accepted_per_block) for r in runs["M"][1])
     figures["energy_j_per_token_ar"] = energy["ar"] / sum(map(len, ids["ar"]))
     figures["energy_j_per_token_sd_M"] = energy["M"] / sum(map(len, ids["M"]))
     figures["energy_j_per_accepted_token_sd_M"] = energy["M"] / accepted if accepted else "none accepted"
-    return figures
-
-
-def energy_meter(device: torch.device) -> Callable[[], float | None]:
-    """Joules the GPU has used since its driver loaded (NVML), or a meter reading None."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
-        pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
-    except Exception:  # no pynvml, no NVIDIA driver, or a GPU without the counter
-        return lambda: None
-
-    def joules() -> float:
-        gpu_engine.synchronize(device)
-        return pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000
-
-    return joules if device.type == "cuda" else (lambda: None)
+    yield from figures.items()
 
 
 def batch_section(args: argparse.Namespace) -> Figures:
@@ -180,8 +166,9 @@ def batch_section(args: argparse.Namespace) -> Figures:
     lines = gpu_batch.main(["--shapes", args.shapes, "--draft", args.draft, "--batches", *batches,
                             "--max-new-tokens", str(args.max_new_tokens), "--rounds", "1",
                             "--device", str(device_of(args)), "--engine", engine_of(device_of(args))])
-    return {f"batch_speedup_{b}": lines[f"b{b}_m_speedup"] for b in batches} | {
-        f"batch_{b}_sd_equals_ar": lines[f"b{b}_m_equals_ar"] for b in batches}
+    for b in batches:
+        yield f"batch_speedup_{b}", lines[f"b{b}_m_speedup"]
+        yield f"batch_{b}_sd_equals_ar", lines[f"b{b}_m_equals_ar"]
 
 
 @torch.inference_mode()
@@ -201,7 +188,7 @@ def ssm_section(args: argparse.Namespace) -> Figures:
                          num_hidden_layers=2 if tiny else 24,
                          state_size=16 if tiny else 128, head_dim=16 if tiny else 64,
                          num_heads=8 if tiny else 24, expand=2, n_groups=1)
-    figures: Figures = {"ssm_context": context}
+    yield "ssm_context", context
     for name, model in (("llama_draft_step_ms", LlamaForCausalLM(llama)),
                         ("ssm_step_ms", Mamba2ForCausalLM(mamba))):
         model = model.to(device, dtype).eval()
@@ -216,11 +203,10 @@ def ssm_section(args: argparse.Namespace) -> Figures:
         for _ in range(steps):
             model(input_ids=token, cache=cache, use_cache=True, logits_to_keep=1)
         gpu_engine.synchronize(device)
-        figures[name] = 1000 * (time.perf_counter() - start) / steps
-        figures[name.replace("step_ms", "params_m")] = sum(p.numel() for p in model.parameters()) / 1e6
+        yield name, 1000 * (time.perf_counter() - start) / steps
+        yield name.replace("step_ms", "params_m"), sum(p.numel() for p in model.parameters()) / 1e6
     fused = importlib.util.find_spec("mamba_ssm") is not None
-    figures["ssm_kernels"] = "mamba_ssm" if fused else "reference (transformers' PyTorch path: no mamba_ssm)"
-    return figures
+    yield "ssm_kernels", "mamba_ssm" if fused else "reference (transformers' PyTorch path: no mamba_ssm)"
 
 
 SECTIONS: dict[str, Callable[[argparse.Namespace], Figures]] = {

@@ -119,19 +119,23 @@ def test_fp16_greedy_sd_at_batch_2_is_ar_at_batch_2_on_both_engines(tiny_dirs, e
             assert [r.output_ids for r in records] == ar, (target_name, kind, engine)
 
 
-def test_a_batch_gives_each_request_its_accepted_counts_and_weights_alone(pairs):
-    """fp32, the Llama draft: each request's accepted counts and TABED weights at batch 3 are its
-    batch-1 ones: grid weights exactly; continuous inverse-error weights within a unit of the
-    records' sixth decimal (a batch pads the rows wider, which rounds their last bits apart)."""
+@pytest.mark.parametrize("draft", list(DRAFTS))
+def test_a_batch_gives_each_request_its_accepted_counts_and_weights_alone(pairs, draft):
+    """fp32: each request's accepted counts and TABED weights at batch 3 are its batch-1 ones:
+    grid weights exactly; continuous inverse-error weights within a few units of the records' sixth
+    decimals (a batch pads the rows wider, which rounds their last bits apart). A draft that
+    proposes worse in a batch costs only acceptance, never output, so only this catches it (a
+    state-space row once fell back to its block's start on every feed after a filler)."""
     for kind, policy in (("chain", GridSearchPolicy()), ("candidates", GridSearchPolicy()),
                          ("chain", InverseErrorPolicy())):
-        batch = decode(pairs["llama"], samples(3), config(kind, policy=policy))
-        alone = [decode(pairs["llama"], [s], config(kind, policy=policy))[0] for s in samples(3)]
+        batch = decode(pairs[draft], samples(3), config(kind, policy=policy))
+        alone = [decode(pairs[draft], [s], config(kind, policy=policy))[0] for s in samples(3)]
         assert [r.accepted_per_block for r in batch] == [r.accepted_per_block for r in alone]
         if isinstance(policy, GridSearchPolicy):
             assert [r.weights_per_block for r in batch] == [r.weights_per_block for r in alone]
         weights = lambda records: [w for r in records for block in r.weights_per_block for w in block]
-        assert weights(batch) == pytest.approx(weights(alone), abs=1.5e-6)
+        # Mamba2's batched forward rounds a little further apart (3e-6 measured)
+        assert weights(batch) == pytest.approx(weights(alone), abs={"llama": 1.5e-6, "mamba2": 5e-6}[draft])
 
 
 @pytest.mark.parametrize("engine", ["static", "eager"])

@@ -75,7 +75,7 @@ class StateRows:
         for i in range(n):
             logits = self.model.logits(cache=self.cache, attention_mask=None, input_ids=ids[:, i : i + 1],
                                        keep=1)
-            fillers = [skip > i for skip in self.skips]
+            fillers = [skip > self.fed for skip in self.skips]  # block positions before a row's first token
             if any(fillers):  # a filler leaves its row at the block's start
                 self._restore_rows(torch.tensor(fillers, device=self.model.device), self._slot(-1))
             self.fed += 1

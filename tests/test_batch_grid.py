@@ -73,6 +73,17 @@ def test_a_batch_size_is_planned_live_with_its_ar_row_in_whole_batches():
     assert {s.mode for s in alone} == {"replay"}  # batch 1 replays greedy configurations as before
 
 
+def test_a_sampled_configuration_at_a_batch_size_is_planned_once():
+    """Sampling configurations decode live alone at batch 1 and in their batch size's bundle
+    above it: each of their rows is planned (so computed and written) exactly once."""
+    spec = grid(batch=[1, 2], temperature=[0.0, 1.0])
+    samples = [Sample("toy", "test", i, "first", "USER: hi ASSISTANT:") for i in range(4)]
+    shards = plan_shards("r", spec.units(), lambda u: samples, shard_size=4, grid_mode="auto")
+    keys = [k for s in shards for k in s.keys]
+    assert len(keys) == len(set(keys)) == len(spec.configs()) * 4
+    assert any(c.batch == 2 and not c.decode.greedy for s in shards for c, _ in s.items)
+
+
 @pytest.fixture(scope="module")
 def swept(batch_sweep_run):
     return batch_sweep_run

@@ -102,7 +102,8 @@ def _bundles(
     """(mode, configurations, sample ids) of one group, dataset and turn: one replay bundle of
     every replayable configuration; one live bundle of the greedy configurations that run live
     (all of them in `live` mode, the replayable ones of timed pairs on the `timed` samples in
-    `auto` mode); one live bundle per sampling configuration."""
+    `auto` mode); one live bundle per sampling configuration decoded alone; one live bundle per
+    batch size above 1, every configuration of that size in it, sampled or greedy."""
     replayed = [c for c in configs if decode_mode(c, grid_mode) == "replay"]
     live_greedy = [c for c in configs
                    if c.decode.greedy and c.batch == 1 and decode_mode(c, grid_mode) == "live"]
@@ -113,7 +114,7 @@ def _bundles(
     if timed:
         bundles.append(("live", [c for c in replayed if is_timed(c, untimed)],
                         [s for s in sample_ids if s in timed]))
-    bundles += [("live", [c], sample_ids) for c in configs if not c.decode.greedy]
+    bundles += [("live", [c], sample_ids) for c in configs if not c.decode.greedy and c.batch == 1]
     return [bundle for bundle in bundles if bundle[1]]
 
 

@@ -28,6 +28,7 @@ from bench.gpu_engine import ColourCaptioner, make_samples, synchronize  # noqa:
 from bench.real_shapes import build_pair, pair_shape  # noqa: E402
 from pipeline.data.sample import Sample  # noqa: E402
 from pipeline.decoding.config import DecodeConfig  # noqa: E402
+from pipeline.decoding.engine import default_engine  # noqa: E402
 from pipeline.decoding.loop import autoregressive_decode, speculative_decode  # noqa: E402
 from pipeline.decoding.records import SampleRecord  # noqa: E402
 from pipeline.drafting.policies import GridSearchPolicy, StaticPolicy  # noqa: E402
@@ -46,7 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--gamma", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--engine", choices=["static", "eager"], default="static")
+    parser.add_argument("--engine", choices=["static", "eager"], help="default: the engine's own choice")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="default: bf16 on cuda, fp32 on cpu")
     args = parser.parse_args(argv)
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
     target, draft = build_pair(pair_shape(args.shapes, args.draft), args.agreement, args.device, args.dtype)
     samples = make_samples(max(args.batches))
-    new, engine = args.max_new_tokens, args.engine
+    new, engine = args.max_new_tokens, args.engine or default_engine(target, draft)
     decoders: dict[str, Decode] = {"ar": lambda group: autoregressive_decode(
         target, group, max_new_tokens=new, engine=engine)}
     for key, (methods, policy) in SD_CONFIGS.items():

@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))  # run from a plain copy of the repo
 from bench import gpu_batch, gpu_engine  # noqa: E402
 from bench.real_shapes import DRAFTS, build_pair, pair_shape, step_weight_bytes  # noqa: E402
 from pipeline.decoding.config import DecodeConfig  # noqa: E402
+from pipeline.decoding.engine import default_engine  # noqa: E402
 from pipeline.decoding.loop import autoregressive_decode, speculative_decode  # noqa: E402
 from pipeline.drafting.policies import GridSearchPolicy, StaticPolicy  # noqa: E402
 from pipeline.models.devices import device_name, energy_meter  # noqa: E402
@@ -35,11 +36,6 @@ GPU_TESTS = ["tests/test_engine_static.py", "tests/test_fallback.py", "-k", "on_
 
 def device_of(args: argparse.Namespace) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def engine_of(device: torch.device) -> str:
-    """Captured CUDA graphs on a GPU; eager on a CPU, where compiling costs more than it saves."""
-    return "static" if device.type == "cuda" else "eager"
 
 
 def device_section(args: argparse.Namespace) -> Figures:
@@ -106,7 +102,7 @@ def real_pair(args: argparse.Namespace):
 def target_step_section(args: argparse.Namespace) -> Figures:
     target, _ = real_pair(args)
     samples = gpu_engine.make_samples(2)
-    engine = engine_of(target.device)
+    engine = default_engine(target)
     autoregressive_decode(target, samples[:1], max_new_tokens=args.max_new_tokens, engine=engine)  # compiles
     records = autoregressive_decode(target, samples, max_new_tokens=args.max_new_tokens, engine=engine)
     bandwidth = gpu_engine.copy_bandwidth_gb_s(target.device)
@@ -122,7 +118,7 @@ def sd_speedup_section(args: argparse.Namespace) -> Figures:
     target, draft = real_pair(args)
     device, new = target.device, args.max_new_tokens
     samples = gpu_engine.make_samples(3)
-    engine = engine_of(device)
+    engine = default_engine(target, draft)
     decoders = {"ar": lambda s: autoregressive_decode(target, [s], max_new_tokens=new, engine=engine)[0]}
     for key, (methods, policy) in {"M": ("M", StaticPolicy), "MTstar": ("MT", GridSearchPolicy)}.items():
         config = DecodeConfig(methods=methods, policy=policy(), max_new_tokens=new)
@@ -165,7 +161,7 @@ def batch_section(args: argparse.Namespace) -> Figures:
     batches = ["1", "4", "16"] if args.shapes != "tiny" else ["1", "2", "4"]
     lines = gpu_batch.main(["--shapes", args.shapes, "--draft", args.draft, "--batches", *batches,
                             "--max-new-tokens", str(args.max_new_tokens), "--rounds", "1",
-                            "--device", str(device_of(args)), "--engine", engine_of(device_of(args))])
+                            "--device", str(device_of(args))])
     for b in batches:
         yield f"batch_speedup_{b}", lines[f"b{b}_m_speedup"]
         yield f"batch_{b}_sd_equals_ar", lines[f"b{b}_m_equals_ar"]

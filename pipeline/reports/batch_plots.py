@@ -35,7 +35,8 @@ def batch_figure(table: pd.DataFrame, width: str = "two-column") -> tuple[Figure
                 ax.plot(line["batch"], line["speedup"], marker=marker, ms=3, lw=1.2, color=colour,
                         label=label)
                 if line["expected"].notna().any():
-                    ax.plot(line["batch"], line["expected"], lw=0.8, ls="--", color=colour, alpha=0.5)
+                    ax.plot(line["batch"], line["expected"], lw=0.8, ls="--", color=colour, alpha=0.6,
+                            marker=marker, ms=3, mfc="none")
             ax.axhline(1.0, color="0.4", lw=0.8)
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted(set(lines["batch"])), [str(b) for b in sorted(set(lines["batch"]))])
@@ -49,9 +50,9 @@ def batch_figure(table: pd.DataFrame, width: str = "two-column") -> tuple[Figure
     legend(fig, axes.flat[0], width)
     caption = ("Measured speedup of SD over AR decoding the same requests in batches of the same size, "
                "at the same temperature (walltime of every batch summed), against the batch size; below the "
-               "grey line SD costs more than it saves. Dashed: the speedup the calibration expects (Eq. 1 "
-               "with the draft and verify costs measured at that batch size), where it was measured. A tree "
-               "has its chain's colour and its own marker (square: candidates, triangle: dynamic, diamond: "
-               "bandit). "
+               "grey line SD costs more than it saves. Dashed, hollow marks: the speedup the calibration "
+               "expects (Eq. 1 with the draft and verify costs measured at that batch size), where it was "
+               "measured. A tree has its chain's colour and its own marker (square: candidates, triangle: "
+               "dynamic, diamond: bandit). "
                f"Pairs: {'; '.join(pair_label(*p) for p in pairs)}.")
     return fig, caption

@@ -165,6 +165,49 @@ def test_incremental_history_equals_scoring_the_whole_window(spec):
             assert state.choose().tolist() == pytest.approx((expected / expected.sum()).tolist(), rel=1e-5)
 
 
+def _authors_first_tied(pairs, m: int, steps: int = 10) -> list[float]:
+    """The authors' rule, written from its description: candidates in `itertools.product`
+    order over 0, 1/n, ..., 1 (the first method's weight rising slowest), those summing to 1;
+    the first with the most argmax hits over the history wins."""
+    import itertools
+
+    order = [w for w in itertools.product(range(steps + 1), repeat=m) if sum(w) == steps]
+    def hits(w):
+        return sum(int(mix(torch.stack(q), torch.tensor(w, dtype=torch.float64) / steps).argmax() == p.argmax())
+                   for q, p in pairs)
+    best = max(hits(w) for w in order)
+    return [x / steps for x in next(w for w in order if hits(w) == best)]
+
+
+@pytest.mark.parametrize("case", ["m wins", "nothing hits", "three methods"])
+def test_grid_tie_first_takes_the_authors_first_tied_candidate(case):
+    """Hit-count ties are the rule under `hard`: `tie: first` takes the first tied candidate in
+    the authors' order (the least weight on M; all weight on the last method when nothing hits),
+    the default `most_m` the most weight on M."""
+    if case == "m wins":
+        pairs = [([dist(8, 1, 1), dist(1, 8, 1)], dist(6, 3, 1)) for _ in range(3)]
+    elif case == "nothing hits":
+        pairs = [([dist(8, 1, 1), dist(1, 8, 1)], dist(1, 1, 8)) for _ in range(2)]
+    else:
+        pairs = [([dist(8, 1, 1), dist(1, 8, 1), dist(1, 1, 8)], dist(6, 3, 1)),
+                 ([dist(1, 8, 1), dist(8, 1, 1), dist(1, 1, 8)], dist(3, 6, 1))]
+    m = len(pairs[0][0])
+    first = weights_after(pairs, GridSearchPolicy(measure="hard", tie="first")).tolist()
+    assert first == pytest.approx(_authors_first_tied(pairs, m))
+    most_m = weights_after(pairs, GridSearchPolicy(measure="hard")).tolist()
+    assert first != most_m and most_m[0] >= first[0]
+    if case == "nothing hits":
+        assert first == [0.0, 1.0] and most_m == [1.0, 0.0]
+
+
+def test_grid_tie_rule_is_validated_labelled_and_keeps_todays_keys():
+    with pytest.raises(ValueError, match="tie rule 'last'"):
+        GridSearchPolicy(tie="last").validate()
+    assert GridSearchPolicy(tie="first").label == "grid(hard+soft, tie first)"
+    assert "tie" not in GridSearchPolicy().key_fields()  # runs written before the choice resume
+    assert GridSearchPolicy(tie="first").key_fields()["tie"] == "first"
+
+
 def test_each_policy_knows_its_label_and_which_knobs_matter():
     assert set(POLICIES) >= {"static", "grid", "inverse"}
     assert [make_policy(k).label for k in ("static", "grid", "inverse")] == ["static", "grid(hard+soft)", "inverse(T=1)"]

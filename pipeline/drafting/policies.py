@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 POLICIES = Registry("weight policy")  # kind -> class, filled as policies are defined
 DISTANCES = ("kl", "tvd")
 GRID_MEASURES = ("hard", "soft", "hard+soft")
+# which of equally good grid candidates wins: `most_m` the most weight on the first method
+# (then the second, ...), `first` the authors' reference order (itertools.product: the least)
+GRID_TIES = ("most_m", "first")
 # Knobs a configuration key carried for every policy, at these values where a policy did not
 # use them, when all policies shared one field set: keys keep them so that result directories
 # written then still resume (pipeline.planning.grid.RunConfig.key).
@@ -113,14 +116,16 @@ class StaticPolicy(WeightPolicy, kind="static"):
 class GridSearchPolicy(WeightPolicy, kind="grid"):
     """TABED MT*: the weight vector of a simplex grid (step 1/`steps`) that best fits the
     history by `measure`: `hard` most argmax hits, `soft` least summed distance, `hard+soft`
-    most hits with ties broken by least summed KL."""
+    most hits with ties broken by least summed KL. `tie` picks among equally good candidates:
+    `most_m` (the most weight on M) or `first` (the authors' order, which their numbers used)."""
 
     measure: str = "hard+soft"
     steps: int = 10
+    tie: str = "most_m"
 
     @property
     def label(self) -> str:
-        return f"grid({self.measure})"
+        return f"grid({self.measure})" if self.tie == "most_m" else f"grid({self.measure}, tie {self.tie})"
 
     @property
     def scoring_distance(self) -> str:
@@ -133,16 +138,25 @@ class GridSearchPolicy(WeightPolicy, kind="grid"):
             raise ValueError(f"unknown grid measure {self.measure!r}; choose one of {GRID_MEASURES}")
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"grid steps must be an integer >= 1, got {self.steps!r}")
+        if self.tie not in GRID_TIES:
+            raise ValueError(f"unknown grid tie rule {self.tie!r}; choose one of {GRID_TIES}")
 
     def canonical(self) -> WeightPolicy:
         uses_distance = self.measure == "soft"  # hard counts hits; hard+soft always uses KL
         return self if uses_distance else replace(self, distance="kl")
 
+    def key_fields(self) -> dict:
+        """Today's tie rule hashes as keys did before there was a choice, so those runs resume."""
+        fields = super().key_fields()
+        if fields["tie"] == "most_m":
+            del fields["tie"]
+        return fields
+
     def start_state(self, initial: torch.Tensor) -> WeightState:
         from pipeline.drafting.weight_states import GridSearchState
 
         return GridSearchState(initial, steps=self.steps, measure=self.measure,
-                               distance=self.scoring_distance, window=self.window)
+                               distance=self.scoring_distance, window=self.window, tie=self.tie)
 
 
 @dataclass(frozen=True)

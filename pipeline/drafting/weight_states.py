@@ -81,12 +81,15 @@ class ScoreWindow:
 
 class GridSearchState(WeightState):
     """TABED MT* (`GridSearchPolicy`): scores every simplex-grid candidate at each position
-    (argmax hit and `distance`) and picks by `measure` over the last `window` positions."""
+    (argmax hit and `distance`) and picks by `measure` over the last `window` positions; the
+    earliest of tied candidates wins, so `tie` is the order: `simplex_grid`'s (`most_m`) or its
+    reverse, which is the authors' `itertools.product` order (`first`)."""
 
     def __init__(self, initial: torch.Tensor, *, steps: int, measure: str, distance: str,
-                 window: int | None) -> None:
+                 window: int | None, tie: str = "most_m") -> None:
         self.initial, self.measure, self.distance = initial, measure, distance
-        self.candidates = simplex_grid(len(initial), steps).to(initial.device)
+        grid = simplex_grid(len(initial), steps)
+        self.candidates = (grid if tie == "most_m" else grid.flip(0)).to(initial.device)
         self.mixing_candidates = self.candidates.float()  # in the distributions' dtype, converted once
         self.scores = ScoreWindow(window)  # per position: hit and distance of every candidate
 

@@ -94,3 +94,17 @@ def test_replay_gives_live_accepted_counts_exactly_with_a_state_space_draft(tiny
                 assert replayed.weights_per_block == live.weights_per_block, (kind, name, verify, gamma)
                 checked += 1
     assert checked == 2 * len(METHODS) * len(VERIFY) * 2
+
+
+def test_a_state_space_draft_beside_compiled_steps_says_why_it_is_not_compiled(tiny_dirs, monkeypatch):
+    """With compiling forced (as on a GPU), the target's steps compile and the state-space draft's
+    cannot: its rows name that reason, so a `compiled+uncompiled` row never goes unexplained."""
+    from pipeline.decoding.engine import COMPILE_ENV, STATE_SPACE_UNCOMPILED, new_rows
+
+    draft = load_model(tiny_dirs["mamba2_draft"], dtype="fp32")
+    prompt = [draft.embed_tokens(torch.tensor([1, 2, 3]))]
+    for forced, expected in (("1", {STATE_SPACE_UNCOMPILED}), ("0", set())):
+        monkeypatch.setenv(COMPILE_ENV, forced)
+        rows = new_rows(draft, prompt, engine="static", capacity=8, role="draft")
+        assert rows.step_log.fallbacks == expected
+    assert not new_rows(draft, prompt, engine="eager", capacity=8, role="draft").step_log.fallbacks

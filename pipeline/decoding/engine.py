@@ -30,6 +30,9 @@ from pipeline.models.base import LVLM, ModelInputError, StepLog
 ENGINES = ("static", "eager")
 CPU_ENGINE = "static"  # measured on the 2-core CPU: see docs/engine.md
 COMPILE_ENV = "TABED_COMPILE"  # auto (GPU only) | 1 (always) | 0 (never)
+# a state-space draft's rows beside compiled target steps: why that row is not compiled throughout
+STATE_SPACE_UNCOMPILED = ("state-space draft steps run uncompiled by design (a state per row, "
+                          "restored after each block; no static cache to compile over)")
 RECOMPILE_LIMIT = 64  # step shapes per model: rows x tokens x cache sizes
 
 
@@ -110,8 +113,11 @@ def new_rows(
     engine's kind of KV cache."""
     check_engine(engine)
     if model.recurrent:
-        return StateRows(model, prompts, span=capacity if span is None else span, per_request=per_request,
+        rows = StateRows(model, prompts, span=capacity if span is None else span, per_request=per_request,
                          step_log=step_log)
+        if engine == "static" and (compiles(model.device) if compiled is None else compiled):
+            rows.step_log.fallbacks.add(STATE_SPACE_UNCOMPILED)  # a row not compiled throughout says why
+        return rows
     if engine == "eager":
         return DynamicCacheRows(model, prompts, per_request, step_log)
     compiled = compiles(model.device) if compiled is None else compiled

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.decoding.calibration import Calibration
 from pipeline.decoding.step_costs import calibrate_drafts
@@ -13,6 +14,10 @@ from pipeline.models.loading import default_device, load_target_and_drafts
 from pipeline.planning.grid import GridSpec
 from pipeline.storage.calibration_store import read_calibrations, write_calibration
 
+if TYPE_CHECKING:
+    from ray.util.queue import Queue
+
+PROGRESS_POLL_S = 5  # how often the driver prints the calibration tasks' progress lines
 ROUNDS, REPEATS = 5, 10  # 5 alternating rounds of 10 timed steps per measurement
 CONTEXTS = (64, 256, 1024, 2048)  # prompt lengths: how a draft's step cost grows with the context
 
@@ -48,9 +53,10 @@ def grid_shapes(spec: GridSpec) -> Shapes:
 
 
 def measure(target: str, drafts: tuple[str, ...], dtype: str, shapes: Shapes, repeats: int, rounds: int,
-            threads: int | None = None) -> list[Calibration]:
+            threads: int | None = None, lines: Queue | None = None) -> list[Calibration]:
     """A target's calibration with each of its drafts (the target measured once per round for
-    all), a line per round; `threads`: CPU threads to time with (those the grid's timed
+    all), a line as each model's steps of a round are timed, printed or, from a Ray task, put on
+    `lines` for the driver to print; `threads`: CPU threads to time with (those the grid's timed
     decodes use)."""
     import torch
 
@@ -65,14 +71,17 @@ def measure(target: str, drafts: tuple[str, ...], dtype: str, shapes: Shapes, re
     loaded, models = load_target_and_drafts(resolve_model(target), {d: resolve_model(d) for d in drafts},
                                             dtype=dtype, device=default_device(), allow_text=True)
 
-    def progress(done: int, total: int, ratio: float) -> None:
-        print(f"calibration {target} ({dtype}) and {len(drafts)} draft(s): round {done}/{total} measured, "
-              f"Tq/Tp {ratio:.3f} ({drafts[0]})", flush=True)
+    def progress(line: str) -> None:
+        line = f"calibration {target} ({dtype}), {line}"
+        if lines is None:
+            print(line, flush=True)
+        else:
+            lines.put(line)
 
     results = calibrate_drafts(loaded, [models[d] for d in drafts], gammas=shapes.gammas,
                                verify_tokens=shapes.verify_tokens, draft_rows=shapes.draft_rows,
                                repeats=repeats, rounds=rounds, progress=progress,
-                               contexts=shapes.contexts, batches=shapes.batches)
+                               contexts=shapes.contexts, batches=shapes.batches, draft_names=drafts)
     for result, draft in zip(results, drafts):
         # the grid's names, as in the results rows
         result.target, result.draft, result.dtype = target, draft, dtype
@@ -119,9 +128,10 @@ def calibrate_pairs(
 
 def _measured_on_ray(groups: dict[tuple[str, str], tuple[str, ...]], shapes: Shapes, repeats: int,
                      rounds: int) -> list[Calibration]:
-    """Each target with its drafts in a Ray task, a line as each finishes (a task's own round
-    lines reach this console where the driver relays worker output)."""
+    """Each target with its drafts in a Ray task; the tasks' progress lines come back through a
+    queue and are printed here as they arrive (a grid's driver relays no worker output)."""
     import ray
+    from ray.util.queue import Empty, Queue
 
     from actors.ray_info import node_cpus
 
@@ -131,13 +141,20 @@ def _measured_on_ray(groups: dict[tuple[str, str], tuple[str, ...]], shapes: Sha
     cpus = 1 if gpus else node_cpus()
     task = ray.remote(num_gpus=gpus, num_cpus=cpus)(measure)
     threads = None if gpus else max(1, int(cpus))
-    refs = {task.remote(t, drafts, dt, shapes, repeats, rounds, threads): t
+    lines = Queue(actor_options={"num_cpus": 0})  # takes no CPU from the measurement
+    refs = {task.remote(t, drafts, dt, shapes, repeats, rounds, threads, lines): t
             for (t, dt), drafts in groups.items()}
     waiting, results = list(refs), {}
     while waiting:
-        (ready,), waiting = ray.wait(waiting, num_returns=1)
-        results[ready] = ray.get(ready)
-        print(f"calibration {len(results)}/{len(refs)} targets done ({refs[ready]})", flush=True)
+        ready, waiting = ray.wait(waiting, num_returns=1, timeout=PROGRESS_POLL_S)
+        while True:
+            try:
+                print(lines.get_nowait(), flush=True)
+            except Empty:
+                break
+        for ref in ready:
+            results[ref] = ray.get(ref)
+            print(f"calibration {len(results)}/{len(refs)} targets done ({refs[ref]})", flush=True)
     return [c for ref in refs for c in results[ref]]
 
 

@@ -14,8 +14,11 @@ import errno
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+STARTED = time.monotonic()  # the phases' line at the end counts from here
 
 # `ray job submit` runs this file from the uploaded working directory: import the project
 # from there (not from wherever it happens to be installed on the head node).
@@ -173,14 +176,25 @@ def run_and_report(runner: "GridRunner", spec: GridSpec, args: argparse.Namespac
         f"{report.rows_skipped} already present, {report.rows_recomputed} computed again, "
         f"{report.redispatched} re-dispatched, {report.seconds:.1f} s -> {Path(args.out).resolve()}"
     )
+    phases = {"decoding": report.seconds}
     if spec.calibrate:
+        started = time.monotonic()
         shapes = grid_shapes(spec)
         pairs = pairs_to_measure([(p.target, p.draft, p.dtype) for p in spec.pairs], args.out, shapes=shapes,
                                  rows_written=report.rows_written, recalibrate=args.recalibrate)
         if pairs:
             calibrate_pairs(pairs, args.out, shapes=shapes, ray_tasks=True)
-    print(write_summary(args.out, runner.run_name, read_results(args.out, runner.run_name)))
-    print(f"tables and plots: {report_dir(args.out, runner.run_name).resolve()}")
+        phases["calibration"] = time.monotonic() - started
+    started = time.monotonic()
+    summary = write_summary(args.out, runner.run_name, read_results(args.out, runner.run_name))
+    phases["report"] = time.monotonic() - started
+    title, headline, *_ = summary.split("\n\n## ")  # the answer first; every table is in summary.md
+    print(f"\n{title}\n\n## {headline}\n")
+    print(f"tables and plots: {report_dir(args.out, runner.run_name).resolve()} (summary.md first)")
+    total = time.monotonic() - STARTED
+    phases = {"start-up": total - sum(phases.values()), **phases}
+    print("time: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in phases.items())
+          + f"; {total:.0f} s in all", flush=True)
 
 
 if __name__ == "__main__":

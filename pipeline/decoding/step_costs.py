@@ -90,8 +90,8 @@ def calibrate_drafts(
     target: LVLM, drafts: Sequence[LVLM], *, gammas: Sequence[int] = (DecodeConfig.gamma,), repeats: int = 10,
     rounds: int = 5, image: Image.Image | None = None, engine: str | None = None,
     verify_tokens: Sequence[int] = (),
-    draft_rows: Sequence[int] = (), progress: Callable[[int, int, float], None] | None = None,
-    contexts: Sequence[int] = (), batches: Sequence[int] = (),
+    draft_rows: Sequence[int] = (), progress: Callable[[str], None] | None = None,
+    contexts: Sequence[int] = (), batches: Sequence[int] = (), draft_names: Sequence[str] | None = None,
 ) -> list[Calibration]:
     """Measure Tp, Tp(n) for n = gamma + 1 of every gamma and every other of `verify_tokens`
     (a tree's nodes + 1: the verify-latency curve), and for each draft Tq with 1..4 rows and
@@ -103,7 +103,9 @@ def calibrate_drafts(
     apart. Times are medians over rounds; ratios are the medians of each round's ratios. For
     each of `batches` (requests decoded as one batch) the same target steps with that many
     rows and the same draft steps with that many times the rows are timed in every round.
-    `progress(round, rounds, the first draft's Tq/Tp that round)` is called after each round."""
+    `progress(line)` says what was just timed, after the target's steps and after each draft's
+    in every round (drafts named by `draft_names`, else their own), so a long calibration is
+    never silent for long."""
     load_before = machine_load()
     engine = engine or default_engine(target, *drafts)
     image = image or Image.new("RGB", (336, 336), (120, 80, 200))
@@ -125,20 +127,27 @@ def calibrate_drafts(
     token, verify, at_length, batched = [], [], [], []
     measured = [([], []) for _ in drafts]  # per draft: its step per batch, its step per context, each round
     batched_drafts = [[] for _ in drafts]  # per draft, each round: {batch: its step per row count}
+    say = progress or (lambda line: None)
     for done in range(1, rounds + 1):
         token.append(_step_seconds(target, target_rows, 1, repeats))
         verify.append([_step_seconds(target, target_rows, n, repeats) for n in sizes])
         at_length.append({n: _step_seconds(target, rows, 1, repeats) for n, rows in target_long.items()})
-        for draft, mine, long, (steps, context_steps) in zip(drafts, draft_batches, long_prompts, measured):
+        say(f"round {done}/{rounds}: target step {token[-1] * 1e3:.1f} ms, verify of {len(sizes)} sizes "
+            f"and {len(target_long)} prompt lengths timed")
+        names = draft_names or [d.name for d in drafts]
+        for draft, name, mine, long, (steps, context_steps) in zip(drafts, names, draft_batches, long_prompts,
+                                                                   measured):
             steps.append([_step_seconds(draft, rows, 1, repeats) for rows in mine])
             context_steps.append({n: _step_seconds(draft, rows, 1, repeats) for n, rows in long.items()})
+            say(f"round {done}/{rounds}: draft {name} Tq/Tp {steps[-1][0] / token[-1]:.3f} "
+                f"({len(mine)} row counts, {len(long)} prompt lengths)")
         batched.append({b: [_step_seconds(target, rows, n, repeats) for n in (1, *sizes)]
                         for b, rows in target_batched.items()})
-        for mine, steps in zip(drafts_batched, batched_drafts):
+        for draft, mine, steps in zip(drafts, drafts_batched, batched_drafts):
             steps.append({b: [_step_seconds(draft, rows, 1, repeats) for rows in each]
                           for b, each in mine.items()})
-        if progress:
-            progress(done, rounds, measured[0][0][-1][0] / token[-1])
+        if batches:
+            say(f"round {done}/{rounds}: target and drafts at batch {', '.join(map(str, batches))} timed")
     curve = [[v[i] / t for v, t in zip(verify, token)] for i in range(len(sizes))]
     at_gamma = sizes.index(gamma + 1)
     shared = dict(

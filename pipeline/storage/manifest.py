@@ -4,7 +4,7 @@ Researchers extend yesterday's sweep with a few configurations under the same ru
 stays allowed, but never silently. Before Ray starts the job says what a new grid adds and which
 stored configurations it leaves alone (`extension_text`), the manifest keeps each grid
 (`record_grid`), and completeness is judged against the union of their rows (`expected_rows`).
-Lives in `OUT/_runs/<run>.json` (underscore: Parquet readers skip it).
+Lives in `OUT/_runs/<run>.json` (underscore: pandas and pyarrow skip it).
 """
 from __future__ import annotations
 

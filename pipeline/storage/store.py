@@ -44,7 +44,7 @@ def report_dir(out: str | Path, run: str) -> Path:
 
 
 def export_dir(out: str | Path, run: str, fmt: str) -> Path:
-    """`OUT/_export-<run>/<format>`, quoted like `report_dir` (underscore: readers skip it)."""
+    """`OUT/_export-<run>/<format>`, quoted like `report_dir` (underscore: pandas and pyarrow skip it)."""
     return Path(out) / f"_export-{quote(run, safe='')}" / fmt
 
 

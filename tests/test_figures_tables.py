@@ -13,8 +13,10 @@ from pipeline.data.sample import Sample
 from pipeline.decoding.records import SampleRecord
 from pipeline.drafting.policies import GridSearchPolicy
 from pipeline.planning.grid import Pair, RunConfig
+from pipeline.reports.marks import HIGHER_EVERYWHERE
 from pipeline.reports.latex import latex_table, paper_tables
-from pipeline.reports.plots import FORMATS, method_colour, save, tau_cells, tau_figure, weight_ratio_figure
+from pipeline.reports.plots import FORMATS, save, tau_cells, weight_ratio_figure
+from pipeline.reports.tau_heatmap import tau_figure
 from pipeline.reports.report import category_table, markdown_table, tau_table
 from pipeline.storage.schema import make_row
 
@@ -42,21 +44,19 @@ def test_tau_figure_never_pools_pairs():
     assert per_pair[("small", "pope", "M")] == 5.0 and per_pair[("tiny", "pope", "M")] == 1.0  # not 3.0
     assert cells.groupby(["draft", "turn", "dataset", "method_label"]).size().max() == 1
     figure, caption = tau_figure(rows)
-    assert len(figure.axes) == 2  # one panel per pair (x one turn)
-    titles = [ax.get_title() for ax in figure.axes]
-    assert any("<- small (fp32)" in t for t in titles) and any("<- tiny (fp32)" in t for t in titles)
+    panels = [ax for ax in figure.axes if ax.images]  # the colour bar is an axis too
+    assert len(panels) == 2  # one heatmap per pair (x one turn)
+    names = [ax.get_ylabel() for ax in panels]  # a row of panels per pair, named on its first panel
+    assert any("<- small (fp32)" in t for t in names) and any("<- tiny (fp32)" in t for t in names)
     assert "target big" in figure._suptitle.get_text()  # one target: named once, above the panels
     assert "2 pair(s)" in caption and "gamma 5" in caption
-    bars = {(ax.get_title().split("\n")[0], tuple(round(c, 3) for c in patch.get_facecolor()[:3]), round(patch.get_height(), 6))
-            for ax in figure.axes for patch in ax.patches}
-    m_colour = tuple(round(c, 3) for c in bar_colour("M"))
-    assert ("<- small (fp32)", m_colour, 5.0) in bars and ("<- tiny (fp32)", m_colour, 1.0) in bars
-
-
-def bar_colour(label: str):
-    from matplotlib.colors import to_rgb
-
-    return to_rgb(method_colour(label))
+    for ax in panels:  # each cell holds its own pair's tau, printed in it
+        rows_named = [t.get_text() for t in ax.get_yticklabels()]
+        columns = [t.get_text() for t in ax.get_xticklabels()]
+        values = ax.images[0].get_array()
+        m_pope = values[rows_named.index("M"), columns.index("pope")]
+        assert m_pope == (5.0 if "small" in ax.get_ylabel() else 1.0)
+        assert f"{m_pope:.2f}" in [t.get_text() for t in ax.texts]
 
 
 def test_weight_ratio_figure_is_the_share_of_m_per_block(tmp_path):
@@ -82,7 +82,8 @@ def ranked(values: dict[str, float]) -> pd.DataFrame:
 
 def test_three_tied_for_best_leave_no_second():
     table = ranked({"AR": 1.0, "M": 3.0, "T": 3.0, "C": 3.0, "P": 2.5})
-    assert "| M | **3.00** |" in markdown_table(table) and "| P | 2.50 |" in markdown_table(table)
+    marked = markdown_table(table, HIGHER_EVERYWHERE)
+    assert "| M | **3.00** |" in marked and "| P | 2.50 |" in marked
     latex = latex_table(table, caption="c", label="l")
     assert latex.count("\\textbf{3.00}") == 3 and "\\underline" not in latex
     alone = ranked({"M": 3.0, "T": 2.0, "C": 2.0, "P": 1.5})
@@ -109,7 +110,7 @@ def test_paper_tables_in_latex_carry_marks_and_ood_daggers():
     assert "POPE & VIST$^{\\dagger}$ & Avg." in table1 and "out of distribution" in table1
     assert "M & \\textbf{5.00} & \\underline{2.00} & \\textbf{5.00}" in table1
     assert "T & 3.00 & \\textbf{4.00} & 3.00" in table1 and "MT & \\underline{4.00} & 1.00 & \\underline{4.00}" in table1
-    assert "\\emph{big $\\leftarrow$ small, first turn}" in table1
+    assert "\\emph{big $\\leftarrow$ small, fp32, first turn}" in table1
     well_formed(tex["table2.tex"], len(categories.columns))
     assert re.search(r"Ood first\$\^\{\\dagger\}\$", tex["table2.tex"])
 

@@ -10,6 +10,7 @@ from pipeline.data.sample import Sample
 from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
 from pipeline.decoding.records import SampleRecord
 from pipeline.planning.grid import Pair, RunConfig
+from pipeline.reports.marks import HIGHER_EVERYWHERE
 from pipeline.reports.report import AVERAGE, markdown_table, tau_table
 from pipeline.storage.schema import make_row
 from pipeline.storage.store import read_results, rows_to_table, write_shard
@@ -47,7 +48,7 @@ def results_dir(tmp_path):
 def test_tau_is_pooled_over_blocks_without_error_rows(results_dir):
     table = tau_table(read_results(results_dir))
     assert list(table.columns) == ["mmvet", "pope", "vist", AVERAGE]
-    labels = [(idx[3], idx[4]) for idx in table.index]  # window varies within MT*: it becomes a level
+    labels = [(idx[4], idx[5]) for idx in table.index]  # window varies within MT*: it becomes a level
     assert labels == [("AR", "-"), ("MT", "-"), ("MT*", "-"), ("MT*", 4)]
     cell = table.xs("MT", level="method_label")
     assert cell["pope"].item() == pytest.approx(1 + 6 / 3)  # blocks [5, 1] and [0]; the error row is left out
@@ -65,17 +66,17 @@ def test_summarize_writes_marked_tables_and_plots(results_dir, capsys):
     report = results_dir / "_report-r"
     for name in ("summary.md", "tau.csv", "categories.csv", "speedup.csv", "tau.png", "weights.png"):
         assert (report / name).stat().st_size > 0, name
-    categories = pd.read_csv(report / "categories.csv", index_col=[0, 1, 2, 3])
+    categories = pd.read_csv(report / "categories.csv", index_col=[0, 1, 2, 3, 4])
     # benchmark first turn = mean of the per-dataset pooled tau of pope and mmvet
-    assert categories.loc[("tiny:target", "tiny:draft", "MT", "static"), "Benchmark first"] == pytest.approx((3.0 + 2.0) / 2)
-    assert categories.loc[("tiny:target", "tiny:draft", "MT", "static"), "Ood first"] == pytest.approx(1.5)
+    assert categories.loc[("tiny:target", "tiny:draft", "fp32", "MT", "static"), "Benchmark first"] == pytest.approx((3.0 + 2.0) / 2)
+    assert categories.loc[("tiny:target", "tiny:draft", "fp32", "MT", "static"), "Ood first"] == pytest.approx(1.5)
 
 
 def test_markdown_marks_best_bold_and_second_italic():
     table = pd.DataFrame(
         {"method_label": ["AR", "M", "T", "MT*"], "pope": [1.0, 2.5, 2.1, 2.6]}
     ).set_index("method_label")
-    text = markdown_table(table)
+    text = markdown_table(table, HIGHER_EVERYWHERE)
     assert "| MT* | **2.60** |" in text and "| M | *2.50* |" in text and "| T | 2.10 |" in text
     assert "| AR | 1.00 |" in text  # the baseline is never marked
 
@@ -98,15 +99,15 @@ def test_speedup_uses_calibration_and_live_walltime():
                                      "draft_rows_token_s": [0.001, 0.0015, 0.002, 0.0025], "measured_at": ""}])
     table = speedup_table(df, calibrations)
     machine = "cpu: X (2 threads), uncompiled steps, torch 2.13, transformers 5.23"
-    m = table.loc[("t", "d", "fp32", "static", 5, machine, "M", "static")]
+    m = table.loc[("t", "d", "fp32", "static", machine, "M", "static", 5)]
     assert m["tau"] == pytest.approx(3.0)
     assert m["eq1"] == pytest.approx(3.0 / (5 * 0.1 + 1))
     assert m["corrected"] == pytest.approx(3.0 / (5 * 0.1 + 1.5))
     assert m["measured"] == pytest.approx(2.0)
-    mt = table.loc[("t", "d", "fp32", "static", 5, "-", "MT", "static")]  # never timed: no machine
+    mt = table.loc[("t", "d", "fp32", "static", "-", "MT", "static", 5)]  # never timed: no machine
     assert mt["corrected"] == pytest.approx(3.0 / (5 * 0.15 + 1.5))  # a two-row draft batch
     assert pd.isna(mt["measured"])  # replayed rows carry no walltime
-    assert table.loc[("t", "d", "fp32", "static", "-", machine, "AR", "static"), "measured"] == 1.0
+    assert table.loc[("t", "d", "fp32", "static", machine, "AR", "static", "-"), "measured"] == 1.0
 
 
 def test_energy_columns_appear_only_where_a_gpu_counter_was_read():
@@ -183,7 +184,7 @@ def test_speedup_never_pools_walltimes_of_different_engines_dtypes_or_machines()
     # "-": rows from before engines were recorded
     assert measured.to_dict() == {("fp32", "-", cpu): 1.0, ("fp32", "eager", cpu): 3.0, ("fp32", "static", cpu): 2.0,
                                   ("fp16", "static", cpu): 4.0, ("fp32", "static", h100): 4.0}
-    assert list(table.index.names) == ["target", "draft", "dtype", "engine", "gamma", "timed_on", "method_label", "policy"]
+    assert list(table.index.names) == ["target", "draft", "dtype", "engine", "timed_on", "method_label", "policy", "gamma"]
 
 
 def test_rows_without_timing_columns_are_unrecorded_not_pooled_with_new_ones():
@@ -261,6 +262,6 @@ def test_markdown_marks_best_within_each_turn():
         "turn": ["first"] * 3 + ["qaorg"] * 3, "method_label": ["M", "T", "MT*"] * 2,
         "pope": [2.5, 2.1, 2.6, 3.9, 4.2, 4.0],
     }).set_index(["turn", "method_label"])
-    text = markdown_table(table)
+    text = markdown_table(table, HIGHER_EVERYWHERE)
     assert "| first | MT* | **2.60** |" in text and "| first | M | *2.50* |" in text
     assert "| qaorg | T | **4.20** |" in text and "| qaorg | MT* | *4.00* |" in text and "| qaorg | M | 3.90 |" in text

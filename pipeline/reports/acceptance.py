@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipeline.reports.report import method_order, with_tree_labels
+from pipeline.reports.report import configuration_labels, method_order
 
 CONFIG = ["target", "draft", "dtype", "turn", "method_label"]
 
@@ -42,8 +42,11 @@ def position_counts(row: pd.Series | dict) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _sd_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """Speculative rows, each labelled by its configuration (method, tree and every grid field
+    its label's rows differ in: `configuration_labels`), so no line pools two of them."""
     ok = rows[rows["error"].isna() & rows["gamma"].notna()]
-    return with_tree_labels(ok[ok["accepted_per_block"].map(len) > 0])
+    ok = ok[ok["accepted_per_block"].map(len) > 0]
+    return ok.assign(method_label=configuration_labels(ok, CONFIG[:-1]))
 
 
 def per_position_table(rows: pd.DataFrame) -> pd.DataFrame:

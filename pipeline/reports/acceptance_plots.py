@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from pipeline.reports.plots import (
-    legend, method_colour, ordered_turns, pair_label, panel_label, panels, suptitle_target,
+    legend, method_colour, ordered_turns, pair_label, panel_label, panels, series_styles, suptitle_target,
 )
 from pipeline.reports.report import method_order
 
@@ -31,13 +32,15 @@ def per_position_figure(table: pd.DataFrame, width: str = "two-column") -> tuple
     if table.empty:
         return None
     fig, axes, pairs, labels, cells = _facets(table, width, 1.9)
+    styles = series_styles(labels)
     for ax, panel in cells:
         for label in labels:
             line = panel[panel["method_label"] == label]
             if len(line):
-                ax.plot(line["position"], line["acceptance"], marker=".", lw=1, ms=3,
-                        color=method_colour(label), label=label)
+                ax.plot(line["position"], line["acceptance"], marker=styles[label][1], lw=1, ms=2.5,
+                        color=styles[label][0], label=label)
         ax.set_ylim(0, 1.02)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # positions are whole numbers
         ax.tick_params(labelsize=6)
         ax.set_xlabel("draft position", fontsize=6)
     for ax in axes[:, 0]:

@@ -7,12 +7,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
-from pipeline.reports.plots import legend, method_colour, pair_label, panel_label, panels, suptitle_target
+from pipeline.reports.plots import legend, pair_label, panel_label, panels, series_styles, suptitle_target
 from pipeline.reports.report import method_order
-
-
-# a tree's marker beside its chain's colour: candidates, dynamic and bandit trees of MT* are MT*'s colour
-KIND_MARKERS = {"candidates": "s", "dynamic": "^", "bandit": "D", "shape": "v"}
 
 
 def batch_figure(table: pd.DataFrame, width: str = "two-column") -> tuple[Figure, str] | None:
@@ -23,6 +19,7 @@ def batch_figure(table: pd.DataFrame, width: str = "two-column") -> tuple[Figure
     pairs = list(dict.fromkeys(zip(lines["target"], lines["draft"], lines["dtype"])))
     temperatures = sorted(set(lines["temperature"]))
     fig, axes = panels(len(temperatures), len(pairs), width, panel_height=2.2)
+    styles = series_styles(sorted(set(lines["method_label"]), key=method_order))
     for row, temperature in enumerate(temperatures):
         for pair, ax in zip(pairs, axes[row]):
             panel = (*pair, temperature)
@@ -30,8 +27,7 @@ def batch_figure(table: pd.DataFrame, width: str = "two-column") -> tuple[Figure
             for (label, policy), line in sorted(mine.groupby(["method_label", "policy"], sort=False),
                                                 key=lambda item: method_order(item[0][0])):
                 line = line.sort_values("batch")
-                base, _, kind = label.partition(" (")
-                colour, marker = method_colour(base), KIND_MARKERS.get(kind.split("(")[0].rstrip(")"), "o")
+                colour, marker = styles[label]
                 ax.plot(line["batch"], line["speedup"], marker=marker, ms=3, lw=1.2, color=colour,
                         label=label)
                 if line["expected"].notna().any():

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pandas as pd
 
 from pipeline.reports.audit import with_lossless_column
-from pipeline.reports.report import batch_of, method_order, pooled_tau, with_tree_labels
+from pipeline.reports.report import batch_of, gamma_shown, method_order, pooled_tau, with_tree_labels
 from pipeline.reports.speedup import block_shapes, shapes_used
 from pipeline.storage.calibration_store import Calibrations
 
@@ -36,7 +36,7 @@ def batched_rows(rows: pd.DataFrame) -> pd.DataFrame:
     ok = with_tree_labels(with_lossless_column(ok))
     requests = ok["batch_requests"].astype(object).where(ok["batch_requests"].notna(), 1).astype(float)
     return ok.assign(seconds=ok["time_total_s"] / requests, tokens=ok["output_ids"].map(len),
-                     gamma=ok["gamma"].astype(object).where(ok["gamma"].notna(), "-"))
+                     draft_steps=ok["gamma"], gamma=gamma_shown(ok))
 
 
 def batch_table(rows: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
@@ -101,7 +101,8 @@ def _share(matches: pd.Series) -> str:
 def _expected(rows: pd.DataFrame, where: dict, calibrations: Calibrations) -> float:
     """The batch-aware Eq. 1 (corrected form) from the calibration's ratios at this batch size."""
     calib = calibrations.latest(where["target"], where["draft"], where["dtype"])
-    shapes = None if where["gamma"] == "-" else block_shapes(rows, int(where["gamma"]))
+    steps = rows["draft_steps"].iloc[0]
+    shapes = None if pd.isna(steps) else block_shapes(rows, int(steps))
     if calib is None or shapes is None:
         return float("nan")
     return pooled_tau(rows) / calib.block_cost(shapes_used(rows, shapes), int(where["batch"]))

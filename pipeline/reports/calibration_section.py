@@ -17,7 +17,7 @@ def calibration_section(calibrations: Calibrations, folder: Path) -> str:
     table.to_csv(folder / "calibration.csv")
     text = ("## Calibration used (latency ratios, median [min-max] over rounds; "
             "the latest per pair and dtype)\n\n"
-            + markdown_table(table, mark_best=False))
+            + markdown_table(table))
     curves = calibrations.verify_curves()
     made = verify_cost_figure(curves)
     if made is not None:
@@ -32,6 +32,6 @@ def calibration_section(calibrations: Calibrations, folder: Path) -> str:
         by_context = costs.set_index(["target", "draft", "dtype", "device", "context"])
         text += ("\n\n### Step cost against the prompt's length "
                  "(calibration: one row, after a text prompt of each length)"
-                 f"\n\n{markdown_table(by_context, mark_best=False)}"
+                 f"\n\n{markdown_table(by_context)}"
                  f"\n\n![context cost](context_cost.png)\n\n> {made[1]}")
     return text

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.reports.report import best_marks
+from pipeline.reports.marks import best_marks
+from pipeline.reports.report import grid_gammas
 
 STYLE = {"best": "\\textbf{%s}", "second": "\\underline{%s}"}
 OOD_MARK = "$^{\\dagger}$"
@@ -85,8 +86,7 @@ def paper_tables(rows: pd.DataFrame, tau: pd.DataFrame, categories: pd.DataFrame
     """table1.tex (tau per dataset) and table2.tex (category averages) of one run's rows."""
     ok = rows[rows["error"].isna()]
     ood = set(ok.loc[ok["category"] != "benchmark", "dataset"])
-    gammas = sorted({int(g) for g in ok["gamma"].dropna()})
-    where = f"gamma {', '.join(map(str, gammas))}; best bold, second underlined"
+    where = f"gamma {grid_gammas(ok)}; best bold, second underlined"
     return {
         "table1.tex": latex_table(tau, caption=f"Block efficiency tau per dataset ({where}).",
                                   label="tab:tau", ood_columns=ood, titles=dataset_titles(list(tau.columns))),

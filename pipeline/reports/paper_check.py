@@ -5,7 +5,8 @@ a first-turn cell is one dataset's first turns; the paper's "second turn" of a b
 dataset pools that dataset's second turns of the instruction tasks (`qaorg`, `captioning`,
 `summary`, `story`) the run has; its NQ and GSM8K columns pool the `nq` and `gsm8k` turns over
 every dataset; `Avg.` is the mean of the benchmark datasets' cells. Only greedy chains at the
-paper's gamma (5) are compared.
+paper's gamma (5) are compared, and each of our configurations (dtype, policy, window, distance)
+is a row of its own beside the paper's cell: none is pooled with another.
 """
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from pipeline.reports.report import pooled_tau
 
 INSTRUCTION_TURNS = ("qaorg", "captioning", "summary", "story")
 PAPER_GAMMA = 5
+# what tells two of our cells of one paper cell apart
+CONFIG = ["dtype", "policy", "window", "distance"]
+COLUMNS = ["table", "target", "draft", *CONFIG, "dataset", "turn", "method", "paper", "ours", "difference"]
 BENCHMARK = ("llava_bench", "docvqa", "pope", "mmvet", "iedit", "magicbrush", "spot_the_diff")
 
 
@@ -31,15 +35,17 @@ def _our_cells(rows: pd.DataFrame) -> pd.DataFrame:
     chains = rows[rows["error"].isna() & (rows["gamma"] == PAPER_GAMMA) & (rows["temperature"] == 0)
                   & (rows["verify"].fillna("chain") == "chain")]
     if chains.empty:
-        return pd.DataFrame(columns=["target", "draft", "dataset", "turn", "method", "ours"])
+        return pd.DataFrame(columns=["target", "draft", *CONFIG, "dataset", "turn", "method", "ours"])
     paper_turn = chains["turn"].map(lambda t: "second" if t in INSTRUCTION_TURNS else t)
     dataset = chains["dataset"].where(~chains["turn"].isin(["nq", "gsm8k"]), "*")
     keyed = chains.assign(paper_turn=paper_turn, paper_dataset=dataset)
-    cells = (keyed.groupby(["target", "draft", "paper_dataset", "paper_turn", "method_label"])
+    keyed = keyed.assign(**{c: "-" for c in CONFIG if c not in keyed})  # rows made by hand may lack them
+    keyed[CONFIG] = keyed[CONFIG].astype(object).where(keyed[CONFIG].notna(), "-")  # window ALL, AR
+    cells = (keyed.groupby(["target", "draft", *CONFIG, "paper_dataset", "paper_turn", "method_label"])
              .apply(pooled_tau, include_groups=False).rename("ours").reset_index())
     cells = cells.rename(columns={"paper_dataset": "dataset", "paper_turn": "turn", "method_label": "method"})
     bench = cells[cells["dataset"].isin(BENCHMARK)]
-    averages = (bench.groupby(["target", "draft", "turn", "method"])["ours"].mean().reset_index()
+    averages = (bench.groupby(["target", "draft", *CONFIG, "turn", "method"])["ours"].mean().reset_index()
                 .assign(dataset="Avg."))
     return pd.concat([cells, averages], ignore_index=True)
 
@@ -55,10 +61,8 @@ def paper_check(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[str, str]]
     missing = [pair for pair in pairs if pair not in published]
     ours = _our_cells(rows[[pair in published for pair in zip(rows["target"], rows["draft"])]])
     if ours.empty:
-        return pd.DataFrame(columns=["table", "target", "draft", "dataset", "turn", "method", "paper", "ours",
-                                     "difference"]), missing
+        return pd.DataFrame(columns=COLUMNS), missing
     both = paper.rename(columns={"tau": "paper"}).merge(
         ours, on=["target", "draft", "dataset", "turn", "method"])
     both["difference"] = both["ours"] - both["paper"]
-    return both[["table", "target", "draft", "dataset", "turn", "method", "paper", "ours",
-                 "difference"]], missing
+    return both[COLUMNS], missing

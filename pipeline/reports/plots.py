@@ -1,7 +1,8 @@
-"""Paper figures from the results dataset (matplotlib; PNG, PDF and SVG of each).
+"""Paper figures from the results dataset (matplotlib; PNG, PDF and SVG of each), and what
+every figure shares: widths, panels, the legend, method colours, saving.
 
-- `tau_figure`: pooled block efficiency per drafting method and dataset, one panel per model
-  pair and turn. Rows of different pairs are never pooled into one bar.
+- `tau_cells`: pooled block efficiency per pair, turn, dataset and method label, which the tau
+  heatmap (`pipeline.reports.tau_heatmap`) draws. Rows of different pairs are never pooled.
 - `weight_ratio_figure`: the paper's Fig. 3. It draws w(M) / (w(M) + w(T)) of a TABED ensemble
   per block, with the M-only (1), T-only (0) and static MT (1/2) levels as reference lines
   and each block shaded by how many proposals the target accepted. There is one panel per
@@ -21,8 +22,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FormatStrFormatter, LogLocator, NullLocator
 
-from pipeline.reports.report import method_order, pooled_tau, with_tree_labels
+from pipeline.reports.report import configuration_labels, grid_gammas, method_order, pooled_tau
 
 WIDTHS = {"one-column": 3.5, "two-column": 7.16}  # inches: a two-column paper's column and page width
 PAGE_HEIGHT = 9.0  # inches: a page's text height (US letter or A4 with 1-inch margins)
@@ -36,11 +38,37 @@ METHOD_COLOURS = {
 REFERENCES = {"M only": 1.0, "static MT": 0.5, "T only": 0.0}
 
 
+# a tree's marker beside its chain's colour: MT*'s candidate, dynamic and bandit trees are MT*'s colour
+KIND_MARKERS = {"chain": "o", "candidates": "s", "dynamic": "^", "bandit": "D", "shape": "v"}
+SPARE_MARKERS = ("P", "X", "*", "h", "<", ">", "p", "d")
+
+
 def method_colour(label: str) -> str:
     if label in METHOD_COLOURS:
         return METHOD_COLOURS[label]
     palette = matplotlib.colormaps["tab20"].colors
     return palette[sum(map(ord, label)) % len(palette)]
+
+
+def series_styles(labels: list[str]) -> dict[str, tuple[str, str]]:
+    """(colour, marker) per method label, no two alike: a chain its method's colour and a circle,
+    a tree its chain's colour and its kind's marker (`MT* (candidates)`: MT*'s colour, a square);
+    a method without a colour of its own takes the next unused one of tab20, and a second tree of
+    one kind (other knobs) the next spare marker."""
+    palette = [matplotlib.colors.to_hex(c) for c in matplotlib.colormaps["tab20"].colors]
+    bases = list(dict.fromkeys(label.partition(" (")[0] for label in labels))
+    colours = {base: METHOD_COLOURS[base] for base in bases if base in METHOD_COLOURS}
+    spare = iter(c for c in palette if c not in set(colours.values()))
+    colours |= {base: next(spare, "#000000") for base in bases if base not in colours}
+    styles: dict[str, tuple[str, str]] = {}
+    for label in labels:
+        base, _, tree = label.partition(" (")
+        kind = tree.split("(")[0].rstrip(")") if tree else "chain"
+        options = [KIND_MARKERS.get(kind, SPARE_MARKERS[0]), *SPARE_MARKERS]
+        taken = set(styles.values())
+        styles[label] = next(((colours[base], m) for m in options if (colours[base], m) not in taken),
+                             (colours[base], options[0]))
+    return styles
 
 
 def pair_label(target: str, draft: str, dtype: str) -> str:
@@ -62,8 +90,9 @@ def suptitle_target(pairs: list[tuple[str, str, str]]) -> str:
 def tau_cells(rows: pd.DataFrame) -> pd.DataFrame:
     """What `plot_tau` draws: pooled tau and sample count per pair, dtype, turn, dataset and
     method label. Every cell holds the rows of one pair only."""
-    ok = with_tree_labels(rows[rows["error"].isna()])
+    ok = rows[rows["error"].isna()]
     keys = ["target", "draft", "dtype", "turn", "category", "dataset", "method_label"]
+    ok = ok.assign(method_label=configuration_labels(ok, keys[:-1]))
     grouped = ok.groupby(keys, sort=False)
     cells = grouped.apply(pooled_tau, include_groups=False).rename("tau").to_frame()
     return cells.join(grouped["sample_id"].nunique().rename("samples")).reset_index()
@@ -71,54 +100,6 @@ def tau_cells(rows: pd.DataFrame) -> pd.DataFrame:
 
 def ordered_turns(cells: pd.DataFrame) -> list[str]:
     return sorted(cells["turn"].unique(), key=lambda turn: (turn != "first", turn))
-
-
-def _gammas(rows: pd.DataFrame) -> str:
-    return ", ".join(str(int(g)) for g in sorted(rows["gamma"].dropna().unique())) or "-"
-
-
-def tau_figure(rows: pd.DataFrame, width: str = "two-column") -> tuple[Figure, str] | None:
-    """Grouped bars per dataset, one bar per method, one panel per pair (row) and turn (column)."""
-    cells = tau_cells(rows)
-    if cells.empty:
-        return None
-    pairs = list(dict.fromkeys(zip(cells["target"], cells["draft"], cells["dtype"])))
-    turns = ordered_turns(cells)
-    labels = sorted(set(cells["method_label"]) - {"AR"}, key=method_order)  # AR is the line at tau = 1
-    fig, axes = panels(len(pairs), len(turns), width, panel_height=2.1)
-    for (pair, turn), ax in zip([(p, t) for p in pairs for t in turns], axes.flat):
-        panel = cells[(cells[["target", "draft", "dtype"]].apply(tuple, axis=1) == pair)
-                      & (cells["turn"] == turn)]
-        # benchmark datasets first, then the others (OOD), as in the tables
-        datasets = sorted(
-            set(panel["dataset"]),
-            key=lambda d: (panel.loc[panel["dataset"] == d, "category"].iloc[0] != "benchmark", d)
-        )
-        step = 0.85 / max(len(labels), 1)
-        for k, label in enumerate(labels):
-            values = panel[panel["method_label"] == label].set_index("dataset")["tau"].reindex(datasets)
-            ax.bar(np.arange(len(datasets)) + (k - (len(labels) - 1) / 2) * step, values, step,
-                   color=method_colour(label), label=label)
-        ax.axhline(1.0, color=method_colour("AR"), lw=0.8)
-        ood = set(panel.loc[panel["category"] != "benchmark", "dataset"])
-        ax.set_xticks(range(len(datasets)),
-                      [d.replace("embedded_", "") + (" (OOD)" if d in ood else "") for d in datasets],
-                      fontsize=6)
-        samples = int(panel["samples"].max()) if len(panel) else 0
-        ax.set_title(f"{panel_label(pair, pairs)}\n{turn} turn, {samples} samples/dataset", fontsize=6)
-        ax.tick_params(axis="y", labelsize=6)
-    top = cells.loc[cells["method_label"] != "AR", "tau"].max()
-    axes.flat[0].set_ylim(1.0, max(top, 1.0) * 1.05 + 0.05)  # shared by every panel
-    for ax in axes[:, 0]:
-        ax.set_ylabel("tau (1 = AR)", fontsize=7)
-    fig.suptitle(f"Block efficiency tau per drafting method (gamma {_gammas(rows)}){suptitle_target(pairs)}",
-                 fontsize=8)
-    legend(fig, axes.flat[0], width)
-    caption = (f"Pooled block efficiency tau per method and dataset; one panel per pair and turn "
-               f"({len(pairs)} pair(s): {'; '.join(pair_label(*p) for p in pairs)}); gamma {_gammas(rows)}; "
-               f"{int(cells['samples'].max())} samples per dataset at most; the axis starts at tau = 1, "
-               f"plain decoding (AR).")
-    return fig, caption
 
 
 def weight_ratio_rows(rows: pd.DataFrame) -> pd.DataFrame:
@@ -190,8 +171,8 @@ def weight_ratio_figure(rows: pd.DataFrame, width: str = "two-column") -> tuple[
     legend(fig, next(ax for ax in axes.flat if ax.get_visible()), width)
     caption = (f"w(M)/(w(M)+w(T)) of {first['method_label']} ({first['policy']}) per block, one first-turn "
                "sample per scenario category (the one with the most blocks) and pair "
-               f"({'; '.join(pair_label(*p) for p in pairs)}); gamma {_gammas(chosen)}; shading: proposals "
-               "accepted in the block, darker = more.")
+               f"({'; '.join(pair_label(*p) for p in pairs)}); gamma {grid_gammas(chosen)}; "
+               "shading: proposals accepted in the block, darker = more.")
     return fig, caption
 
 
@@ -252,15 +233,25 @@ def context_cost_figure(costs: pd.DataFrame, width: str = "one-column") -> tuple
     fig = Figure(figsize=(WIDTHS[width], 2.6))
     FigureCanvasAgg(fig)
     ax = fig.subplots()
-    for (target, dtype), pairs in costs.groupby(["target", "dtype"], sort=True):
+    colours = iter(matplotlib.colormaps["tab10"].colors)
+    for k, ((target, dtype), pairs) in enumerate(costs.groupby(["target", "dtype"], sort=True)):
         first = pairs[pairs["draft"] == pairs["draft"].iloc[0]].sort_values("context")
-        ax.plot(first["context"], first["Tp ms"], color="0.4", ls="--", marker=".", lw=1,
-                label=f"target {target} ({dtype})")
+        ax.plot(first["context"], first["Tp ms"], color=str(0.2 + 0.15 * (k % 4)), ls="--",
+                marker=SPARE_MARKERS[k % len(SPARE_MARKERS)], ms=3, lw=1, label=f"target {target} ({dtype})")
         for draft, curve in pairs.groupby("draft", sort=True):
             curve = curve.sort_values("context")
-            ax.plot(curve["context"], curve["Tq ms"], marker="o", ms=3, lw=1.2, label=f"draft {draft}")
+            ax.plot(curve["context"], curve["Tq ms"], marker="o", ms=3, lw=1.2, color=next(colours, "k"),
+                    label=f"draft {draft} ({dtype})")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    # plain numbers, small: a log axis otherwise labels its minor ticks large and overlapping
+    contexts = sorted(costs["context"].unique())
+    ax.set_xticks(contexts, [str(int(c)) for c in contexts])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
+    for formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        formatter(FormatStrFormatter("%g"))
+    ax.tick_params(which="minor", labelsize=5)
     _label_single(fig, ax, "prompt tokens before the step", "one cached step, ms")
     caption = ("One cached decoding step (one row, median over the calibration's rounds) after text "
                "prompts of several lengths: an attention draft reads a KV cache as long as the prompt, a "

@@ -6,28 +6,33 @@ benchmark datasets' cells, as in the paper (OOD datasets are reported beside it,
 """
 from __future__ import annotations
 
-import itertools
-
 import pandas as pd
 
 from pipeline.drafting.methods import method_order as letter_order
+from pipeline.reports.marks import Marks, best_marks, marks_caption
 
-TABLE_INDEX = ["target", "draft", "turn", "method_label"]
+# A pair is its target, draft and dtype: rows of one target/draft in fp32 and bf16 are two experiments,
+# and no table pools them (a tree is its own method label: `with_tree_labels`; batched rows are read by
+# the batch sweep's table only: `decoded_alone`).
+PAIR = ["target", "draft", "dtype"]
+TABLE_INDEX = [*PAIR, "turn", "method_label"]
 # Grid fields shown as extra index levels only where rows of one method and dataset differ in them.
 # `mode` is not among them: live and replay rows of one configuration give the same accepted counts
 # (pipeline.reports.fidelity measures how often).
-VARYING = ["policy", "window", "distance", "gamma", "temperature", "seed", "max_new_tokens"]
+VARYING = ["policy", "engine", "window", "distance", "gamma", "temperature", "seed", "max_new_tokens"]
 AVERAGE = "Avg."
 
 
 def method_order(label: str) -> tuple:
     """AR first, then by ensemble size, letters in M, T, C, P order, static before TABED (*),
-    chains before token trees (`MT* (candidates)`)."""
+    chains before token trees (`MT* (candidates)`), then by the fields a figure's label adds
+    (`MT*, temperature 1.0`: `configuration_labels`)."""
+    label, _, fields = label.partition(", ")
     base, _, tree = label.partition(" (")
     methods = base.rstrip("*")
     if methods == "AR":
-        return (0, (), False, "")
-    return (len(methods), letter_order(methods), base.endswith("*"), tree)
+        return (0, (), False, "", fields)
+    return (len(methods), letter_order(methods), base.endswith("*"), tree, fields)
 
 
 def with_tree_labels(rows: pd.DataFrame) -> pd.DataFrame:
@@ -40,6 +45,47 @@ def with_tree_labels(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.assign(
         method_label=rows["method_label"].where(~tree, rows["method_label"] + " (" + rows["verify"] + ")")
     )
+
+
+def configuration_labels(rows: pd.DataFrame, within: list[str]) -> pd.Series:
+    """Each row's method label (trees named: `with_tree_labels`) followed by every grid field of
+    `VARYING` in which rows of that label differ within `within` (e.g. pair, turn and dataset),
+    as `MT*, temperature 1.0`: what a figure names a configuration by, so that it never pools
+    two of them."""
+    labelled = with_tree_labels(rows)
+    fields = [c for c in VARYING if c in rows]
+    shown = rows[fields].astype(object).where(rows[fields].notna(), "-")
+    shown["gamma"] = gamma_shown(rows) if "gamma" in fields else None
+    keyed = pd.concat([labelled[within + ["method_label"]], shown], axis=1)
+    groups = keyed.groupby(within + ["method_label"], sort=False)
+    varying = [c for c in fields if groups[c].nunique().max() > 1]
+    if not varying:
+        return labelled["method_label"]
+    value = lambda v: f"{v:g}" if isinstance(v, float) else str(v)
+    return labelled["method_label"] + shown[varying].apply(
+        lambda r: "".join(f", {c.replace('_', ' ')} {value(v)}" for c, v in r.items()), axis=1)
+
+
+def gamma_shown(rows: pd.DataFrame) -> pd.Series:
+    """Each row's draft steps per block as tables print them: the grid's gamma (an int), `-` for
+    AR, and `depth d` for a tree whose shape sets its depth (a shape tree; a bandit's shapes span
+    `depth 4-6`), which a gamma-5 grid did not ask for and must not read as a second gamma."""
+    shapes = rows["verify_shapes"] if "verify_shapes" in rows else pd.Series(None, index=rows.index)
+
+    def shown(gamma, tree_shapes) -> object:
+        if hasattr(tree_shapes, "__len__") and len(tree_shapes):  # a list of shapes; None or NaN: none
+            depths = sorted({len(shape) for shape in tree_shapes})
+            return f"depth {depths[0]}" + (f"-{depths[-1]}" if len(depths) > 1 else "")
+        return "-" if pd.isna(gamma) else int(gamma)
+
+    return pd.Series([shown(g, s) for g, s in zip(rows["gamma"], shapes)], index=rows.index, dtype=object)
+
+
+def grid_gammas(rows: pd.DataFrame) -> str:
+    """The gammas a run's rows ran as the grid gave them, e.g. `5` (trees with their own depth
+    are not among them: `gamma_shown`), `-` when none."""
+    gammas = sorted({g for g in gamma_shown(rows) if isinstance(g, int)})
+    return ", ".join(map(str, gammas)) or "-"
 
 
 def batch_of(rows: pd.DataFrame) -> pd.Series:
@@ -65,6 +111,7 @@ def tau_table(df: pd.DataFrame) -> pd.DataFrame:
     """Rows: target, draft, turn, method (plus any grid field that varies); columns: benchmark
     datasets, then the others (OOD, NLP), each alphabetically, then `Avg.` over the benchmark ones."""
     ok = with_tree_labels(df[df["error"].isna()].copy())
+    ok["gamma"] = gamma_shown(ok)
     cell = ok.groupby(TABLE_INDEX + ["dataset"], sort=False)
     index = TABLE_INDEX + [c for c in VARYING if cell[c].nunique(dropna=False).max() > 1]
     for column in index:  # NaN (e.g. window ALL) would drop out of groupby keys
@@ -77,8 +124,8 @@ def tau_table(df: pd.DataFrame) -> pd.DataFrame:
     if benchmark:
         table[AVERAGE] = table[benchmark].mean(axis=1)
     def row_order(i: int) -> tuple:
-        target, draft, turn, label, *rest = table.index[i]
-        return (target, draft, turn != "first", turn, method_order(label), tuple(str(v) for v in rest))
+        target, draft, dtype, turn, label, *rest = table.index[i]
+        return (target, draft, dtype, turn != "first", turn, method_order(label), tuple(str(v) for v in rest))
 
     order = sorted(range(len(table)), key=row_order)
     return table.iloc[order]
@@ -93,7 +140,7 @@ def error_counts(df: pd.DataFrame) -> pd.DataFrame:
 # ------------------------------------------------------------ paper-style summaries on disk
 
 # policy too: MT with the grid policy and MT with inverse-error weights are both "MT*"
-SUMMARY_INDEX = ["target", "draft", "method_label", "policy"]
+SUMMARY_INDEX = [*PAIR, "method_label", "policy"]
 def category_table(df: pd.DataFrame) -> pd.DataFrame:
     """Paper Table 2: mean of per-dataset pooled tau within each category and turn group
     (benchmark first turn, benchmark second turn, OOD first turn)."""
@@ -107,43 +154,16 @@ def category_table(df: pd.DataFrame) -> pd.DataFrame:
     order = sorted(table.columns, key=lambda c: (not c.startswith("Benchmark"), c.endswith("second"), c))
     table = table[order]
     return table.iloc[sorted(range(len(table)),
-                             key=lambda i: (table.index[i][:2], method_order(table.index[i][2])))]
+                             key=lambda i: (table.index[i][:3], method_order(table.index[i][3])))]
 
 
-def best_marks(table: pd.DataFrame) -> dict[tuple[int, str], str]:
-    """(row position, column) -> "best" or "second", as the paper marks its tables: within each
-    block of rows that share the index levels before `method_label` (e.g. one pair's first
-    turn), AR rows left out, values compared as printed (2 decimals). Ranks are competition
-    ranks: every value tied for the top is best, and "second" exists only when one value is
-    best alone (three tied for best leave the fourth unmarked)."""
-    flat = table.reset_index()
-    index_columns = list(table.index.names)
-    candidates = flat[flat["method_label"] != "AR"] if "method_label" in flat else flat
-    block_levels = (index_columns[: index_columns.index("method_label")]
-                    if "method_label" in index_columns else [])
-    blocks = ([block for _, block in candidates.groupby(block_levels, sort=False)]
-              if block_levels else [candidates])
-    marks: dict[tuple[int, str], str] = {}
-    for column, block in itertools.product(table.columns, blocks):
-        values = pd.to_numeric(block[column], errors="coerce").dropna().round(2)
-        if values.empty:
-            continue
-        top = values.max()
-        best = values[values == top]
-        marks.update({(i, column): "best" for i in best.index})
-        rest = values[values < top]
-        if len(best) == 1 and not rest.empty:
-            marks.update({(i, column): "second" for i in rest[rest == rest.max()].index})
-    return marks
-
-
-def markdown_table(table: pd.DataFrame, mark_best: bool = True) -> str:
-    """Markdown with the best value of each column in bold and the second best in italics
-    (`best_marks`; AR rows and the index left unmarked)."""
+def markdown_table(table: pd.DataFrame, marks: Marks | None = None) -> str:
+    """Markdown with, where `marks` says so, the best value of a column in bold and the second
+    best in italics (`pipeline.reports.marks`), and the sentence saying so under it."""
     flat = table.reset_index()
     index_columns = list(table.index.names)
     style = {"best": "**", "second": "*"}
-    marks = {key: style[mark] for key, mark in best_marks(table).items()} if mark_best else {}
+    found = {key: style[mark] for key, mark in best_marks(table, marks).items()} if marks else {}
     header = "| " + " | ".join(map(str, index_columns + list(table.columns))) + " |"
     lines = [header, "|" + "---|" * (len(index_columns) + len(table.columns))]
     for i, row in flat.iterrows():
@@ -151,10 +171,11 @@ def markdown_table(table: pd.DataFrame, mark_best: bool = True) -> str:
         for column in table.columns:
             value = row[column]
             text = "-" if pd.isna(value) else f"{value:.2f}" if isinstance(value, float) else str(value)
-            mark = marks.get((i, column), "")
+            mark = found.get((i, column), "")
             cells.append(f"{mark}{text}{mark}")
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    caption = marks_caption(table, marks) if found else ""
+    return "\n".join(lines) + (f"\n\n{caption}" if caption else "")
 
 
 # ------------------------------------------------------------ what the table says, in words
@@ -168,7 +189,7 @@ def method_findings(df: pd.DataFrame) -> pd.DataFrame:
     configuration, and where the paper's MT* and MTCP* rank among all SD configurations run
     (1 = best; configurations are method set x policy; equal tau at two decimals share a rank)."""
     ok = with_tree_labels(df[df["error"].isna() & (df["method_label"] != "AR")])
-    keys = ["target", "draft", "turn", "dataset"]
+    keys = [*PAIR, "turn", "dataset"]
     if ok.empty:  # e.g. a run stopped before any speculative row was written
         return pd.DataFrame(columns=keys)
     cells = (ok.groupby(keys + ["method_label", "policy", "policy_kind"])
@@ -191,7 +212,7 @@ def method_findings(df: pd.DataFrame) -> pd.DataFrame:
                 rank = 1 + int((group["tau"].round(2) > round(tau, 2)).sum())  # ties share a rank
                 row[label] = f"{tau:.2f} (rank {rank}/{len(group)})"
         rows.append(row)
-    rows.sort(key=lambda r: (r["target"], r["draft"], r["turn"] != "first", r["turn"], r["dataset"]))
+    rows.sort(key=lambda r: (*(r[k] for k in PAIR), r["turn"] != "first", r["turn"], r["dataset"]))
     table = pd.DataFrame(rows) if rows else pd.DataFrame(columns=keys)
     columns = keys + ["M", "T", "M vs T", "best"] + list(PAPER_DYNAMIC)
     return table[[c for c in columns if c in table]].set_index(keys)
@@ -208,8 +229,8 @@ def findings_text(findings: pd.DataFrame) -> str:
     if findings.empty or "M vs T" not in findings:
         return "M and T were not both run: no comparison."
     findings = findings.reset_index()
-    several_pairs = findings[["target", "draft"]].drop_duplicates().shape[0] > 1
-    name = lambda r: f"{r.dataset} ({r.turn}{f', {r.target} / {r.draft}' if several_pairs else ''})"
+    several_pairs = findings[PAIR].drop_duplicates().shape[0] > 1
+    name = lambda r: f"{r.dataset} ({r.turn}{f', {r.target} / {r.draft} {r.dtype}' if several_pairs else ''})"
     where = lambda mask: ", ".join(name(r) for r in findings[mask].itertuples()) or "nowhere"
     verdict = findings["M vs T"].fillna("")
     lines = [

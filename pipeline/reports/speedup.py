@@ -1,7 +1,7 @@
 """The speedup tables: expected speedup (paper Eq. 1 and its corrected form) beside the measured
 walltime speedup, and each target's drafts side by side.
 
-Walltimes are only ever compared within one pair, dtype, engine, gamma and machine: a row of
+Walltimes are only ever compared within one pair, dtype, engine and machine: a row of
 the speedup table is one configuration timed on one machine (`timed_on`), and its measured
 speedup divides AR and SD walltimes of that same machine.
 """
@@ -11,14 +11,24 @@ import pandas as pd
 
 from pipeline.planning.verify_entries import verify_of_row
 from pipeline.reports.noise import noise_parts, noise_text, ratio_spreads, rows_load
-from pipeline.reports.report import method_order, pooled_tau, with_tree_labels
+from pipeline.reports.marks import Marks
+from pipeline.reports.report import gamma_shown, method_order, pooled_tau, with_tree_labels
 from pipeline.reports.time_split import time_split_text
 from pipeline.storage.calibration_store import Calibrations
 
-# Walltimes of different engines, gammas, devices, step modes or library versions are never
-# pooled or compared: `timed_on` names what a row's walltime was measured on, and comes before
-# the method so that best values are marked within one pair, engine, gamma and machine.
-SPEEDUP_INDEX = ["target", "draft", "dtype", "engine", "gamma", "timed_on", "method_label", "policy"]
+# Walltimes of different engines, devices, step modes or library versions are never pooled or
+# compared: `timed_on` names what a row's walltime was measured on, and comes before the method
+# so that best values are marked within one pair, engine and machine (every configuration run
+# there, whatever its gamma or tree depth, is a candidate).
+SPEEDUP_INDEX = ["target", "draft", "dtype", "engine", "timed_on", "method_label", "policy", "gamma"]
+# Grid axes that make two timings incomparable (AR rows carry them too: each configuration is
+# timed against AR at the same values), and knobs of a configuration; each becomes an index
+# level where the run's rows differ in it, so no row pools two of its values.
+EXPERIMENT_AXES = ["temperature", "seed", "max_new_tokens"]
+CONFIG_AXES = ["window", "distance"]
+# what a win is in each column (pipeline.reports.marks)
+SPEEDUP_MARKS = Marks(higher=("tau", "tau timed"), speedups=("eq1", "corrected", "measured"),
+                      lower=("J/token", "J/accepted"))
 TIMING_COLUMNS = ["device_name", "steps", "torch_version", "transformers_version"]
 UNTIMED = "-"  # a configuration without live rows: tau and Eq. 1 only
 
@@ -60,18 +70,26 @@ def speedup_table(df: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
     ok = with_tree_labels(df[df["error"].isna() & (df["turn"] == "first")].copy())
     # rows from before engines were recorded
     ok["engine"] = ok["engine"].astype(object).where(ok["engine"].notna(), "-")
-    ok["gamma"] = [UNTIMED if pd.isna(g) else int(g) for g in ok["gamma"]]
+    ok["draft_steps"] = ok["gamma"]  # numeric, for a block's shape; `gamma` as tables print it
+    ok["gamma"] = gamma_shown(ok)
     ok["timed_on"] = timing_label(ok)
-    config_keys = [k for k in SPEEDUP_INDEX if k != "timed_on"]
+    sd = ok[ok["method_label"] != "AR"]  # a configuration knob of AR (window, distance) is null
+    varying = ([c for c in EXPERIMENT_AXES if c in ok and ok[c].nunique(dropna=False) > 1]
+               + [c for c in CONFIG_AXES if c in ok and sd[c].nunique(dropna=False) > 1])
+    for column in varying:  # NaN (window ALL, AR's distance) would drop out of groupby keys
+        ok[column] = ok[column].astype(object).where(ok[column].notna(), "-")
+    experiment = [c for c in varying if c in EXPERIMENT_AXES]
+    index = (SPEEDUP_INDEX[:4] + experiment + SPEEDUP_INDEX[4:] + [c for c in varying if c in CONFIG_AXES])
+    config_keys = [k for k in index if k != "timed_on"]
     timed_sd = ok[ok["mode"] == "live"]
     rows = []
     for key, group in ok.groupby(config_keys, sort=False):
         config = dict(zip(config_keys, key))
         row = config | {"tau": pooled_tau(group)}
         calib = calibrations.latest(config["target"], config["draft"], config["dtype"])
-        gamma, label = config["gamma"], config["method_label"]
+        steps, label = group["draft_steps"].iloc[0], config["method_label"]
         flags: dict[str, list] = {}
-        shapes = None if label == "AR" or gamma == UNTIMED else block_shapes(group, gamma)
+        shapes = None if label == "AR" or pd.isna(steps) else block_shapes(group, int(steps))
         if shapes is not None and calib is not None:
             used = shapes_used(group, shapes)  # (steps, nodes, rows), blocks
             blocks = sum(n for _, n in used)
@@ -83,10 +101,8 @@ def speedup_table(df: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
                 for column, spreads in ratio_spreads(calib, draft_rows, nodes + 1).items():
                     flags[column] = list(dict.fromkeys(
                         flags.get(column, []) + [s for s in spreads if s.noisy]))
-        same_pair = lambda rows: rows[(rows["target"] == config["target"])
-                                      & (rows["draft"] == config["draft"])
-                                      & (rows["dtype"] == config["dtype"])
-                                      & (rows["engine"] == config["engine"])]
+        same_pair = lambda rows: rows[(rows[SPEEDUP_INDEX[:4] + experiment]
+                                       == [config[k] for k in SPEEDUP_INDEX[:4] + experiment]).all(axis=1)]
         baseline = same_pair(ok[ok["mode"] == "ar"])
         timed = same_pair(timed_sd) if label == "AR" else group[group["mode"] == "live"]
         for machine in sorted(set(timed["timed_on"])) or [UNTIMED]:
@@ -100,16 +116,18 @@ def speedup_table(df: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
                                "measured": _measured_speedup(mine, ar, label), "time split %": split,
                                **energy_per_token(ar if label == "AR" else live),
                                "noise": noise_text(flags | {"measured": measured_flags})})
-    table = pd.DataFrame(rows).reindex(columns=SPEEDUP_INDEX + ["tau", "tau timed", "eq1", "corrected",
-                                                                "measured", *ENERGY, "time split %", "noise"])
+    table = pd.DataFrame(rows).reindex(columns=index + ["tau", "tau timed", "eq1", "corrected",
+                                                        "measured", *ENERGY, "time split %", "noise"])
     if table[list(ENERGY)].isna().all().all():  # no row's energy measured (a CPU, no NVML)
         table = table.drop(columns=list(ENERGY))
-    table = table.set_index(SPEEDUP_INDEX)
+    table = table.set_index(index)
 
     def order(i: int) -> tuple:
-        target, draft, dtype, engine, gamma, machine, label, policy = table.index[i]
-        return (target, draft, dtype, engine, label != "AR", -1 if gamma == UNTIMED else gamma,
-                machine == UNTIMED, machine, method_order(label), policy)
+        at = dict(zip(index, table.index[i]))
+        return (*(at[k] for k in SPEEDUP_INDEX[:4]), *(str(at[k]) for k in experiment),
+                at["method_label"] != "AR", at["timed_on"] == UNTIMED, at["timed_on"],
+                method_order(at["method_label"]), at["policy"], isinstance(at["gamma"], str),
+                str(at["gamma"]).zfill(4), *(str(at[k]) for k in varying))
 
     return table.iloc[sorted(range(len(table)), key=order)]
 
@@ -153,7 +171,7 @@ def draft_size_table(speedup: pd.DataFrame, calibrations: Calibrations) -> pd.Da
                 rows.append(row | {"noise": noise_text(noise)})
     result = pd.DataFrame(rows).set_index(groups + ["timed_on", "draft"])
     return result.iloc[sorted(range(len(result)),
-                              key=lambda i: (result.index[i][:5], result["Tq/Tp"].iloc[i]))]
+                              key=lambda i: (tuple(map(str, result.index[i][:5])), result["Tq/Tp"].iloc[i]))]
 
 
 def block_shapes(rows: pd.DataFrame, gamma: int) -> list[tuple[int, int, int]] | None:

@@ -1,6 +1,6 @@
 """Write a run's reports next to its results: Markdown and CSV tables, PNG plots.
 
-`OUT/_report-<run>/` (underscore: Parquet readers of OUT skip it; written whole or not at all):
+`OUT/_report-<run>/` (underscore: pandas and pyarrow skip it; written whole or not at all):
 `summary.md` (completeness, tau per dataset, category averages, expected and measured speedup with
 the samples timed, each target's drafts side by side and the calibration used, M vs T and where MT*
 lands, the lossless audit, replay fidelity, image conversions, failed samples), one CSV per table,
@@ -23,14 +23,17 @@ from pipeline.reports.batch_sweep import batch_table, batch_text
 from pipeline.reports.calibration_section import calibration_section
 from pipeline.reports.completeness import completeness_table, completeness_text, grids_text
 from pipeline.reports.fidelity import GROUP_KEYS as FIDELITY_KEYS, fidelity_table, fidelity_text
+from pipeline.reports.headline import headline
 from pipeline.reports.latex import paper_tables
+from pipeline.reports.marks import HIGHER_EVERYWHERE
 from pipeline.reports.noise import noise_section, shown
 from pipeline.reports.paper_check import paper_check
-from pipeline.reports.plots import save, tau_figure, weight_ratio_figure
+from pipeline.reports.plots import save, weight_ratio_figure
 from pipeline.reports.report import (
     category_table, decoded_alone, error_counts, findings_text, markdown_table, method_findings, tau_table,
 )
-from pipeline.reports.speedup import draft_size_table, speedup_table
+from pipeline.reports.speedup import SPEEDUP_MARKS, draft_size_table, speedup_table
+from pipeline.reports.tau_heatmap import tau_figure
 from pipeline.storage.calibration_store import Calibrations, read_calibrations
 from pipeline.storage.manifest import expected_rows, run_grids
 from pipeline.storage.run_lock import lock_holder
@@ -60,11 +63,13 @@ def _write_report(out: str | Path, run: str, everything: pd.DataFrame, folder: P
     calibrations = read_calibrations(out)
     rows = decoded_alone(everything)  # batched rows: the batch sweep and the audit read them
     tables = {
-        "tau": ("Block efficiency tau per dataset (tau = accepted proposals + 1 per block, the paper's "
+        "tau": (HIGHER_EVERYWHERE,
+                "Block efficiency tau per dataset (tau = accepted proposals + 1 per block, the paper's "
                 "convention; tau0 = tau - 1 below; pooled over blocks; Avg. = benchmark datasets)",
                 tau_table(rows)),
-        "categories": ("Category averages (paper Table 2)", category_table(rows)),
+        "categories": (HIGHER_EVERYWHERE, "Category averages (paper Table 2)", category_table(rows)),
         "speedup": (
+            SPEEDUP_MARKS,
             "Speedup: expected from tau and measured latency ratios (Eq. 1 and its CPU-corrected form, "
             "at each row's gamma), measured = AR walltime / SD walltime on the samples run live, per "
             "engine, gamma and machine (`timed_on`: device, how decode steps ran, torch, transformers; "
@@ -76,29 +81,31 @@ def _write_report(out: str | Path, run: str, everything: pd.DataFrame, folder: P
             speedup_table(rows, calibrations),
         ),
     }
+    speedup = tables["speedup"][2]
+    audited = audit(everything)
     sections = [f"# Run {run}: {len(everything)} rows, {everything['error'].notna().sum()} failed",
-                completeness_section(out, run, everything, folder)]
-    for name, (title, table) in tables.items():
+                headline(speedup, audited[0]), completeness_section(out, run, everything, folder)]
+    for name, (marks, title, table) in tables.items():
         table.to_csv(folder / f"{name}.csv")
-        sections.append(f"## {title}\n\n{markdown_table(shown(table))}")
-    sections += [timed_samples_text(rows), draft_size_section(tables["speedup"][1], calibrations, folder),
+        sections.append(f"## {title}\n\n{markdown_table(shown(table), marks)}")
+    sections += [timed_samples_text(rows), draft_size_section(speedup, calibrations, folder),
                  calibration_section(calibrations, folder),
-                 measurement_noise_section(rows, calibrations, tables["speedup"][1])]
+                 measurement_noise_section(rows, calibrations, speedup)]
     findings = method_findings(rows)
     findings.to_csv(folder / "findings.csv")
     sections.append(
         "## M vs T, and where TABED lands (pooled tau; rank among the SD configurations run, 1 = best)\n\n"
-        f"{findings_text(findings)}\n\n{markdown_table(findings, mark_best=False)}"
+        f"{findings_text(findings)}\n\n{markdown_table(findings)}"
     )
     sections += [batch_section(everything, calibrations, folder), acceptance_section(rows, folder),
-                 paper_section(rows, folder), audit_section(everything, folder),
+                 paper_section(rows, folder), audit_section(audited, folder),
                  fidelity_section(everything, folder), image_conversions_text(rows)]
     errors = error_counts(everything)
     if not errors.empty:
         lines = [f"| {r.dataset} | {r.turn} | {r.errors} |" for r in errors.itertuples()]
         sections.append("## Failed samples (left out of every table)\n\n"
                         "| dataset | turn | errors |\n|---|---|---|\n" + "\n".join(lines))
-    for name, latex in paper_tables(rows, tables["tau"][1], tables["categories"][1]).items():
+    for name, latex in paper_tables(rows, tables["tau"][2], tables["categories"][2]).items():
         (folder / name).write_text(latex)
     sections.append(figures_section(rows, folder))
     text = "\n\n".join(section for section in sections if section) + "\n"
@@ -114,19 +121,20 @@ def completeness_section(out: str | Path, run: str, rows: pd.DataFrame, folder: 
     table.to_csv(folder / "completeness.csv")
     text = completeness_text(table, expected, lock_holder(out, run))
     return (f"## Completeness\n\n{text}{grids_text(grids)}\n\n"
-            f"{markdown_table(table, mark_best=False)}")
+            f"{markdown_table(table)}")
 
 
 def checked_section(folder: Path, name: str, title: str, text: str, table: pd.DataFrame,
                     keys: list[str]) -> str:
     """A check's table as `name`.csv and as a section: title, the sentence saying what it found, the table."""
     table.to_csv(folder / f"{name}.csv", index=False)
-    return f"## {title}\n\n{text}\n\n{markdown_table(table.set_index(keys), mark_best=False)}"
+    return f"## {title}\n\n{text}\n\n{markdown_table(table.set_index(keys))}"
 
 
-def audit_section(rows: pd.DataFrame, folder: Path) -> str:
-    """Greedy speculative rows equal to the target's own greedy output, per pair, dtype, engine."""
-    table, differ = audit(rows)
+def audit_section(audited: tuple[pd.DataFrame, pd.DataFrame], folder: Path) -> str:
+    """Greedy speculative rows equal to the target's own greedy output, per pair, dtype, engine
+    (`audited`: `audit`'s table and divergences)."""
+    table, differ = audited
     differ.to_csv(folder / "divergences.csv", index=False)
     return checked_section(folder, "lossless",
                            "Lossless audit: greedy speculative output vs the target's own greedy output",
@@ -145,7 +153,7 @@ def batch_section(rows: pd.DataFrame, calibrations: Calibrations, folder: Path) 
              "`expected` = Eq. 1 corrected, with draft and verify costs calibrated at that batch size; "
              "`latency s` = median per-request latency; "
              "`= AR here` / `= batch 1`: outputs equal to AR at this batch / to the sample decoded alone)",
-             batch_text(table), markdown_table(shown(table), mark_best=False)]
+             batch_text(table), markdown_table(shown(table))]
     made = batch_figure(table)
     if made is not None:
         save(made[0], folder / "batch")
@@ -169,7 +177,7 @@ def acceptance_section(rows: pd.DataFrame, folder: Path) -> str:
              "`acceptance_rate` = accepted drafts / drafted positions; `tau_request_*` = median and "
              "quartiles of each request's own tau (pooling weighs long answers more). Acceptance by draft "
              "position: `per_position.csv`.",
-             markdown_table(table.set_index(CONFIG)[shown_columns], mark_best=False)]
+             markdown_table(table.set_index(CONFIG)[shown_columns])]
     for stem, draw, data in (("per_position", per_position_figure, positions),
                              ("tau_per_request", request_tau_figure, request_taus(rows))):
         made = draw(data)
@@ -189,9 +197,10 @@ def paper_section(rows: pd.DataFrame, folder: Path) -> str:
                      + ": the paper reports mjbooo/lvlm68m, lvlm68m-ov and lvlm160m-bf16 drafts with "
                      "LLaVA-1.5 7B and LLaVA-NeXT 7B/13B targets.")
     if len(both):
-        averages = both[both["dataset"] == "Avg."].set_index(["table", "target", "draft", "turn", "method"])
+        index = ["table", "target", "draft", "dtype", "policy", "window", "distance", "turn", "method"]
+        averages = both[both["dataset"] == "Avg."].set_index(index)
         lines += ["Benchmark averages (every cell in `paper_check.csv`; `difference` = ours - paper):",
-                  markdown_table(averages[["paper", "ours", "difference"]], mark_best=False)]
+                  markdown_table(averages[["paper", "ours", "difference"]])]
     return "\n\n".join(lines)
 
 
@@ -242,7 +251,7 @@ def draft_size_section(speedup: pd.DataFrame, calibrations: Calibrations, folder
     table.to_csv(folder / "draft_sizes.csv")
     return ("## Draft sizes: each target's drafts side by side (first turns; Tq/Tp from the calibration "
             "used; tau, Eq. 1 and measured speedup per method)\n\n"
-            + markdown_table(shown(table), mark_best=False))
+            + markdown_table(shown(table)))
 
 
 def measurement_noise_section(rows: pd.DataFrame, calibrations: Calibrations, speedup: pd.DataFrame) -> str:

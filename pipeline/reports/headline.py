@@ -47,15 +47,16 @@ def _best(rows: pd.DataFrame, kind: str) -> str:
     gamma = best["gamma"]
     name += f", gamma {gamma}" if isinstance(gamma, int) else f", {gamma}" if gamma != UNTIMED else ""
     unreliable = flagged_columns(best.get("noise", ""))
-    figures = [f"{label} {_speed(best.get(column), column in unreliable)}"
+    figures = [_speed(label, best.get(column), column in unreliable)
                for label, column in (("measured", "measured"), ("expected", "corrected"))]
     return f"best {kind} {name}, tau {best['tau']:.2f}: " + ", ".join(figures)
 
 
-def _speed(value, unreliable: bool) -> str:
+def _speed(label: str, value, unreliable: bool) -> str:
+    """`measured 1.34x`, `measured 0.93x (unreliable: noise)`, or `not timed` / `not calibrated`."""
     if value is None or pd.isna(value):
-        return "not measured"
-    return f"{value:.2f}x" + (" (unreliable: noise)" if unreliable else "")
+        return "not timed" if label == "measured" else "not calibrated"
+    return f"{label} {value:.2f}x" + (" (unreliable: noise)" if unreliable else "")
 
 
 def _lossless(table: pd.DataFrame) -> str:

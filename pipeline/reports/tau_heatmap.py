@@ -17,6 +17,7 @@ from pipeline.reports.report import grid_gammas, method_order
 
 ROW_INCHES = {"two-column": 0.12, "one-column": 0.1}  # one method label's row
 FONT = {"two-column": 5.5, "one-column": 4.5}
+MIN_CELL_INCHES = 0.3  # a cell narrower than this cannot hold its value printed
 CMAP = "viridis"
 
 
@@ -39,6 +40,8 @@ def tau_figure(rows: pd.DataFrame, width: str = "two-column") -> tuple[Figure, s
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(pairs), len(turns), squeeze=False, sharey=True)
     image = None
+    widest = max(cells.groupby(["target", "draft", "dtype", "turn"])["dataset"].nunique())
+    printed = WIDTHS[width] / (len(turns) * widest) >= MIN_CELL_INCHES  # else values would overlap
     for (row, pair), (column, turn) in [(p, t) for p in enumerate(pairs) for t in enumerate(turns)]:
         ax = axes[row, column]
         panel = cells[(cells[["target", "draft", "dtype"]] == pair).all(axis=1) & (cells["turn"] == turn)]
@@ -48,10 +51,11 @@ def tau_figure(rows: pd.DataFrame, width: str = "two-column") -> tuple[Figure, s
                 .reindex(index=labels, columns=datasets))
         image = ax.imshow(grid.to_numpy(dtype=float), aspect="auto", cmap=CMAP, vmin=1.0, vmax=top,
                           interpolation="nearest")
-        _print_values(ax, grid.to_numpy(dtype=float), top, font)
+        if printed:
+            _print_values(ax, grid.to_numpy(dtype=float), top, font)
         ood = set(panel.loc[panel["category"] != "benchmark", "dataset"])
-        ax.set_xticks(range(len(datasets)), [d.replace("embedded_", "") + (" (OOD)" if d in ood else "")
-                                             for d in datasets], fontsize=font, rotation=30, ha="right")
+        names = [d.replace("embedded_", "") + (" (OOD)" if d in ood else "") for d in datasets]
+        ax.set_xticks(range(len(datasets)), names, fontsize=font, rotation=30 if printed else 60, ha="right")
         ax.set_yticks(range(len(labels)), labels, fontsize=font)
         ax.tick_params(length=0)
         if row == 0:  # a column per turn, a row per pair: each named once, so no titles collide
@@ -68,7 +72,9 @@ def tau_figure(rows: pd.DataFrame, width: str = "two-column") -> tuple[Figure, s
     caption = (f"Pooled block efficiency tau per configuration (row) and dataset (column); one panel per "
                f"pair and turn ({len(pairs)} pair(s): {'; '.join(pair_label(*p) for p in pairs)}); gamma "
                f"{gammas}; {int(cells['samples'].max())} samples per dataset at most. The colour scale "
-               "starts at tau = 1, plain decoding (AR); a blank cell was not run.")
+               "starts at tau = 1, plain decoding (AR); a blank cell was not run."
+               + ("" if printed else " Cells too narrow to print their values here: `tau.csv`, or the "
+                  "two-column figure."))
     return fig, caption
 
 

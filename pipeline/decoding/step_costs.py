@@ -128,13 +128,13 @@ def calibrate_drafts(
     measured = [([], []) for _ in drafts]  # per draft: its step per batch, its step per context, each round
     batched_drafts = [[] for _ in drafts]  # per draft, each round: {batch: its step per row count}
     say = progress or (lambda line: None)
+    names = draft_names or [d.name for d in drafts]
     for done in range(1, rounds + 1):
         token.append(_step_seconds(target, target_rows, 1, repeats))
         verify.append([_step_seconds(target, target_rows, n, repeats) for n in sizes])
         at_length.append({n: _step_seconds(target, rows, 1, repeats) for n, rows in target_long.items()})
         say(f"round {done}/{rounds}: target step {token[-1] * 1e3:.1f} ms, verify of {len(sizes)} sizes "
             f"and {len(target_long)} prompt lengths timed")
-        names = draft_names or [d.name for d in drafts]
         for draft, name, mine, long, (steps, context_steps) in zip(drafts, names, draft_batches, long_prompts,
                                                                    measured):
             steps.append([_step_seconds(draft, rows, 1, repeats) for rows in mine])

@@ -1,7 +1,7 @@
 """The paper's Table 1 and Table 2 forms as LaTeX (booktabs), for pasting into a paper.
 
 Best values are bold and second-best underlined within each block of rows (one pair's turn),
-with the same tie rule as the Markdown tables (`pipeline.reports.report.best_marks`).
+with the same tie rule as the Markdown tables (`pipeline.reports.marks.best_marks`).
 Out-of-distribution columns carry a dagger, explained under the table. Needs `\\usepackage{booktabs}`.
 """
 from __future__ import annotations

@@ -68,9 +68,7 @@ def best_marks(table: pd.DataFrame, marks: Marks = HIGHER_EVERYWHERE) -> dict[tu
 
 
 def marks_caption(table: pd.DataFrame, marks: Marks, best: str = "bold", second: str = "italics") -> str:
-    """What the marks of `table` mean, in one sentence."""
-    if not best_marks(table, marks):
-        return ""
+    """What the marks of `table` mean, in one sentence (for a table that has marks)."""
     levels = [level.replace("_", " ") for level in block_levels(table, marks)]
     within = f" among rows with the same {', '.join(levels)}" if levels else ""
     columns = [c for c in table.columns if marks.rule(c)]

@@ -14,7 +14,7 @@ from importlib import resources
 
 import pandas as pd
 
-from pipeline.reports.report import pooled_tau
+from pipeline.reports.report import pooled_tau, with_dashes
 
 INSTRUCTION_TURNS = ("qaorg", "captioning", "summary", "story")
 PAPER_GAMMA = 5
@@ -40,7 +40,7 @@ def _our_cells(rows: pd.DataFrame) -> pd.DataFrame:
     dataset = chains["dataset"].where(~chains["turn"].isin(["nq", "gsm8k"]), "*")
     keyed = chains.assign(paper_turn=paper_turn, paper_dataset=dataset)
     keyed = keyed.assign(**{c: "-" for c in CONFIG if c not in keyed})  # rows made by hand may lack them
-    keyed[CONFIG] = keyed[CONFIG].astype(object).where(keyed[CONFIG].notna(), "-")  # window ALL, AR
+    keyed = with_dashes(keyed, CONFIG)
     cells = (keyed.groupby(["target", "draft", *CONFIG, "paper_dataset", "paper_turn", "method_label"])
              .apply(pooled_tau, include_groups=False).rename("ours").reset_index())
     cells = cells.rename(columns={"paper_dataset": "dataset", "paper_turn": "turn", "method_label": "method"})

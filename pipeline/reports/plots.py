@@ -88,7 +88,7 @@ def suptitle_target(pairs: list[tuple[str, str, str]]) -> str:
 
 
 def tau_cells(rows: pd.DataFrame) -> pd.DataFrame:
-    """What `plot_tau` draws: pooled tau and sample count per pair, dtype, turn, dataset and
+    """What the tau heatmap draws: pooled tau and sample count per pair, dtype, turn, dataset and
     method label. Every cell holds the rows of one pair only."""
     ok = rows[rows["error"].isna()]
     keys = ["target", "draft", "dtype", "turn", "category", "dataset", "method_label"]

@@ -47,6 +47,11 @@ def with_tree_labels(rows: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def with_dashes(rows: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """`rows` with nulls of `columns` as `-` (window ALL, AR's gamma), which groupby keys would drop."""
+    return rows.assign(**{c: rows[c].astype(object).where(rows[c].notna(), "-") for c in columns})
+
+
 def configuration_labels(rows: pd.DataFrame, within: list[str]) -> pd.Series:
     """Each row's method label (trees named: `with_tree_labels`) followed by every grid field of
     `VARYING` in which rows of that label differ within `within` (e.g. pair, turn and dataset),
@@ -54,8 +59,9 @@ def configuration_labels(rows: pd.DataFrame, within: list[str]) -> pd.Series:
     two of them."""
     labelled = with_tree_labels(rows)
     fields = [c for c in VARYING if c in rows]
-    shown = rows[fields].astype(object).where(rows[fields].notna(), "-")
-    shown["gamma"] = gamma_shown(rows) if "gamma" in fields else None
+    shown = with_dashes(rows[fields], fields)
+    if "gamma" in fields:
+        shown["gamma"] = gamma_shown(rows)
     keyed = pd.concat([labelled[within + ["method_label"]], shown], axis=1)
     groups = keyed.groupby(within + ["method_label"], sort=False)
     varying = [c for c in fields if groups[c].nunique().max() > 1]
@@ -108,14 +114,13 @@ def pooled_tau(group: pd.DataFrame) -> float:
 
 
 def tau_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows: target, draft, turn, method (plus any grid field that varies); columns: benchmark
+    """Rows: target, draft, dtype, turn, method (plus any grid field that varies); columns: benchmark
     datasets, then the others (OOD, NLP), each alphabetically, then `Avg.` over the benchmark ones."""
     ok = with_tree_labels(df[df["error"].isna()].copy())
     ok["gamma"] = gamma_shown(ok)
     cell = ok.groupby(TABLE_INDEX + ["dataset"], sort=False)
     index = TABLE_INDEX + [c for c in VARYING if cell[c].nunique(dropna=False).max() > 1]
-    for column in index:  # NaN (e.g. window ALL) would drop out of groupby keys
-        ok[column] = ok[column].astype(object).where(ok[column].notna(), "-")
+    ok = with_dashes(ok, index)
     seen = sorted(set(ok["dataset"]))
     benchmark = [d for d in seen if (ok.loc[ok["dataset"] == d, "category"] == "benchmark").any()]
     datasets = benchmark + [d for d in seen if d not in benchmark]

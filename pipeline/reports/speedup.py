@@ -12,7 +12,7 @@ import pandas as pd
 from pipeline.planning.verify_entries import verify_of_row
 from pipeline.reports.noise import noise_parts, noise_text, ratio_spreads, rows_load
 from pipeline.reports.marks import Marks
-from pipeline.reports.report import gamma_shown, method_order, pooled_tau, with_tree_labels
+from pipeline.reports.report import gamma_shown, method_order, pooled_tau, with_dashes, with_tree_labels
 from pipeline.reports.time_split import time_split_text
 from pipeline.storage.calibration_store import Calibrations
 
@@ -76,8 +76,7 @@ def speedup_table(df: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
     sd = ok[ok["method_label"] != "AR"]  # a configuration knob of AR (window, distance) is null
     varying = ([c for c in EXPERIMENT_AXES if c in ok and ok[c].nunique(dropna=False) > 1]
                + [c for c in CONFIG_AXES if c in ok and sd[c].nunique(dropna=False) > 1])
-    for column in varying:  # NaN (window ALL, AR's distance) would drop out of groupby keys
-        ok[column] = ok[column].astype(object).where(ok[column].notna(), "-")
+    ok = with_dashes(ok, varying)
     experiment = [c for c in varying if c in EXPERIMENT_AXES]
     index = (SPEEDUP_INDEX[:4] + experiment + SPEEDUP_INDEX[4:] + [c for c in varying if c in CONFIG_AXES])
     config_keys = [k for k in index if k != "timed_on"]

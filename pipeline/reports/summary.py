@@ -72,7 +72,7 @@ def _write_report(out: str | Path, run: str, everything: pd.DataFrame, folder: P
             SPEEDUP_MARKS,
             "Speedup: expected from tau and measured latency ratios (Eq. 1 and its CPU-corrected form, "
             "at each row's gamma), measured = AR walltime / SD walltime on the samples run live, per "
-            "engine, gamma and machine (`timed_on`: device, how decode steps ran, torch, transformers; "
+            "engine and machine (`timed_on`: device, how decode steps ran, torch, transformers; "
             "`-`: not timed). `tau` here pools every first-turn block of every dataset, OOD included, "
             "so it differs from the tau table's `Avg.` (the mean of the benchmark datasets' cells); "
             "`tau timed` pools only the samples the walltime was measured on; `noise` says why a figure "

@@ -71,32 +71,41 @@ def fastest(decode: Decode, samples: list[Sample], batch: int, rounds: int,
     return best, records
 
 
+def measure(target, draft, args: argparse.Namespace, batch: int, requests: int,
+            configs: tuple[str, ...] = tuple(SD_CONFIGS)) -> dict[str, float]:
+    """One batch size's lines: `requests` requests decoded in batches of `batch` by our AR and by
+    each SD configuration in `configs`."""
+    samples, new = make_samples(requests), args.max_new_tokens
+    engine = args.engine or default_engine(target, draft)
+    ar_s, ar = fastest(lambda group: autoregressive_decode(target, group, max_new_tokens=new, engine=engine),
+                       samples, batch, args.rounds, args.device)
+    tokens = sum(r.new_tokens for r in ar)
+    lines = {f"b{batch}_ar_tokens_per_s": tokens / ar_s}
+    for key in configs:
+        methods, policy = SD_CONFIGS[key]
+        config = DecodeConfig(methods=methods, policy=policy(), gamma=args.gamma, max_new_tokens=new)
+        sd_s, sd = fastest(lambda group: speculative_decode(target, draft, group, config, ColourCaptioner(),
+                                                            engine=engine),
+                           samples, batch, args.rounds, args.device)
+        blocks = sum(r.blocks for r in sd)
+        lines[f"b{batch}_{key}_tokens_per_s"] = sum(r.new_tokens for r in sd) / sd_s
+        lines[f"b{batch}_{key}_speedup"] = ar_s / sd_s * sum(r.new_tokens for r in sd) / tokens
+        lines[f"b{batch}_{key}_equals_ar"] = sum(s.output_ids == a.output_ids for s, a in zip(sd, ar))
+        lines[f"b{batch}_{key}_tau"] = 1 + sum(sum(r.accepted_per_block) for r in sd) / blocks
+    return lines
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
     target, draft = build_pair(pair_shape(args.shapes, args.draft), args.agreement, args.device, args.dtype)
-    samples = make_samples(max(args.batches))
-    new, engine = args.max_new_tokens, args.engine or default_engine(target, draft)
-    decoders: dict[str, Decode] = {"ar": lambda group: autoregressive_decode(
-        target, group, max_new_tokens=new, engine=engine)}
-    for key, (methods, policy) in SD_CONFIGS.items():
-        config = DecodeConfig(methods=methods, policy=policy(), gamma=args.gamma, max_new_tokens=new)
-        decoders[key] = lambda group, c=config: speculative_decode(
-            target, draft, group, c, ColourCaptioner(), engine=engine)
+    requests = max(args.batches)
     print(f"# {args.shapes}/{args.draft if args.shapes != 'tiny' else 'tiny'} on {args.device} as "
-          f"{str(args.dtype).removeprefix('torch.')}, engine {engine}, {len(samples)} requests x {new} "
-          f"new tokens, gamma {args.gamma}, fastest of {args.rounds}", flush=True)
+          f"{str(args.dtype).removeprefix('torch.')}, engine {args.engine or default_engine(target, draft)}, "
+          f"{requests} requests x {args.max_new_tokens} new tokens, gamma {args.gamma}, "
+          f"fastest of {args.rounds}", flush=True)
     metrics: dict[str, float] = {}
     for batch in args.batches:
-        ar_s, ar = fastest(decoders["ar"], samples, batch, args.rounds, args.device)
-        tokens = sum(r.new_tokens for r in ar)
-        lines = {f"b{batch}_ar_tokens_per_s": tokens / ar_s}
-        for key in SD_CONFIGS:
-            sd_s, sd = fastest(decoders[key], samples, batch, args.rounds, args.device)
-            blocks = sum(r.blocks for r in sd)
-            lines[f"b{batch}_{key}_tokens_per_s"] = sum(r.new_tokens for r in sd) / sd_s
-            lines[f"b{batch}_{key}_speedup"] = ar_s / sd_s * sum(r.new_tokens for r in sd) / tokens
-            lines[f"b{batch}_{key}_equals_ar"] = sum(s.output_ids == a.output_ids for s, a in zip(sd, ar))
-            lines[f"b{batch}_{key}_tau"] = 1 + sum(sum(r.accepted_per_block) for r in sd) / blocks
+        lines = measure(target, draft, args, batch, requests)
         for name, value in lines.items():  # each batch size as soon as it is done
             print(f"{name}={value}" if isinstance(value, int) else f"{name}={value:.6g}", flush=True)
         metrics.update(lines)

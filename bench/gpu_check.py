@@ -6,20 +6,22 @@ each printing its `name=value` lines as soon as it finishes, into a raw log as w
     python bench/gpu_check.py --shapes tiny --budget-s 240    # a CPU: every section it can
 
 Sections (`bench/gpu_sections.py`), most important first:
-- device: the device, torch and transformers; gpu_tests_passed / _failed (the GPU-only tests);
+- (first, no share) device, torch, transformers: what ran;
 - exact: exact_fp32 / exact_fp16, greedy SD outputs equal to AR's on the device (tiny pair, every
   verify kind, batch 1 and 3, eager engine: the GPU-only tests hold captured steps to eager's),
   and bf16_divergence, the share that differ in bf16, with
   bf16_first_divergence, the earliest token where one does;
-- target_step: target_step_ms (our AR decode step, static engine) beside floor_ms (the step's
-  weight bytes over copy_bandwidth_gb_s, measured with a copy kernel);
-- sd_speedup: sd_speedup_M, sd_speedup_MTstar (over our AR), hf_assisted_speedup (transformers'
-  assisted generation over its own greedy AR), outputs compared, and energy_j_per_token_ar,
+- decode: the real-shaped pair built, compiled and captured once for three parts, each followed by
+  a `# <part> done at N s` line: target_step_ms (our AR decode step, static engine) beside floor_ms
+  (the step's weight bytes over copy_bandwidth_gb_s, measured with a copy kernel);
+  sd_speedup_M, sd_speedup_MTstar (over our AR), hf_assisted_speedup (transformers' assisted
+  generation over its own greedy AR), outputs compared, and energy_j_per_token_ar,
   energy_j_per_token_sd_M, energy_j_per_accepted_token_sd_M from NVML's energy counter read
-  around the timed decodes only;
-- batch: batch_speedup_<B>, SD M over AR at the same batch size B (1, 4, 16; tiny: 1, 2, 4);
+  around the timed decodes only; batch_speedup_<B>, SD M over AR at the same batch size B
+  (1, 4, 16; tiny: 1, 2, 4);
 - ssm_step: ssm_step_ms of a Mamba2 draft (130M) beside llama_draft_step_ms (68M) after a
-  2048-token context.
+  2048-token context;
+- gpu_tests: gpu_tests_passed / _failed, the GPU-only tests (they compile for a minute or more).
 A section that cannot run says `unmeasured` and why; one that outruns its share is stopped and
 said `unmeasured (out of time)`; sections the budget never reached are named in `skipped=`.
 """
@@ -38,9 +40,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# shares of the budget, from a cold H200 (nothing compiled yet): the GPU-only tests take about
-# 60 s, and 235 s in all left every 7B section short of its share
-SHARES = {"device": 0.15, "exact": 0.1, "target_step": 0.1, "sd_speedup": 0.3, "batch": 0.25, "ssm_step": 0.1}
+# shares of the budget (device, torch and transformers are read in the parent first): a cold H100
+# at 500 s with every 7B part in a process of its own spent its time compiling the same steps
+# again, and the GPU-only tests took over 75 s
+SHARES = {"exact": 0.13, "decode": 0.62, "ssm_step": 0.07, "gpu_tests": 0.18}
 MIN_START_S = 5.0  # a section is not started with less time than this left
 
 
@@ -67,7 +70,10 @@ def run_section(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore")
     from bench.gpu_sections import SECTIONS
 
-    def show(name: str, value: object) -> None:
+    def show(name: str | None, value: object) -> None:
+        if name is None:
+            print(f"# {value}", flush=True)
+            return
         print(f"{name}={value:.6g}" if isinstance(value, float) else f"{name}={value}", flush=True)
 
     try:
@@ -144,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     command = ["python", "bench/gpu_check.py", *(argv if argv is not None else sys.argv[1:])]
     for line in header(command, device):
         log(line)
+    from bench.gpu_sections import device_section
+
+    for name, value in device_section(args):
+        log(f"{name}={value}")
     log(f"# budget {args.budget_s:.0f} s; sections in order: {', '.join(SHARES)}")
     carried, skipped = 0.0, []
     for section, share in SHARES.items():

@@ -29,7 +29,7 @@ from pipeline.drafting.policies import GridSearchPolicy, StaticPolicy  # noqa: E
 from pipeline.models.devices import device_name, energy_meter  # noqa: E402
 from pipeline.planning.verify_entries import make_verify  # noqa: E402
 
-Figures = Iterator[tuple[str, object]]
+Figures = Iterator[tuple[str | None, object]]  # a None name: a comment line for the log
 EXACT_VERIFY = ("chain", "candidates", "dynamic", "bandit")
 GPU_TESTS = ["tests/test_engine_static.py", "tests/test_fallback.py", "-k", "on_gpu"]
 
@@ -39,8 +39,14 @@ def device_of(args: argparse.Namespace) -> torch.device:
 
 
 def device_section(args: argparse.Namespace) -> Figures:
+    """What ran: printed by the parent before any section."""
     yield from {"device": device_name(device_of(args)), "torch": torch.__version__,
                 "transformers": transformers.__version__}.items()
+
+
+def gpu_tests_section(args: argparse.Namespace) -> Figures:
+    """The GPU-only tests (captured steps against eager): last, since on a cold machine they
+    compile for a minute or more and `exact` has already held SD to AR on the device."""
     if not torch.cuda.is_available():
         yield "gpu_tests", "unmeasured (no CUDA: the GPU-only tests skip)"
         return
@@ -93,18 +99,33 @@ def tiny_outputs(target, draft, samples, batch: int) -> list[tuple[list[int], li
     return out
 
 
-def real_pair(args: argparse.Namespace):
+def decode_section(args: argparse.Namespace) -> Figures:
+    """The 7B-shaped pair built once, its steps compiled and captured once: our AR step against
+    the floor, SD over AR and transformers' assisted generation, then SD over AR per batch size.
+    Comment lines say when each part ended, since compiling is most of a cold machine's time."""
+    start = time.perf_counter()
     device = device_of(args)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return build_pair(pair_shape(args.shapes, args.draft), 0.7, device, dtype)
+    pair = build_pair(pair_shape(args.shapes, args.draft), 0.7, device, dtype)
+    for part in (target_step_figures, sd_speedup_figures, batch_figures):
+        yield from part(args, *pair)
+        yield None, f"{part.__name__.removesuffix('_figures')} done at {time.perf_counter() - start:.0f} s"
 
 
-def target_step_section(args: argparse.Namespace) -> Figures:
-    target, _ = real_pair(args)
+def compiled_graphs() -> int:
+    """Graphs Dynamo has compiled in this process: a timed decode must add none."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def target_step_figures(args: argparse.Namespace, target, draft) -> Figures:
     samples = gpu_engine.make_samples(2)
-    engine = default_engine(target)
-    autoregressive_decode(target, samples[:1], max_new_tokens=args.max_new_tokens, engine=engine)  # compiles
-    records = autoregressive_decode(target, samples, max_new_tokens=args.max_new_tokens, engine=engine)
+    engine = default_engine(target, draft)
+    decode = lambda sample: autoregressive_decode(target, [sample], max_new_tokens=args.max_new_tokens,
+                                                  engine=engine)[0]  # one request: a list is one batch
+    decode(samples[0])  # compiles and captures the batch-1 step
+    compiled_before = compiled_graphs()
+    records = [decode(sample) for sample in samples]
+    yield "target_step_compiles_while_timed", compiled_graphs() - compiled_before  # 0, or the step is stale
     bandwidth = gpu_engine.copy_bandwidth_gb_s(target.device)
     step = 1000 * sum(r.time_verify_s for r in records) / sum(r.new_tokens for r in records)
     floor = step_weight_bytes(target) / bandwidth / 1e6
@@ -112,10 +133,9 @@ def target_step_section(args: argparse.Namespace) -> Figures:
                 "copy_bandwidth_gb_s": bandwidth}.items()
 
 
-def sd_speedup_section(args: argparse.Namespace) -> Figures:
+def sd_speedup_figures(args: argparse.Namespace, target, draft) -> Figures:
     """SD M and MT* over our AR, transformers' assisted generation over its own greedy AR, and
     the energy of our AR and SD M decodes (NVML's counter, read around the timed decodes)."""
-    target, draft = real_pair(args)
     device, new = target.device, args.max_new_tokens
     samples = gpu_engine.make_samples(3)
     engine = default_engine(target, draft)
@@ -128,15 +148,17 @@ def sd_speedup_section(args: argparse.Namespace) -> Figures:
     decoders["hf_ar"] = lambda s: gpu_engine.hf_generate(target, s, new)
     decoders["hf_assisted"] = lambda s: gpu_engine.hf_generate(target, s, new, assistant_model=draft.model)
     meter = energy_meter(device)
-    runs, energy = {}, {}
+    runs, energy, compiles_while_timed = {}, {}, 0
     for name, decode in decoders.items():
         decode(samples[0])  # warm-up: compiles and captures
         gpu_engine.synchronize(device)
-        start_j, start = meter and meter(), time.perf_counter()
+        compiled_before, start_j, start = compiled_graphs(), meter and meter(), time.perf_counter()
         results = [decode(s) for s in samples]
         gpu_engine.synchronize(device)
         runs[name] = (time.perf_counter() - start, results)
         energy[name] = meter and meter() - start_j
+        compiles_while_timed += compiled_graphs() - compiled_before
+    yield "sd_speedup_compiles_while_timed", compiles_while_timed
     ids = {name: [getattr(r, "output_ids", r) for r in results] for name, (_, results) in runs.items()}
     rate = {name: sum(map(len, ids[name])) / seconds for name, (seconds, _) in runs.items()}
     figures = {f"sd_speedup_{k}": rate[k] / rate["ar"] for k in ("M", "MTstar")}
@@ -156,15 +178,14 @@ def sd_speedup_section(args: argparse.Namespace) -> Figures:
     yield from figures.items()
 
 
-def batch_section(args: argparse.Namespace) -> Figures:
-    gpu_batch.SD_CONFIGS = {"m": gpu_batch.SD_CONFIGS["m"]}
-    batches = ["1", "4", "16"] if args.shapes != "tiny" else ["1", "2", "4"]
-    lines = gpu_batch.main(["--shapes", args.shapes, "--draft", args.draft, "--batches", *batches,
-                            "--max-new-tokens", str(args.max_new_tokens), "--rounds", "1",
-                            "--device", str(device_of(args))])
-    for b in batches:
-        yield f"batch_speedup_{b}", lines[f"b{b}_m_speedup"]
-        yield f"batch_{b}_sd_equals_ar", lines[f"b{b}_m_equals_ar"]
+def batch_figures(args: argparse.Namespace, target, draft) -> Figures:
+    batches = [1, 4, 16] if args.shapes != "tiny" else [1, 2, 4]
+    options = gpu_batch.parse_args(["--shapes", args.shapes, "--max-new-tokens", str(args.max_new_tokens),
+                                    "--rounds", "1", "--device", str(device_of(args))])
+    for batch in batches:
+        lines = gpu_batch.measure(target, draft, options, batch, max(batches), configs=("m",))
+        yield f"batch_speedup_{batch}", lines[f"b{batch}_m_speedup"]
+        yield f"batch_{batch}_sd_equals_ar", lines[f"b{batch}_m_equals_ar"]
 
 
 @torch.inference_mode()
@@ -206,10 +227,8 @@ def ssm_section(args: argparse.Namespace) -> Figures:
 
 
 SECTIONS: dict[str, Callable[[argparse.Namespace], Figures]] = {
-    "device": device_section,
     "exact": exact_section,
-    "target_step": target_step_section,
-    "sd_speedup": sd_speedup_section,
-    "batch": batch_section,
+    "decode": decode_section,
     "ssm_step": ssm_section,
+    "gpu_tests": gpu_tests_section,
 }

@@ -46,6 +46,6 @@ def test_a_short_budget_stops_in_time_and_names_what_it_skipped(tmp_path):
     figures, log, seconds = check(tmp_path, 20)
     assert seconds < 20 + 15  # the last section is stopped at the budget; start-up and the log are extra
     skipped = figures["skipped"].split(",")
-    assert skipped != ["none"] and skipped[-1] == "ssm_step"
+    assert skipped != ["none"] and skipped[-1] == "gpu_tests"
     stopped = [name for name, value in figures.items() if value.startswith("unmeasured (out of time")]
     assert all(name not in skipped for name in stopped)

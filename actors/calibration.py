@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from ray.util.queue import Queue
 
 PROGRESS_POLL_S = 5  # how often the driver prints the calibration tasks' progress lines
-ROUNDS, REPEATS = 5, 10  # 5 alternating rounds of 10 timed steps per measurement
+# alternating rounds, timed steps per measurement: a grid's own unless it sets them
+ROUNDS, REPEATS = GridSpec.calibrate_rounds, GridSpec.calibrate_repeats
 CONTEXTS = (64, 256, 1024, 2048)  # prompt lengths: how a draft's step cost grows with the context
 
 

@@ -18,7 +18,7 @@ from pipeline.drafting.captioner import load_captioner
 from pipeline.execution.shard_records import ShardRecords
 from pipeline.models.devices import cpu_cores, device_name, library_versions
 from pipeline.models.loading import default_device, load_target_and_drafts
-from pipeline.planning.grid import ModelGroup, Shard
+from pipeline.planning.grid import GridSpec, ModelGroup, Shard
 from pipeline.planning.plugins import load_drafting_methods
 from pipeline.storage.schema import make_row
 from pipeline.storage.store import rows_to_table
@@ -37,11 +37,12 @@ class TargetWorker:
     """Loads one model group — a target and every draft the grid pairs with it — once per
     process (and the captioner, if any method set needs it), after importing the grid's own
     drafting methods (`drafting_methods`: import paths); `allow_text`: the grid marked the
-    group's pairs `text_only`. `threads`: CPU threads torch computes with (None: torch's default)."""
+    group's pairs `text_only`. `threads`: CPU threads torch computes with (None: torch's default);
+    `timed_repeats`: runs of each live decode of a timed sample, the fastest kept."""
 
     def __init__(
         self, group: ModelGroup, captioner: str | None = None, drafting_methods: tuple[str, ...] = (),
-        allow_text: bool = False, threads: int | None = None,
+        allow_text: bool = False, threads: int | None = None, timed_repeats: int = GridSpec.timed_repeats,
     ) -> None:
         if threads:
             torch.set_num_threads(threads)
@@ -54,7 +55,7 @@ class TargetWorker:
             device=self.device, allow_text=allow_text,
         )
         self.captioner = load_captioner(captioner, self.device) if captioner else None
-        self.records = ShardRecords(self.target, self.drafts, self.captioner)
+        self.records = ShardRecords(self.target, self.drafts, self.captioner, timed_repeats)
 
     def device_name(self) -> str:
         """Where it decodes: the device, and on a CPU the threads (e.g. `cpu (threads: 2)`)."""
@@ -81,6 +82,7 @@ class TargetWorker:
 def remote_worker(
     group: ModelGroup, captioner: str | None, *, num_gpus: float, num_cpus: float, max_restarts: int = 2,
     drafting_methods: tuple[str, ...] = (), allow_text: bool = False, threads: int | None = None,
+    timed_repeats: int = GridSpec.timed_repeats,
 ):
     """Start a `TargetWorker` actor. Ray restarts it up to `max_restarts` times and retries
     calls that were in flight when it died; the runner (`actors.runner`) re-dispatches beyond that."""
@@ -89,4 +91,4 @@ def remote_worker(
     actor = ray.remote(TargetWorker).options(
         num_gpus=num_gpus, num_cpus=num_cpus, max_restarts=max_restarts, max_task_retries=max_restarts
     )
-    return actor.remote(group, captioner, drafting_methods, allow_text, threads)
+    return actor.remote(group, captioner, drafting_methods, allow_text, threads, timed_repeats)

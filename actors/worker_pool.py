@@ -18,7 +18,7 @@ import ray
 from actors.ray_info import cpu_slots, fitting_nodes, last_error_line, node_cpus
 from actors.target_worker import remote_worker
 from pipeline.data.sample import Sample
-from pipeline.planning.grid import ModelGroup, Shard
+from pipeline.planning.grid import GridSpec, ModelGroup, Shard
 
 IN_FLIGHT_PER_WORKER = 2  # one running, one queued behind it, so a worker never waits on the driver
 POLL_S = 10.0  # how often a waiting driver checks that the cluster can still run its workers
@@ -43,7 +43,7 @@ class Worker:
 class WorkerOptions:
     """How the pool starts workers: `workers` at most (None: as many as fit), GPUs and CPUs
     each (GPUs None: one where the cluster has them), the grid's captioner, its own drafting
-    methods and its `text_only` pairs."""
+    methods, its `text_only` pairs and how often a timed sample's decodes run."""
 
     workers: int | None = None
     gpus_per_worker: float | None = None
@@ -51,6 +51,7 @@ class WorkerOptions:
     captioner: str | None = None
     drafting_methods: tuple[str, ...] = ()
     text_only: tuple = ()
+    timed_repeats: int = GridSpec.timed_repeats
 
 
 class WorkerPool:
@@ -127,7 +128,8 @@ class WorkerPool:
             allow_text = any(pair in options.text_only for pair in group.pairs)
             handle = remote_worker(group, options.captioner, num_gpus=self._gpus, num_cpus=self._cpus,
                                    threads=None if self._gpus else max(1, int(self._cpus)),
-                                   drafting_methods=options.drafting_methods, allow_text=allow_text)
+                                   drafting_methods=options.drafting_methods, allow_text=allow_text,
+                                   timed_repeats=options.timed_repeats)
             # fails once, quietly, if a model cannot load
             probe = handle.device_name.options(max_task_retries=0).remote()
             self.workers.append(Worker(group, handle, probe))

@@ -183,7 +183,8 @@ def run_and_report(runner: "GridRunner", spec: GridSpec, args: argparse.Namespac
         pairs = pairs_to_measure([(p.target, p.draft, p.dtype) for p in spec.pairs], args.out, shapes=shapes,
                                  rows_written=report.rows_written, recalibrate=args.recalibrate)
         if pairs:
-            calibrate_pairs(pairs, args.out, shapes=shapes, ray_tasks=True)
+            calibrate_pairs(pairs, args.out, shapes=shapes, repeats=spec.calibrate_repeats,
+                            rounds=spec.calibrate_rounds, ray_tasks=True)
         phases["calibration"] = time.monotonic() - started
     started = time.monotonic()
     summary = write_summary(args.out, runner.run_name, read_results(args.out, runner.run_name))

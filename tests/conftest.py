@@ -80,7 +80,8 @@ def batch_sweep_run(tmp_path_factory):
            "pairs": [{"target": "tiny:target", "draft": "tiny:draft", "dtype": "fp32"}], "methods": ["AR", "M", "MT"],
            "policies": [{"kind": "grid", "measure": "hard+soft"}], "gamma": [3],
            "verify": ["chain", "candidates", {"kind": OWN_KIND, "method": 1, "methods": ["MT"]}],
-           "batch": [1, 2], "max_new_tokens": 12, "limit": 3, "shard_size": 2, "mode": "live", "calibrate": True}
+           "batch": [1, 2], "max_new_tokens": 12, "limit": 3, "shard_size": 2, "mode": "live", "calibrate": True,
+           "calibrate_rounds": 2, "calibrate_repeats": 3}
     (folder / "sweep.yaml").write_text(yaml.safe_dump(raw))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)

@@ -16,6 +16,7 @@ from pipeline.data.sample import Sample
 from pipeline.planning.grid import Catalog, GridError
 from pipeline.planning.grid_file import parse_grid
 from pipeline.planning.shards import plan_shards
+from pipeline.storage.calibration_store import read_calibrations
 from tests.conftest import OWN_KIND
 
 CATALOG = Catalog(datasets=("toy",), turn_tasks=())
@@ -117,6 +118,8 @@ def test_the_report_gives_speedup_against_the_batch_and_where_it_stops_paying(sw
     own = f"MT* ({OWN_KIND}(method=1))"
     assert set(table["batch"]) == {1, 2} and set(table["method_label"]) == {"M", "MT*", "MT* (candidates)", own}
     assert table["speedup"].gt(0).all() and table["expected"].gt(0).all()  # calibrated at every batch size
+    [calibration] = read_calibrations(out).all  # measured as the grid asked
+    assert (calibration.rounds, calibration.repeats, len(calibration.ratio_draft_target_rounds)) == (2, 3, 2)
     losses = table.groupby("method_label")["stops paying at batch"].first()
     for label, line in table.groupby("method_label"):
         below = line[line["speedup"] < 1]["batch"]

@@ -387,7 +387,8 @@ def test_a_verify_kind_marked_untimed_is_replayed_on_the_timed_samples_too():
 def test_validation_lists_every_problem_with_the_name_probably_meant():
     with pytest.raises(GridError) as err:
         grid(datasets=["toy", "tyo"], turns=["first", "agian"], methods=["AR", "mt", "MX"], engine=["statc"],
-             policies=["static", {"kind": "gird"}], gamma=[0, 5], colur="blue")
+             policies=["static", {"kind": "gird"}], gamma=[0, 5], colur="blue", timed_repeats=0,
+             calibrate_rounds=0)
     message = str(err.value)
     expected = [
         "unknown grid field(s) ['colur']",
@@ -397,8 +398,9 @@ def test_validation_lists_every_problem_with_the_name_probably_meant():
         "engine[0]: unknown engine 'statc'; choose one of auto, static, eager (did you mean 'static'?)",
         "policies[1]: unknown weight policy 'gird' (did you mean 'grid'?)",
         "gamma[0]: expected an integer from 1 to 64, got 0",
+        "timed_repeats: expected an integer >= 1, got 0", "calibrate_rounds: expected an integer >= 1, got 0",
     ]
-    assert message.startswith("8 problems:"), message
+    assert message.startswith("10 problems:"), message
     for part in expected:
         assert part in message, (part, message)
 

@@ -298,6 +298,9 @@ def test_a_timed_samples_decodes_are_repeated_and_the_fastest_kept(tiny_dirs, mo
     rows = worker.run_shard(shard, {s.sample_id: s for s in (timed, other)}).to_pylist()
     assert [r["time_total_s"] for r in rows] == [1.0, 2.0, 5.0, 6.0]
     assert [r["timed"] for r in rows] == [True, True, False, False] and all(r["error"] is None for r in rows)
+    worker.records.timed_repeats, seconds = 1, iter([3.0, 5.0, 4.0, 6.0])  # a grid's `timed_repeats: 1`
+    rows = worker.run_shard(shard, {s.sample_id: s for s in (timed, other)}).to_pylist()
+    assert [r["time_total_s"] for r in rows] == [3.0, 4.0, 5.0, 6.0]  # each decoded once: 4 clock readings
     flaky = iter([SampleRecord(sample_id="x", mode="live", output_ids=[1]), SampleRecord(sample_id="x", mode="live", output_ids=[2])])
     monkeypatch.setattr(worker.records, "_decode_once", lambda config, sample: next(flaky))
     assert "different outputs" in worker.records.decode(configs[1], timed, repeats=2).error

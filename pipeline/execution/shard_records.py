@@ -27,22 +27,22 @@ from pipeline.execution.failures import error_category, failed, noted
 from pipeline.models.base import LVLM
 from pipeline.models.devices import machine_load
 from pipeline.models.hf import one_line
-from pipeline.planning.grid import RunConfig, Shard
+from pipeline.planning.grid import GridSpec, RunConfig, Shard
 
 Item = tuple[RunConfig, str]  # (configuration, sample id)
 Records = dict[Item, SampleRecord]
-# A timed sample's live decodes (AR and SD alike) run this often and the fastest is kept: on a
-# shared machine noise only ever adds time, and one slow moment moved a whole speedup by 20%.
-TIMED_REPEATS = 2
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
 class ShardRecords:
-    """The records of shards of one target (`drafts`: by name), decoded on the models' device."""
+    """The records of shards of one target (`drafts`: by name), decoded on the models' device;
+    a timed sample's live decodes run `timed_repeats` times each, the fastest kept."""
 
-    def __init__(self, target: LVLM, drafts: dict[str, LVLM], captioner: Captioner | None = None) -> None:
+    def __init__(self, target: LVLM, drafts: dict[str, LVLM], captioner: Captioner | None = None,
+                 timed_repeats: int = GridSpec.timed_repeats) -> None:
         self.target, self.drafts, self.captioner = target, drafts, captioner
+        self.timed_repeats = timed_repeats
         # why the static engine failed here, once it has: `engine: auto` then decodes on eager
         self._static_failure: str | None = None
 
@@ -55,7 +55,7 @@ class ShardRecords:
         for config, sample_id in sorted(shard.items, key=lambda item: not item[0].decode.is_ar):
             if (config, sample_id) in records:
                 continue
-            repeats = TIMED_REPEATS if sample_id in shard.timed else 1
+            repeats = self.timed_repeats if sample_id in shard.timed else 1
             decode = config.decode
             if decode.is_ar:
                 key = (sample_id, self._engine(config), decode.max_new_tokens, decode.temperature,

@@ -231,8 +231,12 @@ class GridSpec:
     live_samples: int = 0
     #: seeds the choice of those samples (spread over datasets and distinct images)
     live_seed: int = 0
+    #: runs of a timed sample's live decodes, the fastest kept (noise only ever adds time)
+    timed_repeats: int = 2
     #: measure each pair's latency ratios after the run (jobs/calibrate.py) for the speedup table
     calibrate: bool = False
+    calibrate_rounds: int = 5  # rounds and timed steps per measurement: fewer are quicker, noisier
+    calibrate_repeats: int = 10
     #: local copies (save_to_disk dir or Parquet) by dataset or question-task name: (name, path)
     sources: tuple[tuple[str, str], ...] = ()
     #: datasets the grid file names by path (pipeline.data.user_datasets); their names are in `datasets`

@@ -34,7 +34,7 @@ MAX_BATCH = 64  # requests decoded together
 
 FIELDS = {"name", "datasets", "turns", "pairs", "methods", "policies", *AXES, "max_new_tokens", "limit",
           "captioner", "shard_size", "mode", "live_samples", "live_seed", "sources", "calibrate",
-          "drafting_methods", "max_image_pixels"}
+          "timed_repeats", "calibrate_rounds", "calibrate_repeats", "drafting_methods", "max_image_pixels"}
 
 
 def load_grid(path: str | Path, catalog: Catalog | None = None) -> GridSpec:
@@ -106,7 +106,13 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None, base: Path |
                                     "live_samples", minimum=0),
         live_seed=problems.check(integer, raw.get("live_seed", GridSpec.live_seed), "live_seed", minimum=0),
         sources=problems.check(_sources, raw.get("sources") or {}, base),
+        timed_repeats=problems.check(integer, raw.get("timed_repeats", GridSpec.timed_repeats),
+                                     "timed_repeats", minimum=1),
         calibrate=problems.check(boolean, raw.get("calibrate", GridSpec.calibrate), "calibrate"),
+        calibrate_rounds=problems.check(integer, raw.get("calibrate_rounds", GridSpec.calibrate_rounds),
+                                        "calibrate_rounds", minimum=1),
+        calibrate_repeats=problems.check(integer, raw.get("calibrate_repeats", GridSpec.calibrate_repeats),
+                                         "calibrate_repeats", minimum=1),
         max_image_pixels=None if raw.get("max_image_pixels") is None else problems.check(
             integer, raw["max_image_pixels"], "max_image_pixels", minimum=1),
     )

@@ -2,9 +2,10 @@
 
     python jobs/export.py results --format spec-bench [--run embedded] [--to DIR]
 
-Spec-Bench: one `model_answer` JSONL per pair and drafting configuration, and one of the
-target alone (AR) for the baseline, under `OUT/_export-<run>/spec-bench/` by default; then
-`python evaluation/speed.py --file-path <config>.jsonl --base-path <AR>.jsonl ...` in Spec-Bench.
+Spec-Bench: per pair, one `model_answer` JSONL per drafting configuration and one baseline of
+the target alone (AR) on the same questions, under `OUT/_export-<run>/spec-bench/` by default,
+and the tokenizer Spec-Bench's `speed()` must load for each target (docs/cluster.md, "Other
+tools' formats", has the calls on Spec-Bench's side).
 """
 from __future__ import annotations
 
@@ -16,6 +17,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.reports.export import FORMATS, export  # noqa: E402
 from pipeline.storage.store import export_dir, read_results, run_names  # noqa: E402
+
+
+def tokenizer_path(target: str) -> str:
+    """What Spec-Bench's `speed()` loads with `AutoTokenizer.from_pretrained` to count the
+    baseline's tokens: the embedded models' converted checkpoint, else the target's own id."""
+    if target.startswith("embedded:"):
+        from pipeline.models.embedded_parts.language import converted_dir
+
+        return str(converted_dir())
+    return target
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,9 +42,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for run in runs:
         folder = Path(args.to) if args.to else export_dir(args.out, run, args.format)
-        written = export(read_results(args.out, run), folder, args.format)
+        rows = read_results(args.out, run)
+        written = export(rows, folder, args.format)
         print(f"run {run}: {len(written)} file(s) in {folder.resolve()}"
               + ("" if written else " (no live rows: only decodes with a walltime are exported)"))
+        if written and args.format == "spec-bench":
+            for target in sorted(set(rows["target"])):
+                print(f"  tokenizer for Spec-Bench's speed() with target {target}: {tokenizer_path(target)}")
     return 0
 
 

@@ -1,6 +1,8 @@
-"""The Spec-Bench export round-trips through a reader written from Spec-Bench's own format
-(evaluation/speed.py reads `choices[0]`'s `new_tokens`, `wall_time` and `accept_lengths`, and
-filters by `category`): its mean accepted tokens is our tau, its tokens per second ours."""
+"""The Spec-Bench export round-trips through readers written from Spec-Bench's own scripts:
+`evaluation/speed.py`'s `speed()` (per question `sum(new_tokens) / sum(wall_time)`, averaged
+over questions; the baseline's tokens counted by re-tokenizing its `turns`, minus one for the
+BOS token; `accept_lengths` pooled for "mean accepted tokens"; `category` filters a task) and
+`evaluation/equal.py` (each line's `str(turns)`, compared line by line)."""
 from __future__ import annotations
 
 import json
@@ -18,41 +20,69 @@ from pipeline.reports.export import export
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def row(mode: str, label: str, sample: int, accepted: list[int], wall: float, *, dataset="pope", draft="d") -> dict:
+def row(mode: str, label: str, sample: int, accepted: list[int], wall: float, *, dataset="pope", draft="d",
+        timed=True) -> dict:
     tokens = len(accepted) + sum(accepted)
     return {"target": "org/target", "draft": draft, "dtype": "fp16", "mode": mode, "method_label": label,
             "verify": None if mode == "ar" else "chain", "sample_id": f"{dataset}/test/{sample}/first",
-            "dataset": dataset, "error": None, "output_text": f"answer {sample}", "new_tokens": tokens,
-            "accepted_per_block": accepted, "time_wall_s": wall, "time_total_s": wall * 0.9}
+            "dataset": dataset, "error": None, "output_text": " ".join(["word"] * tokens), "new_tokens": tokens,
+            "accepted_per_block": accepted, "time_wall_s": wall, "time_total_s": wall * 0.9, "timed": timed,
+            "temperature": 0.0}
 
 
-def speed_bench_reader(path: Path, task: str = "overall") -> tuple[float, float]:
-    """Spec-Bench's reading of a model_answer file: (mean accepted tokens, mean tokens per second)."""
+def bos_and_words(text: str) -> list[int]:
+    """A tokenizer's input_ids for `speed()`: a BOS token, then one token per word."""
+    return [1] + [2] * len(text.split())
+
+
+def spec_bench_speed(sd: Path, base: Path, task: str = "overall") -> tuple[float, float, float]:
+    """Spec-Bench's `speed()`: (mean accepted tokens, tokens/s, speedup ratio over the baseline)."""
+    def points(path):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        return [p for p in lines if task == "overall" or p["category"] == task]
+
     speeds, accept = [], []
-    for line in path.read_text().splitlines():
-        point = json.loads(line)
-        if task != "overall" and point["category"] != task:
-            continue
+    for point in points(sd):
         choice = point["choices"][0]
         speeds.append(sum(choice["new_tokens"]) / sum(choice["wall_time"]))
         accept.extend(choice["accept_lengths"])
-    return float(np.mean(accept)), float(np.mean(speeds))
+    base_speeds = [sum(len(bos_and_words(t)) - 1 for t in p["choices"][0]["turns"]) / sum(p["choices"][0]["wall_time"])
+                   for p in points(base)]
+    return float(np.mean(accept)), float(np.mean(speeds)), float(np.mean(speeds) / np.mean(base_speeds))
+
+
+def spec_bench_equal(first: Path, second: Path) -> bool:
+    """Spec-Bench's `equal.py`: "Result totally Equal!" when every line pair's turns agree."""
+    contents = [[str(json.loads(line)["choices"][0]["turns"]) for line in path.read_text().splitlines()]
+                for path in (first, second)]
+    return all(a == b for a, b in zip(*contents))
 
 
 def test_the_spec_bench_export_round_trips(tmp_path):
     rows = pd.DataFrame([
-        row("live", "MT*", 0, [3, 1, 4], 0.5), row("live", "MT*", 1, [0, 2], 0.25, dataset="vist"),
-        row("ar", "AR", 0, [0] * 6, 1.0), row("ar", "AR", 0, [0] * 6, 1.0, draft="other"),  # one AR row per target
+        row("live", "MT*", 1, [0, 2], 0.25, dataset="vist"), row("live", "MT*", 0, [3, 1, 4], 0.5),
+        row("ar", "AR", 1, [0] * 4, 1.0, dataset="vist"), row("ar", "AR", 0, [0] * 11, 2.0),
+        row("ar", "AR", 0, [0] * 11, 9.0, timed=False),  # the same question decoded untimed: not the baseline
+        row("ar", "AR", 0, [0] * 11, 7.0, draft="other", timed=False),  # another pair's
+        row("ar", "AR", 3, [0] * 6, 1.0, timed=False),  # a question no configuration of the pair has
         row("replay", "MT*", 2, [5, 5], 0.0),  # no walltime of its own: not exported
     ])
-    written = export(rows, tmp_path)
-    assert sorted(p.name for p in written) == ["org%2Ftarget__d__fp16__MT%2A.jsonl", "org%2Ftarget__fp16__AR.jsonl"]
-    sd, ar = (tmp_path / name for name in ("org%2Ftarget__d__fp16__MT%2A.jsonl", "org%2Ftarget__fp16__AR.jsonl"))
-    accept, speed = speed_bench_reader(sd)
+    written = sorted(p.name for p in export(rows, tmp_path))
+    sd_name, ar_name = "org%2Ftarget__d__fp16__MT%2A-temp-0.0.jsonl", "org%2Ftarget__d__fp16__AR-temp-0.0.jsonl"
+    assert written == [ar_name, sd_name]  # no file for a pair with no live rows
+    sd, ar = tmp_path / sd_name, tmp_path / ar_name
+    for path in (sd, ar):  # one line per question, sorted, the same questions in both
+        ids = [json.loads(line)["question_id"] for line in path.read_text().splitlines()]
+        assert ids == ["pope/test/0/first", "vist/test/1/first"]
+    accept, speed, speedup = spec_bench_speed(sd, ar)
     assert accept == pytest.approx(1 + (3 + 1 + 4 + 0 + 2) / 5)  # our pooled tau
     assert speed == pytest.approx(np.mean([11 / 0.5, 4 / 0.25]))
-    assert speed_bench_reader(sd, task="vist") == pytest.approx((1 + 2 / 2, 4 / 0.25))
-    assert len(ar.read_text().splitlines()) == 1 and speed_bench_reader(ar)[1] == pytest.approx(6.0)
+    assert speedup == pytest.approx(np.mean([11 / 0.5, 4 / 0.25]) / np.mean([11 / 2.0, 4 / 1.0]))
+    assert spec_bench_speed(sd, ar, task="vist") == pytest.approx((1 + 2 / 2, 4 / 0.25, (4 / 0.25) / (4 / 1.0)))
+    assert spec_bench_equal(sd, ar)  # the same answers, line for line
+    changed = ar.read_text().replace("word", "other", 1)
+    (tmp_path / "changed.jsonl").write_text(changed)
+    assert not spec_bench_equal(sd, tmp_path / "changed.jsonl")
 
 
 def test_the_export_job_writes_beside_the_run(tmp_path):
@@ -68,7 +98,7 @@ def test_the_export_job_writes_beside_the_run(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "run r: 1 file(s)" in done.stdout, done.stderr
     (exported,) = (tmp_path / "_export-r" / "spec-bench").iterdir()
-    assert json.loads(exported.read_text())["choices"][0]["accept_lengths"] == [3, 1]
+    assert json.loads(exported.read_text())["choices"][0]["accept_lengths"] == [3, 1]  # no AR row: no baseline
 
 
 def test_a_row_written_before_the_wall_clock_exports_its_phase_total(tmp_path):

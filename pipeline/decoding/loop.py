@@ -161,6 +161,7 @@ class Decoder:
                                    produced=len(self.outputs[b]), max_new_tokens=self.config.max_new_tokens,
                                    eos=self.eos)
             self.outputs[b].extend(outcome.tokens)
+            first_token(record, self.outputs[b], self.timer)
             record.accepted_per_block.append(outcome.accepted)
             record.weights_per_block.append(result.weights[b])
             if proposal.arms is not None:
@@ -226,6 +227,7 @@ def autoregressive_decode(
                     outcome = settle_block([], value, gamma=1, produced=len(outputs[b]),
                                            max_new_tokens=max_new_tokens, eos=target.eos_token_ids)
                     outputs[b].extend(outcome.tokens)
+                    first_token(records[b], outputs[b], timer)
                     records[b].accepted_per_block.append(0)
                     if outcome.stop:
                         running[b] = False
@@ -235,6 +237,13 @@ def autoregressive_decode(
             logits = rows.feed(token[:, None])
             rows.settle([int(run) for run in running])  # the token fed, by those still going
     return finish_records(records, outputs, target, timer, steps)
+
+
+def first_token(record: SampleRecord, output: list[int], timer: PhaseTimer) -> None:
+    """Stamp the request's time to first token once its output holds one (the host has just
+    read it, so the device has caught up)."""
+    if record.time_first_token_s is None and output:
+        record.time_first_token_s = time.perf_counter() - timer.started
 
 
 def sample_generator(seed: int, sample_id: str) -> torch.Generator:

@@ -46,6 +46,9 @@ class SampleRecord:
     # this request's latency: from the start of its decode (its batch's) to the block that
     # finished it, on the host's clock (decoded alone: time_wall_s)
     time_request_s: float | None = None
+    # this request's time to its first token: from the start of its decode to the transfer that
+    # brought its first new token to the host (AR: the prefill's; SD: its first block's)
+    time_first_token_s: float | None = None
     # new tokens of every request decoded with this one (itself alone: its own) over time_total_s
     batch_tokens_per_s: float | None = None
     # joules the GPU used for this request: its decode's energy (NVML) split over the requests

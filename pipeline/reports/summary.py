@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.reports.acceptance import CONFIG, acceptance_table, per_position_table, request_taus
+from pipeline.reports.latency import latency_table
 from pipeline.reports.acceptance_plots import per_position_figure, request_tau_figure
 from pipeline.reports.audit import GROUP_KEYS, audit, lossless_text
 from pipeline.reports.batch_plots import batch_figure
@@ -98,6 +99,7 @@ def _write_report(out: str | Path, run: str, everything: pd.DataFrame, folder: P
         f"{findings_text(findings)}\n\n{markdown_table(findings)}"
     )
     sections += [batch_section(everything, calibrations, folder), acceptance_section(rows, folder),
+                 latency_section(rows, folder),
                  paper_section(rows, folder), audit_section(audited, folder),
                  fidelity_section(everything, folder), image_conversions_text(rows)]
     errors = error_counts(everything)
@@ -159,6 +161,19 @@ def batch_section(rows: pd.DataFrame, calibrations: Calibrations, folder: Path) 
         save(made[0], folder / "batch")
         lines.append(f"![batch](batch.png)\n\n> {made[1]}")
     return "\n\n".join(lines)
+
+
+def latency_section(rows: pd.DataFrame, folder: Path) -> str:
+    """TTFT, TPOT and request latency percentiles per configuration (`pipeline.reports.latency`)."""
+    table = latency_table(rows)
+    if table.empty:
+        return ""
+    table.to_csv(folder / "latency.csv")
+    return ("## Latency per request (P50/P95/P99 over the requests decoded live; timed ones where the "
+            "run timed some)\n\n`ttft`: time to first token (the prefill and, for SD, the first block); "
+            "`tpot`: time per output token after the first, (latency - ttft) / (new tokens - 1), so SD's "
+            "bursts count once per token they deliver; `latency`: the whole request. With few requests "
+            "the upper percentiles approach the slowest request.\n\n" + markdown_table(table.round({c: 3 if c.endswith("_s") else 2 for c in table})))
 
 
 def acceptance_section(rows: pd.DataFrame, folder: Path) -> str:

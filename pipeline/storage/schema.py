@@ -71,6 +71,17 @@ def _tau(src: RowSource) -> float | None:
     return None if math.isnan(tau) else tau
 
 
+def _tpot(src: RowSource) -> float | None:
+    """Time per output token after the first: the request's latency less its time to first
+    token, over the tokens that came after it; None without both times or a second token."""
+    outcome = src.outcome
+    first, tokens = outcome.get("time_first_token_s"), outcome["new_tokens"]
+    latency = outcome.get("time_request_s") or outcome["time_wall_s"]
+    if first is None or not latency or tokens < 2:
+        return None
+    return (latency - first) / (tokens - 1)
+
+
 def _verify_column(src: RowSource, name: str) -> Any:
     return None if src.config.decode.is_ar else src.config.decode.verify.columns()[name]
 
@@ -182,6 +193,11 @@ COLUMNS: tuple[Column, ...] = (
     # the new tokens of its whole batch per second of time_total_s
     Column("time_request_s", pa.float64(), _outcome("time_request_s")),
     Column("batch_tokens_per_s", pa.float64(), _outcome("batch_tokens_per_s")),
+    # live and AR rows: time to first token (the prefill and, for SD, the first block), and time
+    # per output token after it, (request latency - ttft) / (new tokens - 1): SD's bursts spread
+    # over the tokens they deliver, as serving benchmarks define it
+    Column("ttft_s", pa.float64(), _outcome("time_first_token_s")),
+    Column("tpot_s", pa.float64(), _tpot),
     # the GPU's energy for this request (NVML; its share of its batch's by new tokens); null where
     # unmeasured (a CPU, no pynvml), never 0
     Column("energy_j", pa.float64(), _outcome("energy_j")),

@@ -173,7 +173,8 @@ def latency_section(rows: pd.DataFrame, folder: Path) -> str:
             "run timed some)\n\n`ttft`: time to first token (the prefill and, for SD, the first block); "
             "`tpot`: time per output token after the first, (latency - ttft) / (new tokens - 1), so SD's "
             "bursts count once per token they deliver; `latency`: the whole request. With few requests "
-            "the upper percentiles approach the slowest request.\n\n" + markdown_table(table.round({c: 3 if c.endswith("_s") else 2 for c in table})))
+            "the upper percentiles approach the slowest request.\n\n"
+            + markdown_table(table.round({c: 3 if c.endswith("_s") else 2 for c in table})))
 
 
 def acceptance_section(rows: pd.DataFrame, folder: Path) -> str:

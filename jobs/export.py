@@ -1,11 +1,14 @@
 """Write a run's rows in another tool's format (pipeline.reports.export).
 
     python jobs/export.py results --format spec-bench [--run embedded] [--to DIR]
+    python jobs/export.py results --format mmspec
 
 Spec-Bench: per pair, one `model_answer` JSONL per drafting configuration and one baseline of
 the target alone (AR) on the same questions, under `OUT/_export-<run>/spec-bench/` by default,
-and the tokenizer Spec-Bench's `speed()` must load for each target (docs/cluster.md, "Other
-tools' formats", has the calls on Spec-Bench's side).
+and the tokenizer Spec-Bench's `speed()` must load for each target (docs/cluster.md, "Acceptance
+you can compare", has the calls on each tool's side). MMSpec: per pair a folder of
+`<label>-temperature-<t>.jsonl` and `baseline-temperature-<t>.jsonl` for its
+`evaluation/summarize_metrics.py`.
 """
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ BOS token; `accept_lengths` pooled for "mean accepted tokens"; `category` filter
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,56 @@ def test_a_row_written_before_the_wall_clock_exports_its_phase_total(tmp_path):
     old = {**row("live", "M", 0, [1], 0.0), "time_wall_s": float("nan"), "time_total_s": 0.4}
     (written,) = export(pd.DataFrame([old]), tmp_path)
     assert json.loads(written.read_text())["choices"][0]["wall_time"] == [0.4]  # never NaN, which is not JSON
+
+
+FILE_RE = re.compile(r"^(?P<name>.+)-temperature-(?P<temp>[^-]+)\.jsonl$")  # summarize_metrics' discovery
+
+
+def mmspec_turns(path: Path) -> list[dict]:
+    """MMSpec's `summarize_metrics._iter_turns`: one dict per (conversation, turn)."""
+    out = []
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        choice = record["choices"][0]
+        accept = choice.get("acceptance_length", [])
+        for t, tokens in enumerate(choice["new_tokens"]):
+            out.append({"qid": record["question_id"], "turn": t, "new_tokens": tokens,
+                        "wall_time": choice["wall_time"][t], "accept": accept[t] if t < len(accept) else None})
+    return out
+
+
+def mmspec_summary(method: list[dict], base: list[dict]) -> tuple[float, float, float]:
+    """(MAT, speedup_paired, speedup_global) as its summarizer computes them."""
+    rounds = sum(len(r["accept"]) if isinstance(r["accept"], list) else r["new_tokens"] for r in method)
+    mat = sum(r["new_tokens"] for r in method) / rounds
+    by_turn = {(r["qid"], r["turn"]): r for r in base}
+    ratios = [(r["new_tokens"] / r["wall_time"]) / (b["new_tokens"] / b["wall_time"])
+              for r in method if (b := by_turn.get((r["qid"], r["turn"])))]
+    rate = lambda rs: sum(r["new_tokens"] for r in rs) / sum(r["wall_time"] for r in rs)
+    return mat, sum(ratios) / len(ratios), rate(method) / rate(base)
+
+
+def test_the_mmspec_export_reads_as_its_summarizer_reads_it(tmp_path):
+    second = lambda r: {**r, "sample_id": r["sample_id"].replace("/first", "/qaorg"), "turn": "qaorg"}
+    first_m, first_ar = row("live", "M", 0, [3, 1], 0.5), row("ar", "AR", 0, [0] * 6, 1.0)
+    rows = pd.DataFrame([
+        {**first_m, "turn": "first"}, second({**row("live", "M", 0, [0, 2, 2], 0.6), "turn": "first"}),
+        {**row("live", "M", 1, [4], 0.2), "turn": "first"},
+        {**first_ar, "turn": "first"}, second({**row("ar", "AR", 0, [0] * 8, 1.6), "turn": "first"}),
+        {**row("ar", "AR", 1, [0] * 5, 0.5), "turn": "first"},
+    ])
+    written = export(rows, tmp_path, "mmspec")
+    folder = tmp_path / "org%2Ftarget__d__fp16"
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == [
+        "org%2Ftarget__d__fp16/M-temperature-0.0.jsonl", "org%2Ftarget__d__fp16/baseline-temperature-0.0.jsonl"]
+    assert all(FILE_RE.match(p.name) for p in written)
+    records = [json.loads(line) for line in (folder / "M-temperature-0.0.jsonl").read_text().splitlines()]
+    assert [r["question_id"] for r in records] == ["pope/test/0/qaorg", "pope/test/1/first"]  # a conversation each
+    assert records[0]["choices"][0]["acceptance_length"] == [[3, 1], [0, 2, 2]]  # no bonus token
+    assert records[0]["choices"][0]["new_tokens"] == [6, 7]
+    method, base = mmspec_turns(folder / "M-temperature-0.0.jsonl"), mmspec_turns(folder / "baseline-temperature-0.0.jsonl")
+    mat, paired, overall = mmspec_summary(method, base)
+    assert mat == pytest.approx(1 + (3 + 1 + 0 + 2 + 2 + 4) / 6)  # our tau, pooled over blocks
+    assert paired == pytest.approx(np.mean([(6 / 0.5) / (6 / 1.0), (7 / 0.6) / (8 / 1.6), (5 / 0.2) / (5 / 0.5)]))
+    assert overall == pytest.approx((18 / 1.3) / (19 / 3.1))
+    assert mmspec_summary(base, base)[0] == 1.0  # a baseline turn costs a round per token

@@ -14,6 +14,17 @@ would skew it. A line is one question: `question_id` (our sample id, which names
 carry a walltime of their own, so only they are exported; replayed rows have accepted counts
 but no time of their own. Spec-Bench times one request at a time, so rows decoded in batches
 over 1 are left out (their walltime is their batch's).
+
+`mmspec`: MMSpec's result JSONL, per pair a folder with `<label>-temperature-<t>.jsonl` per
+drafting configuration and `baseline-temperature-<t>.jsonl` (AR), the names its
+`evaluation/summarize_metrics.py` discovers. A record is one conversation: `question_id` (the
+sample, and for a second turn its task), `category` (the dataset), `topic` (the sample's
+category) and `choices[0]` with per-turn lists `turns`, `new_tokens`, `wall_time`,
+`acceptance_length` (accepted drafts per block, no bonus token; none for the baseline), `idxs`
+(blocks), `draft_time` and `target_time` (our draft and verify phases). A second turn follows
+its first in one record when both were decoded live; its summarizer's MAT (new tokens over
+blocks) is our tau less what the token budget cut from a last block. The same rows as
+Spec-Bench's: live, decoded alone, the timed AR decode of each question for the baseline.
 """
 from __future__ import annotations
 
@@ -25,33 +36,92 @@ import pandas as pd
 
 from pipeline.reports.report import decoded_alone, with_tree_labels
 
-FORMATS = ("spec-bench",)
+FORMATS = ("spec-bench", "mmspec")
 PAIR = ["target", "draft", "dtype"]
 
 
-def spec_bench_lines(rows: pd.DataFrame) -> dict[str, list[dict]]:
-    """File name -> answer lines: every pair's live configurations and its baseline."""
+def exported_rows(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(SD rows, AR rows) with a walltime of their own: decoded live and alone, no error; the AR
+    rows are each question's timed decode (one per pair, temperature and sample) of the
+    questions the pair's SD rows hold, since an untimed one shared the machine with other work."""
     rows = decoded_alone(rows)
     rows = rows.assign(timed=rows["timed"].fillna(False) if "timed" in rows else False,
                        temperature=rows["temperature"].fillna(0.0) if "temperature" in rows else 0.0)
     done = with_tree_labels(rows[rows["error"].isna()])
     live, ar = done[done["mode"] == "live"], done[done["mode"] == "ar"]
+    asked = live[PAIR + ["temperature", "sample_id"]].drop_duplicates()
+    baseline = ar.merge(asked, on=asked.columns.tolist())
+    baseline = baseline.sort_values("timed", ascending=False, kind="stable")
+    return live, baseline.drop_duplicates(PAIR + ["temperature", "sample_id"])
+
+
+def spec_bench_lines(rows: pd.DataFrame) -> dict[str, list[dict]]:
+    """File name -> answer lines: every pair's live configurations and its baseline."""
+    live, baseline = exported_rows(rows)
     files: dict[str, list[dict]] = {}
     for (*pair, temperature), mine in live.groupby(PAIR + ["temperature"], observed=True, sort=True):
         for label, config in mine.groupby("method_label", observed=True, sort=True):
             files[file_name(pair, label, temperature)] = answer_lines(config, model_id(pair, label))
-        asked = set(mine["sample_id"])
-        baseline = ar[(ar[PAIR] == pair).all(axis=1) & (ar["temperature"] == temperature)
-                      & ar["sample_id"].isin(asked)]
-        # the timed decode of a question first: an untimed one shares the machine with other work
-        baseline = baseline.sort_values("timed", ascending=False, kind="stable").drop_duplicates("sample_id")
-        if len(baseline):
-            files[file_name(pair, "AR", temperature)] = answer_lines(baseline, model_id(pair, "AR"))
+        base = baseline[(baseline[PAIR] == pair).all(axis=1) & (baseline["temperature"] == temperature)]
+        if len(base):
+            files[file_name(pair, "AR", temperature)] = answer_lines(base, model_id(pair, "AR"))
     return files
 
 
+def mmspec_records(rows: pd.DataFrame) -> dict[str, list[dict]]:
+    """`<pair folder>/<label>-temperature-<t>.jsonl` -> conversation records."""
+    live, baseline = exported_rows(rows)
+    files: dict[str, list[dict]] = {}
+    for (*pair, temperature), mine in pd.concat([live, baseline]).groupby(PAIR + ["temperature"],
+                                                                          observed=True, sort=True):
+        for label, config in mine.groupby("method_label", observed=True, sort=True):
+            name = "baseline" if label == "AR" else quote(str(label), safe="")
+            files[f"{pair_id(pair)}/{name}-temperature-{float(temperature)}.jsonl"] = conversations(
+                config, model_id(pair, label))
+    return files
+
+
+def conversations(rows: pd.DataFrame, model: str) -> list[dict]:
+    """One record per conversation, sorted by question id: a second turn with the first turn
+    of its sample before it where that was decoded too, else a turn alone."""
+    turns = {row["sample_id"]: row for row in rows.to_dict("records")}
+    first_of = lambda row: turns.get(row["sample_id"].rsplit("/", 1)[0] + "/first")
+    opening = {id(first_of(r)) for r in turns.values() if r["turn"] != "first"}  # first turns continued
+    records = []
+    for sample_id, row in sorted(turns.items()):
+        if id(row) in opening:
+            continue  # recorded with its second turn
+        chain = [first_of(row), row] if row["turn"] != "first" and first_of(row) is not None else [row]
+        records.append({"question_id": sample_id, "category": row["dataset"],
+                        "topic": row.get("category") or "unknown", "model_id": model,
+                        "choices": [choice(chain, with_acceptance=row["mode"] != "ar")]})
+    return records
+
+
+def choice(turns: list[dict], *, with_acceptance: bool) -> dict:
+    """MMSpec's `choices[0]`: per-turn lists."""
+    made = {"index": 0, "turns": [t["output_text"] for t in turns],
+            "new_tokens": [int(t["new_tokens"]) for t in turns], "wall_time": [wall_time(t) for t in turns],
+            "idxs": [len(t["accepted_per_block"]) for t in turns],
+            "draft_time": [float(t.get("time_draft_s") or 0.0) for t in turns],
+            "target_time": [float(t.get("time_verify_s") or 0.0) for t in turns]}
+    if with_acceptance:
+        made["acceptance_length"] = [[int(a) for a in t["accepted_per_block"]] for t in turns]
+    return made
+
+
+def wall_time(row: dict) -> float:
+    """The decode's wall clock (rows from before it: the phases' total)."""
+    wall = row.get("time_wall_s")
+    return float(row["time_total_s"] if wall is None or pd.isna(wall) else wall)
+
+
+def pair_id(pair: list[str]) -> str:
+    return "__".join(quote(str(part), safe="") for part in pair)
+
+
 def model_id(pair: list[str], label: str) -> str:
-    return "__".join(quote(str(part), safe="") for part in [*pair, label])
+    return f"{pair_id(pair)}__{quote(str(label), safe='')}"
 
 
 def file_name(pair: list[str], label: str, temperature: float) -> str:
@@ -62,14 +132,11 @@ def answer_lines(rows: pd.DataFrame, model: str) -> list[dict]:
     """One line per question, sorted by question id."""
     lines = []
     for row in rows.sort_values("sample_id").to_dict("records"):
-        wall = row.get("time_wall_s")
-        # rows from before the wall clock
-        wall = row["time_total_s"] if wall is None or pd.isna(wall) else wall
         accepted = [int(a) for a in row["accepted_per_block"]]
         lines.append({
             "question_id": f"{row['sample_id']}", "category": row["dataset"], "model_id": model,
             "choices": [{"index": 0, "turns": [row["output_text"]], "new_tokens": [int(row["new_tokens"])],
-                         "wall_time": [float(wall)], "decoding_steps": [len(accepted)],
+                         "wall_time": [wall_time(row)], "decoding_steps": [len(accepted)],
                          "accept_lengths": [a + 1 for a in accepted]}],
         })
     return lines
@@ -82,8 +149,10 @@ def export(rows: pd.DataFrame, folder: str | Path, fmt: str = "spec-bench") -> l
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, lines in sorted(spec_bench_lines(rows).items()):
+    files = spec_bench_lines(rows) if fmt == "spec-bench" else mmspec_records(rows)
+    for name, lines in sorted(files.items()):
         path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(line) + "\n" for line in lines))
         written.append(path)
     return written

@@ -249,3 +249,20 @@ def test_fetch_writes_a_local_subset_that_loads_like_the_hub(monkeypatch, tmp_pa
     assert datasets.load_from_disk(str(tmp_path / "gsm8k"))["test"]["question"] == ["q0", "q1"]
     with pytest.raises(SystemExit):
         fetch.main([str(tmp_path), "embedded_vqa"])
+
+
+def test_a_dataset_lmms_eval_moved_is_read_under_its_new_name_and_says_so(monkeypatch, caplog):
+    calls = []
+
+    def moved(path, config=None, *, split, streaming):
+        calls.append(path)
+        if path.startswith("lmms-lab/"):
+            raise FileNotFoundError(f"Dataset '{path}' doesn't exist on the Hub")
+        return fixture_dataset("mmvet")[1].to_iterable_dataset()
+
+    monkeypatch.setattr(loading.datasets, "load_dataset", moved)
+    with caplog.at_level("WARNING", logger="pipeline.data.loading"):
+        samples = load_samples("mmvet", limit=1)
+    assert calls == ["lmms-lab/MMVet", "lmms-lab-encoder/MMVet"] and samples[0].prompt == EXPECTED["mmvet"][0]
+    assert "read lmms-lab-encoder/MMVet" in caplog.text and "lmms-lab/MMVet" in caplog.text
+    assert loading.hub_names("org/other") == ["org/other"]  # only lmms-lab's moved

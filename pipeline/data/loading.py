@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import logging
 import os
 from itertools import islice
 from pathlib import Path
@@ -27,6 +28,10 @@ from pipeline.data.prompts import PromptError
 from pipeline.data.registry import DatasetSpec, get_dataset
 from pipeline.data.sample import FIRST_TURN, Sample
 from pipeline.data.user_datasets import FILE_KINDS
+
+log = logging.getLogger(__name__)
+# organisations whose datasets moved: lmms-eval moved lmms-lab's to lmms-lab-encoder in July 2026
+MOVED_ORGS = {"lmms-lab/": "lmms-lab-encoder/"}
 
 
 class DataSourceError(RuntimeError):
@@ -149,20 +154,38 @@ def open_dataset(
         dataset = _open_local(label, Path(source), split)
         where = str(source)
     else:
-        where = f"{hub_id} ({config or 'default'} config, split {split}) on the hub"
-        try:
-            dataset = datasets.load_dataset(hub_id, config, split=split, streaming=True)
-        except Exception as exc:  # network, auth and missing-repo errors all end here
-            raise DataSourceError(
-                f"dataset {label!r}: cannot open {where}: {exc}. Without hub access, pass a local "
-                "copy as source (a datasets.save_to_disk directory or Parquet files)."
-            ) from exc
+        dataset, where = _open_hub(label, hub_id, config, split)
     dataset = _undecoded_images(dataset)
     present = dataset.column_names
     missing = [c for c in columns if present is not None and c not in present]
     if missing:
         raise DataSourceError(f"dataset {label!r}: {where} lacks column(s) {missing}; it has {present}")
     return dataset, where
+
+
+def hub_names(hub_id: str) -> list[str]:
+    """Where a hub dataset may be: its registered id, then the organisation lmms-eval moved it
+    to (`lmms-lab/X` -> `lmms-lab-encoder/X`, July 2026)."""
+    return [hub_id] + [new + hub_id[len(old):] for old, new in MOVED_ORGS.items() if hub_id.startswith(old)]
+
+
+def _open_hub(label: str, hub_id: str | None, config: str | None,
+              split: str) -> tuple[datasets.IterableDataset, str]:
+    """The first of `hub_names` that opens, and where it was read; a warning says when that was
+    the moved name. Every name that failed is named with its error."""
+    failures = []
+    for name in hub_names(hub_id):
+        where = f"{name} ({config or 'default'} config, split {split}) on the hub"
+        try:
+            dataset = datasets.load_dataset(name, config, split=split, streaming=True)
+        except Exception as exc:  # network, auth and missing-repo errors all end here
+            failures.append(f"cannot open {where}: {exc}")
+            continue
+        if failures:
+            log.warning("dataset %r: read %s (%s)", label, where, "; ".join(failures))
+        return dataset, where
+    raise DataSourceError(f"dataset {label!r}: {'; '.join(failures)}. Without hub access, pass a local "
+                          "copy as source (a datasets.save_to_disk directory or Parquet files).")
 
 
 def iter_rows(label: str, where: str, dataset: datasets.IterableDataset) -> Iterator[Mapping[str, Any]]:

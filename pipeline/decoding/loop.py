@@ -54,6 +54,8 @@ def speculative_decode(
     proposer = proposer_class(config.verify)(config)
     with timer.phase("prefill"):
         target_prompts = [tokenize(target, s) for s in samples]
+        for record, prompt in zip(records, target_prompts):
+            record.prompt_tokens = len(prompt.ids)
         draft_prompts = [tokenize(draft, s) for s in samples]
         with timer.phase("target_prefill"):
             target_rows, _ = prefilled_rows(target, target_prompts, "M", None, engine=engine,
@@ -161,7 +163,7 @@ class Decoder:
                                    produced=len(self.outputs[b]), max_new_tokens=self.config.max_new_tokens,
                                    eos=self.eos)
             self.outputs[b].extend(outcome.tokens)
-            first_token(record, self.outputs[b], self.timer)
+            record.stamp_first_token(self.outputs[b], self.timer.started)
             record.accepted_per_block.append(outcome.accepted)
             record.weights_per_block.append(result.weights[b])
             if proposal.arms is not None:
@@ -209,6 +211,8 @@ def autoregressive_decode(
     records = new_records(samples, "ar", engine)
     with timer.phase("prefill"), timer.phase("target_prefill"):
         prompts = [tokenize(target, s) for s in samples]
+        for record, prompt in zip(records, prompts):
+            record.prompt_tokens = len(prompt.ids)
         rows, logits = prefilled_rows(target, prompts, "M", None, engine=engine, capacity=max_new_tokens,
                                       role="target", step_log=steps, timer=timer, whole=True)
     uniforms = None
@@ -227,7 +231,7 @@ def autoregressive_decode(
                     outcome = settle_block([], value, gamma=1, produced=len(outputs[b]),
                                            max_new_tokens=max_new_tokens, eos=target.eos_token_ids)
                     outputs[b].extend(outcome.tokens)
-                    first_token(records[b], outputs[b], timer)
+                    records[b].stamp_first_token(outputs[b], timer.started)
                     records[b].accepted_per_block.append(0)
                     if outcome.stop:
                         running[b] = False
@@ -237,13 +241,6 @@ def autoregressive_decode(
             logits = rows.feed(token[:, None])
             rows.settle([int(run) for run in running])  # the token fed, by those still going
     return finish_records(records, outputs, target, timer, steps)
-
-
-def first_token(record: SampleRecord, output: list[int], timer: PhaseTimer) -> None:
-    """Stamp the request's time to first token once its output holds one (the host has just
-    read it, so the device has caught up)."""
-    if record.time_first_token_s is None and output:
-        record.time_first_token_s = time.perf_counter() - timer.started
 
 
 def sample_generator(seed: int, sample_id: str) -> torch.Generator:

@@ -1,6 +1,7 @@
 """What one decoded sample produces: a plain row, the same for live runs and trace replay."""
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 
 # Why a sample failed: its input (prompt, image), the model or decoding itself, or a resource
@@ -49,6 +50,9 @@ class SampleRecord:
     # this request's time to its first token: from the start of its decode to the transfer that
     # brought its first new token to the host (AR: the prefill's; SD: its first block's)
     time_first_token_s: float | None = None
+    # the target's prompt as tokenized (an image counts as its placeholder tokens): acceptance by
+    # prompt length (pipeline.reports.acceptance_where); replay rows carry their trace's
+    prompt_tokens: int | None = None
     # new tokens of every request decoded with this one (itself alone: its own) over time_total_s
     batch_tokens_per_s: float | None = None
     # joules the GPU used for this request: its decode's energy (NVML) split over the requests
@@ -83,6 +87,12 @@ class SampleRecord:
         if not self.accepted_per_block:
             return float("nan")
         return 1.0 + sum(self.accepted_per_block) / len(self.accepted_per_block)
+
+    def stamp_first_token(self, output: list[int], started: float) -> None:
+        """Time to first token, once the output holds one (the host has just read it, so the
+        device has caught up); `started`: the decode's start on the same clock."""
+        if self.time_first_token_s is None and output:
+            self.time_first_token_s = time.perf_counter() - started
 
     def to_row(self) -> dict:
         """Flat dict for a Parquet row (derived fields included)."""

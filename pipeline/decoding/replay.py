@@ -108,7 +108,8 @@ def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
     p = traces.target_probs
     state = policy.start(len(methods))
     rule = proposer_class(config.verify).replay_rule(config)  # a bandit's: which shape each block uses
-    record = SampleRecord(sample_id=traces.sample_id, mode="replay", engine=traces.engine)
+    record = SampleRecord(sample_id=traces.sample_id, mode="replay", engine=traces.engine,
+                          prompt_tokens=traces.baseline.prompt_tokens if traces.baseline else None)
     t = 0  # tokens decoded so far = position of the block's first proposal
     while t < n:
         weights, gamma, arm = state.choose(), rule.gamma, rule.arm

@@ -41,7 +41,7 @@ def position_counts(row: pd.Series | dict) -> tuple[np.ndarray, np.ndarray]:
     return reached, hits
 
 
-def _sd_rows(rows: pd.DataFrame) -> pd.DataFrame:
+def speculative_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """Speculative rows, each labelled by its configuration (method, tree and every grid field
     its label's rows differ in: `configuration_labels`), so no line pools two of them."""
     ok = rows[rows["error"].isna() & rows["gamma"].notna()]
@@ -53,7 +53,7 @@ def per_position_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Per configuration and draft position: blocks reaching it, accepting it, the pooled
     conditional acceptance, and its mean over requests (rows that reached the position)."""
     out = []
-    for config, group in _sd_rows(rows).groupby(CONFIG, sort=False):
+    for config, group in speculative_rows(rows).groupby(CONFIG, sort=False):
         counts = [position_counts(row) for row in group.to_dict("records")]
         depth = max(len(reached) for reached, _ in counts)
         reached = np.zeros((len(counts), depth), int)
@@ -75,7 +75,7 @@ def acceptance_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Per configuration: both tau conventions (pooled), the acceptance rate, and tau per
     request (median, quartiles, min, max), so the spread stands beside the mean."""
     out = []
-    for config, group in _sd_rows(rows).groupby(CONFIG, sort=False):
+    for config, group in speculative_rows(rows).groupby(CONFIG, sort=False):
         accepted = group["accepted_per_block"].map(sum)
         blocks = group["accepted_per_block"].map(len)
         drafted = group.apply(lambda row: sum(block_depths(row)), axis=1)
@@ -94,7 +94,7 @@ def acceptance_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 def request_taus(rows: pd.DataFrame) -> pd.DataFrame:
     """tau of each request (sample) per configuration, for a distribution figure."""
-    sd = _sd_rows(rows)
+    sd = speculative_rows(rows)
     return sd[CONFIG + ["sample_id"]].assign(tau=_request_tau(sd))
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.reports.acceptance import CONFIG, acceptance_table, per_position_table, request_taus
-from pipeline.reports.latency import latency_table
 from pipeline.reports.acceptance_plots import per_position_figure, request_tau_figure
+from pipeline.reports.acceptance_where import acceptance_where_section
 from pipeline.reports.audit import GROUP_KEYS, audit, lossless_text
 from pipeline.reports.batch_plots import batch_figure
 from pipeline.reports.batch_sweep import batch_table, batch_text
@@ -25,6 +25,7 @@ from pipeline.reports.calibration_section import calibration_section
 from pipeline.reports.completeness import completeness_table, completeness_text, grids_text
 from pipeline.reports.fidelity import GROUP_KEYS as FIDELITY_KEYS, fidelity_table, fidelity_text
 from pipeline.reports.headline import headline
+from pipeline.reports.latency import latency_table
 from pipeline.reports.latex import paper_tables
 from pipeline.reports.marks import HIGHER_EVERYWHERE
 from pipeline.reports.noise import noise_section, shown
@@ -99,7 +100,7 @@ def _write_report(out: str | Path, run: str, everything: pd.DataFrame, folder: P
         f"{findings_text(findings)}\n\n{markdown_table(findings)}"
     )
     sections += [batch_section(everything, calibrations, folder), acceptance_section(rows, folder),
-                 latency_section(rows, folder),
+                 acceptance_where_section(rows, folder), latency_section(rows, folder),
                  paper_section(rows, folder), audit_section(audited, folder),
                  fidelity_section(everything, folder), image_conversions_text(rows)]
     errors = error_counts(everything)

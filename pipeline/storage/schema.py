@@ -197,6 +197,9 @@ COLUMNS: tuple[Column, ...] = (
     # per output token after it, (request latency - ttft) / (new tokens - 1): SD's bursts spread
     # over the tokens they deliver, as serving benchmarks define it
     Column("ttft_s", pa.float64(), _outcome("time_first_token_s")),
+    # the target's prompt tokens and the prompt's images: acceptance by prompt length and images
+    Column("prompt_tokens", pa.int32(), _outcome("prompt_tokens")),
+    Column("images", pa.int32(), lambda src: len(src.sample.images)),
     Column("tpot_s", pa.float64(), _tpot),
     # the GPU's energy for this request (NVML; its share of its batch's by new tokens); null where
     # unmeasured (a CPU, no pynvml), never 0

@@ -44,6 +44,7 @@ def test_tau_and_the_acceptance_rate_pool_blocks_per_bucket_and_image_count(tmp_
         assert (tmp_path / f"{stem}.csv").exists() and (tmp_path / f"{stem}.png").stat().st_size > 0
     assert set(pd.read_csv(tmp_path / "acceptance_by_context.csv")["prompt_tokens_bucket"]) == {"<200", ">=200"}
     assert acceptance_where_section(rows.drop(columns=["prompt_tokens", "images"]), tmp_path) == ""  # old rows
+    assert acceptance_where_section(rows.assign(prompt_tokens=None, images=None), tmp_path) == ""  # read as nulls
 
 
 def test_live_ar_and_replayed_records_carry_the_prompt_length(tiny_pair):

@@ -63,7 +63,8 @@ def acceptance_by_context(rows: pd.DataFrame, edges: Sequence[int] = CONTEXT_EDG
 def acceptance_by_images(rows: pd.DataFrame) -> pd.DataFrame:
     if "images" not in rows:
         return pd.DataFrame()
-    return acceptance_by(rows, "images", rows["images"]).sort_values([*INDEX[:3], "images"], kind="stable")
+    table = acceptance_by(rows, "images", rows["images"])
+    return table if table.empty else table.sort_values([*INDEX[:3], "images"], kind="stable")
 
 
 def acceptance_where_figure(table: pd.DataFrame, column: str, xlabel: str,

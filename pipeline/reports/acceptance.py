@@ -49,6 +49,14 @@ def speculative_rows(rows: pd.DataFrame) -> pd.DataFrame:
     return ok.assign(method_label=configuration_labels(ok, CONFIG[:-1]))
 
 
+def block_counts(rows: pd.DataFrame) -> pd.DataFrame:
+    """`rows` with each one's accepted drafts, blocks and drafted positions: what pooled tau and
+    the acceptance rate sum."""
+    per_block = rows["accepted_per_block"]
+    return rows.assign(accepted=per_block.map(sum), blocks=per_block.map(len),
+                       drafted=[sum(block_depths(row)) for row in rows.to_dict("records")])
+
+
 def per_position_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Per configuration and draft position: blocks reaching it, accepting it, the pooled
     conditional acceptance, and its mean over requests (rows that reached the position)."""
@@ -75,16 +83,13 @@ def acceptance_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Per configuration: both tau conventions (pooled), the acceptance rate, and tau per
     request (median, quartiles, min, max), so the spread stands beside the mean."""
     out = []
-    for config, group in speculative_rows(rows).groupby(CONFIG, sort=False):
-        accepted = group["accepted_per_block"].map(sum)
-        blocks = group["accepted_per_block"].map(len)
-        drafted = group.apply(lambda row: sum(block_depths(row)), axis=1)
+    for config, group in block_counts(speculative_rows(rows)).groupby(CONFIG, sort=False):
         per_request = _request_tau(group)
         quartiles = per_request.quantile([0.25, 0.5, 0.75])
-        tau = 1 + accepted.sum() / blocks.sum()
+        tau = 1 + group["accepted"].sum() / group["blocks"].sum()
         out.append(dict(zip(CONFIG, config)) | {
             "requests": len(group), "tau": tau, "tau0": tau - 1,
-            "acceptance_rate": accepted.sum() / drafted.sum(),
+            "acceptance_rate": group["accepted"].sum() / group["drafted"].sum(),
             "tau_request_median": quartiles[0.5],
             "tau_request_q1": quartiles[0.25], "tau_request_q3": quartiles[0.75],
             "tau_request_min": per_request.min(), "tau_request_max": per_request.max(),

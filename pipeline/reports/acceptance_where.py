@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from pipeline.reports.acceptance import CONFIG, speculative_rows, block_depths
+from pipeline.reports.acceptance import CONFIG, block_counts, speculative_rows
 from pipeline.reports.plots import (
     legend, pair_label, panel_label, panels, save, series_styles, suptitle_target,
 )
@@ -37,8 +37,7 @@ def acceptance_by(rows: pd.DataFrame, column: str, groups: pd.Series) -> pd.Data
     sd = sd[sd[column].notna()]
     if sd.empty:
         return pd.DataFrame()
-    sd = sd.assign(accepted=sd["accepted_per_block"].map(sum), blocks=sd["accepted_per_block"].map(len),
-                   drafted=sd.apply(lambda row: sum(block_depths(row)), axis=1))
+    sd = block_counts(sd)
     summed = sd.groupby([*INDEX, column], observed=True, sort=False)[["accepted", "blocks", "drafted"]].sum()
     table = pd.DataFrame({"requests": sd.groupby([*INDEX, column], observed=True, sort=False).size(),
                           "tau": 1 + summed["accepted"] / summed["blocks"],

@@ -87,12 +87,19 @@ CPU = {"device_name": "cpu: X (2 threads)", "steps": "uncompiled", "torch_versio
 def test_speedup_uses_calibration_and_live_walltime():
     from pipeline.reports.speedup import speedup_table
 
-    base = {"target": "t", "draft": "d", "dtype": "fp32", "turn": "first", "error": None, "gamma": 5.0, "blocks": 2,
+    base = {"target": "t", "draft": "d", "dtype": "fp32", "turn": "first", "error": None, "new_tokens": 8, "gamma": 5.0, "blocks": 2,
             "policy": "static", "engine": "static", **CPU}
     df = pd.DataFrame([
-        {**base, "method_label": "AR", "mode": "ar", "sample_id": "s0", "accepted_per_block": [0, 0], "time_total_s": 4.0, "gamma": None},
-        {**base, "method_label": "M", "mode": "live", "sample_id": "s0", "accepted_per_block": [3, 1], "time_total_s": 2.0},
-        {**base, "method_label": "MT", "mode": "replay", "sample_id": "s1", "accepted_per_block": [2, 2], "time_total_s": 0.0},
+        {**base, "method_label": "AR", "mode": "ar", "sample_id": "s0", "accepted_per_block": [0, 0], "time_total_s": 4.0,
+         "gamma": None, "new_tokens": 6},
+        {**base, "method_label": "AR", "mode": "ar", "sample_id": "s2", "accepted_per_block": [0, 0], "time_total_s": 1.0,
+         "gamma": None, "new_tokens": 6},
+        {**base, "method_label": "M", "mode": "live", "sample_id": "s0", "accepted_per_block": [3, 1], "time_total_s": 2.0,
+         "new_tokens": 6},
+        {**base, "method_label": "M", "mode": "live", "sample_id": "s2", "accepted_per_block": [3, 1], "time_total_s": 1.0,
+         "new_tokens": 4},  # cut short: MMSpec's two speedups part from ours
+        {**base, "method_label": "MT", "mode": "replay", "sample_id": "s1", "accepted_per_block": [2, 2], "time_total_s": 0.0,
+         "new_tokens": 6},
     ])
     calibrations = calibrations_of([{"target": "t", "draft": "d", "dtype": "fp32", "gamma": 5, "ratio_draft_target": 0.1,
                                      "ratio_verify": 1.5, "target_token_s": 0.01,
@@ -103,7 +110,9 @@ def test_speedup_uses_calibration_and_live_walltime():
     assert m["tau"] == pytest.approx(3.0)
     assert m["eq1"] == pytest.approx(3.0 / (5 * 0.1 + 1))
     assert m["corrected"] == pytest.approx(3.0 / (5 * 0.1 + 1.5))
-    assert m["measured"] == pytest.approx(2.0)
+    assert m["measured"] == pytest.approx((4.0 + 1.0) / (2.0 + 1.0))  # summed AR time over summed SD time
+    assert m["paired"] == pytest.approx((6 / 2 / (6 / 4) + 4 / 1 / (6 / 1)) / 2)  # MMSpec: mean of tokens/s ratios
+    assert m["global"] == pytest.approx((10 / 3) / (12 / 5))  # and summed tokens over summed time
     mt = table.loc[("t", "d", "fp32", "static", "-", "MT", "static", 5)]  # never timed: no machine
     assert mt["corrected"] == pytest.approx(3.0 / (5 * 0.15 + 1.5))  # a two-row draft batch
     assert pd.isna(mt["measured"])  # replayed rows carry no walltime
@@ -115,7 +124,7 @@ def test_energy_columns_appear_only_where_a_gpu_counter_was_read():
     (a CPU) leave the columns out rather than print zeros."""
     from pipeline.reports.speedup import speedup_table
 
-    base = {"target": "t", "draft": "d", "dtype": "fp32", "turn": "first", "error": None, "gamma": 5.0,
+    base = {"target": "t", "draft": "d", "dtype": "fp32", "turn": "first", "error": None, "new_tokens": 8, "gamma": 5.0,
             "policy": "static", "engine": "static", "sample_id": "s0", "new_tokens": 8, **CPU}
     df = pd.DataFrame([
         {**base, "method_label": "AR", "mode": "ar", "accepted_per_block": [0] * 8, "time_total_s": 4.0,
@@ -135,7 +144,7 @@ def test_a_grid_sweeping_gamma_gets_one_speedup_row_per_gamma():
     """tau, Eq. 1, the verify cost and the measured speedup of each gamma are its own."""
     from pipeline.reports.speedup import speedup_table
 
-    base = {"target": "t", "draft": "d", "dtype": "fp32", "turn": "first", "error": None, "policy": "static",
+    base = {"target": "t", "draft": "d", "dtype": "fp32", "turn": "first", "error": None, "new_tokens": 8, "policy": "static",
             "engine": "static", "method_label": "M", "mode": "live", "sample_id": "s0", **CPU}
     df = pd.DataFrame([
         {**base, "method_label": "AR", "mode": "ar", "gamma": None, "accepted_per_block": [0] * 4, "blocks": 4,
@@ -164,7 +173,7 @@ def test_a_grid_sweeping_gamma_gets_one_speedup_row_per_gamma():
 def test_speedup_never_pools_walltimes_of_different_engines_dtypes_or_machines():
     from pipeline.reports.speedup import speedup_table
 
-    base = {"target": "t", "draft": "d", "turn": "first", "error": None, "gamma": 5.0, "blocks": 2, "policy": "static",
+    base = {"target": "t", "draft": "d", "turn": "first", "error": None, "new_tokens": 8, "gamma": 5.0, "blocks": 2, "policy": "static",
             "accepted_per_block": [1, 1], "sample_id": "s0", **CPU}
     row = lambda engine, label, seconds, dtype="fp32", **where: {
         **base, "dtype": dtype, "engine": engine, "method_label": label, "time_total_s": seconds,
@@ -200,7 +209,7 @@ def test_draft_sizes_are_compared_side_by_side_per_target():
     from pipeline.reports.speedup import draft_size_table, speedup_table
 
     def rows(draft, accepted, sd_seconds):
-        base = {"target": "t", "draft": draft, "dtype": "fp32", "turn": "first", "error": None, "gamma": 5.0,
+        base = {"target": "t", "draft": draft, "dtype": "fp32", "turn": "first", "error": None, "new_tokens": 8, "gamma": 5.0,
                 "blocks": 2, "engine": "static", "sample_id": "s0", **CPU}
         return [{**base, "method_label": "AR", "mode": "ar", "policy": "static", "accepted_per_block": [0, 0],
                  "time_total_s": 4.0, "gamma": None},

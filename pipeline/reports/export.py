@@ -34,7 +34,7 @@ from urllib.parse import quote
 
 import pandas as pd
 
-from pipeline.reports.report import decoded_alone, with_tree_labels
+from pipeline.reports.report import decoded_alone, wall_times, with_tree_labels
 
 FORMATS = ("spec-bench", "mmspec")
 PAIR = ["target", "draft", "dtype"]
@@ -45,7 +45,7 @@ def exported_rows(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows are each question's timed decode (one per pair, temperature and sample) of the
     questions the pair's SD rows hold, since an untimed one shared the machine with other work."""
     rows = decoded_alone(rows)
-    rows = rows.assign(timed=rows["timed"].fillna(False) if "timed" in rows else False,
+    rows = rows.assign(timed=rows["timed"].fillna(False) if "timed" in rows else False, wall_s=wall_times(rows),
                        temperature=rows["temperature"].fillna(0.0) if "temperature" in rows else 0.0)
     done = with_tree_labels(rows[rows["error"].isna()])
     live, ar = done[done["mode"] == "live"], done[done["mode"] == "ar"]
@@ -101,19 +101,13 @@ def conversations(rows: pd.DataFrame, model: str) -> list[dict]:
 def choice(turns: list[dict], *, with_acceptance: bool) -> dict:
     """MMSpec's `choices[0]`: per-turn lists."""
     made = {"index": 0, "turns": [t["output_text"] for t in turns],
-            "new_tokens": [int(t["new_tokens"]) for t in turns], "wall_time": [wall_time(t) for t in turns],
+            "new_tokens": [int(t["new_tokens"]) for t in turns], "wall_time": [float(t["wall_s"]) for t in turns],
             "idxs": [len(t["accepted_per_block"]) for t in turns],
             "draft_time": [float(t.get("time_draft_s") or 0.0) for t in turns],
             "target_time": [float(t.get("time_verify_s") or 0.0) for t in turns]}
     if with_acceptance:
         made["acceptance_length"] = [[int(a) for a in t["accepted_per_block"]] for t in turns]
     return made
-
-
-def wall_time(row: dict) -> float:
-    """The decode's wall clock (rows from before it: the phases' total)."""
-    wall = row.get("time_wall_s")
-    return float(row["time_total_s"] if wall is None or pd.isna(wall) else wall)
 
 
 def pair_id(pair: list[str]) -> str:
@@ -136,7 +130,7 @@ def answer_lines(rows: pd.DataFrame, model: str) -> list[dict]:
         lines.append({
             "question_id": f"{row['sample_id']}", "category": row["dataset"], "model_id": model,
             "choices": [{"index": 0, "turns": [row["output_text"]], "new_tokens": [int(row["new_tokens"])],
-                         "wall_time": [wall_time(row)], "decoding_steps": [len(accepted)],
+                         "wall_time": [float(row["wall_s"])], "decoding_steps": [len(accepted)],
                          "accept_lengths": [a + 1 for a in accepted]}],
         })
     return lines

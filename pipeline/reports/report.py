@@ -107,6 +107,13 @@ def decoded_alone(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[batch_of(rows) == 1]
 
 
+def wall_times(rows: pd.DataFrame) -> pd.Series:
+    """Each row's decode wall clock, host overhead included (rows from before it was recorded:
+    the phases' total), as the exports write it and MMSpec's speedups divide by."""
+    total = rows["time_total_s"].astype(float)
+    return rows["time_wall_s"].astype(float).fillna(total) if "time_wall_s" in rows else total
+
+
 def pooled_tau(group: pd.DataFrame) -> float:
     accepted = group["accepted_per_block"].map(sum).sum()
     blocks = group["blocks"].sum()

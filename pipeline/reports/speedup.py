@@ -12,7 +12,8 @@ import pandas as pd
 from pipeline.planning.verify_entries import verify_of_row
 from pipeline.reports.noise import noise_parts, noise_text, ratio_spreads, rows_load
 from pipeline.reports.marks import Marks
-from pipeline.reports.report import gamma_shown, method_order, pooled_tau, with_dashes, with_tree_labels
+from pipeline.reports.report import (gamma_shown, method_order, pooled_tau, wall_times, with_dashes,
+                                     with_tree_labels)
 from pipeline.reports.time_split import time_split_text
 from pipeline.storage.calibration_store import Calibrations
 
@@ -27,7 +28,7 @@ SPEEDUP_INDEX = ["target", "draft", "dtype", "engine", "timed_on", "method_label
 EXPERIMENT_AXES = ["temperature", "seed", "max_new_tokens"]
 CONFIG_AXES = ["window", "distance"]
 # what a win is in each column (pipeline.reports.marks)
-SPEEDUP_MARKS = Marks(higher=("tau", "tau timed"), speedups=("eq1", "corrected", "measured"),
+SPEEDUP_MARKS = Marks(higher=("tau", "tau timed"), speedups=("eq1", "corrected", "measured", "paired", "global"),
                       lower=("J/token", "J/accepted"))
 TIMING_COLUMNS = ["device_name", "steps", "torch_version", "transformers_version"]
 UNTIMED = "-"  # a configuration without live rows: tau and Eq. 1 only
@@ -66,6 +67,7 @@ def speedup_table(df: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
     a row per method and branch for a candidate tree, per method and node of a dynamic tree's
     level) plus the measured cost of one target forward over the block's tokens (gamma + 1 for
     a chain, nodes + 1 for a tree), both from the calibration; NaN where it did not time them.
+    `paired` and `global` are MMSpec's two speedups on the same rows (`throughput_speedups`).
     """
     ok = with_tree_labels(df[df["error"].isna() & (df["turn"] == "first")].copy())
     # rows from before engines were recorded
@@ -112,11 +114,13 @@ def speedup_table(df: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
             split = time_split_text(ar if label == "AR" else live)
             rows.append(row | {"timed_on": machine,
                                "tau timed": pooled_tau(live) if len(live) else float("nan"),
-                               "measured": _measured_speedup(mine, ar, label), "time split %": split,
+                               "measured": _measured_speedup(mine, ar, label),
+                               **throughput_speedups(live if label != "AR" else ar, ar), "time split %": split,
                                **energy_per_token(ar if label == "AR" else live),
                                "noise": noise_text(flags | {"measured": measured_flags})})
     table = pd.DataFrame(rows).reindex(columns=index + ["tau", "tau timed", "eq1", "corrected",
-                                                        "measured", *ENERGY, "time split %", "noise"])
+                                                        "measured", "paired", "global", *ENERGY,
+                                                        "time split %", "noise"])
     if table[list(ENERGY)].isna().all().all():  # no row's energy measured (a CPU, no NVML)
         table = table.drop(columns=list(ENERGY))
     table = table.set_index(index)
@@ -229,3 +233,24 @@ def _measured_speedup(group: pd.DataFrame, baseline: pd.DataFrame, label: str) -
     if both.empty or sd[both].sum() <= 0:
         return float("nan")
     return float(ar[both].sum() / sd[both].sum())
+
+
+def throughput_speedups(live: pd.DataFrame, ar: pd.DataFrame) -> dict[str, float]:
+    """MMSpec's speedups (its `summarize_metrics`: speedup_paired, speedup_global) over the
+    samples both ran, from tokens per second of each decode's wall clock: `paired` is the mean
+    over samples of SD's over AR's, `global` SD's summed tokens over summed wall time over AR's,
+    which is `measured` wherever SD and AR answer with the same number of tokens."""
+    nan = {"paired": float("nan"), "global": float("nan")}
+    if live.empty or ar.empty:
+        return nan
+    per_sample = lambda rows: (rows.assign(wall=wall_times(rows))
+                               .groupby("sample_id")[["new_tokens", "wall"]].mean())
+    sd, base = per_sample(live), per_sample(ar)
+    both = sd.index.intersection(base.index)
+    sd, base = sd.loc[both], base.loc[both]
+    if both.empty or (sd["wall"] <= 0).any() or (base["wall"] <= 0).any() or (base["new_tokens"] <= 0).any():
+        return nan
+    rate = lambda rows: rows["new_tokens"] / rows["wall"]
+    return {"paired": float((rate(sd) / rate(base)).mean()),
+            "global": float((sd["new_tokens"].sum() / sd["wall"].sum())
+                            / (base["new_tokens"].sum() / base["wall"].sum()))}

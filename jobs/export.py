@@ -2,13 +2,15 @@
 
     python jobs/export.py results --format spec-bench [--run embedded] [--to DIR]
     python jobs/export.py results --format mmspec
+    python jobs/export.py results --format speculation-profile
 
 Spec-Bench: per pair, one `model_answer` JSONL per drafting configuration and one baseline of
 the target alone (AR) on the same questions, under `OUT/_export-<run>/spec-bench/` by default,
 and the tokenizer Spec-Bench's `speed()` must load for each target (docs/cluster.md, "Acceptance
 you can compare", has the calls on each tool's side). MMSpec: per pair a folder of
 `<label>-temperature-<t>.jsonl` and `baseline-temperature-<t>.jsonl` for its
-`evaluation/summarize_metrics.py`.
+`evaluation/summarize_metrics.py`. Speculation profile: one `speculation_profile.json` (schema
+1.0 of NVIDIA's specdec_bench) per configuration, replayed rows included.
 """
 from __future__ import annotations
 
@@ -47,8 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(args.to) if args.to else export_dir(args.out, run, args.format)
         rows = read_results(args.out, run)
         written = export(rows, folder, args.format)
-        print(f"run {run}: {len(written)} file(s) in {folder.resolve()}"
-              + ("" if written else " (no live rows: only decodes with a walltime are exported)"))
+        empty = (" (no speculative rows with accepted counts)" if args.format == "speculation-profile"
+                 else " (no live rows: only decodes with a walltime are exported)")
+        print(f"run {run}: {len(written)} file(s) in {folder.resolve()}" + ("" if written else empty))
         if written and args.format == "spec-bench":
             for target in sorted(set(rows["target"])):
                 print(f"  tokenizer for Spec-Bench's speed() with target {target}: {tokenizer_path(target)}")

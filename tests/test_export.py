@@ -159,3 +159,22 @@ def test_the_mmspec_export_reads_as_its_summarizer_reads_it(tmp_path):
     assert paired == pytest.approx(np.mean([(6 / 0.5) / (6 / 1.0), (7 / 0.6) / (8 / 1.6), (5 / 0.2) / (5 / 0.5)]))
     assert overall == pytest.approx((18 / 1.3) / (19 / 3.1))
     assert mmspec_summary(base, base)[0] == 1.0  # a baseline turn costs a round per token
+
+
+def test_our_speedup_table_gives_mmspecs_two_speedups(tmp_path):
+    from pipeline.reports.speedup import speedup_table
+    from tests.results_fixture import calibrations_of
+
+    timing = {"turn": "first", "engine": "static", "policy": "static", "blocks": 1, "device_name": "cpu",
+              "steps": "uncompiled", "torch_version": "2", "transformers_version": "5"}
+    rows = pd.DataFrame([{**r, **timing, "gamma": 5.0 if r["mode"] == "live" else None} for r in [
+        row("live", "M", 0, [3, 1], 0.5), row("live", "M", 1, [4], 0.2), row("live", "M", 2, [1, 1, 1], 0.4),
+        row("ar", "AR", 0, [0] * 6, 1.0), row("ar", "AR", 1, [0] * 5, 0.5),
+        row("ar", "AR", 2, [0] * 5, 0.6)]])
+    written = export(rows, tmp_path, "mmspec")
+    method, base = (mmspec_turns(next(p for p in written if p.name.startswith(name)))
+                    for name in ("M-", "baseline"))
+    _, paired, overall = mmspec_summary(method, base)
+    ours = speedup_table(rows, calibrations_of([])).xs("M", level="method_label").iloc[0]
+    assert (ours["paired"], ours["global"]) == pytest.approx((paired, overall))
+    assert ours["global"] != pytest.approx(ours["measured"])  # SD answered with more tokens than AR here

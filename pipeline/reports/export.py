@@ -25,6 +25,9 @@ category) and `choices[0]` with per-turn lists `turns`, `new_tokens`, `wall_time
 its first in one record when both were decoded live; its summarizer's MAT (new tokens over
 blocks) is our tau less what the token budget cut from a last block. The same rows as
 Spec-Bench's: live, decoded alone, the timed AR decode of each question for the baseline.
+
+`speculation-profile`: one `speculation_profile.json` per configuration, from every row with
+accepted counts, replayed ones too (`pipeline.reports.speculation_profile`).
 """
 from __future__ import annotations
 
@@ -35,8 +38,8 @@ from urllib.parse import quote
 import pandas as pd
 
 from pipeline.reports.report import decoded_alone, wall_times, with_tree_labels
+from pipeline.reports.speculation_profile import speculation_profiles
 
-FORMATS = ("spec-bench", "mmspec")
 PAIR = ["target", "draft", "dtype"]
 
 
@@ -45,7 +48,8 @@ def exported_rows(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows are each question's timed decode (one per pair, temperature and sample) of the
     questions the pair's SD rows hold, since an untimed one shared the machine with other work."""
     rows = decoded_alone(rows)
-    rows = rows.assign(timed=rows["timed"].fillna(False) if "timed" in rows else False, wall_s=wall_times(rows),
+    rows = rows.assign(timed=rows["timed"].fillna(False) if "timed" in rows else False,
+                       wall_s=wall_times(rows),
                        temperature=rows["temperature"].fillna(0.0) if "temperature" in rows else 0.0)
     done = with_tree_labels(rows[rows["error"].isna()])
     live, ar = done[done["mode"] == "live"], done[done["mode"] == "ar"]
@@ -101,7 +105,8 @@ def conversations(rows: pd.DataFrame, model: str) -> list[dict]:
 def choice(turns: list[dict], *, with_acceptance: bool) -> dict:
     """MMSpec's `choices[0]`: per-turn lists."""
     made = {"index": 0, "turns": [t["output_text"] for t in turns],
-            "new_tokens": [int(t["new_tokens"]) for t in turns], "wall_time": [float(t["wall_s"]) for t in turns],
+            "new_tokens": [int(t["new_tokens"]) for t in turns],
+            "wall_time": [float(t["wall_s"]) for t in turns],
             "idxs": [len(t["accepted_per_block"]) for t in turns],
             "draft_time": [float(t.get("time_draft_s") or 0.0) for t in turns],
             "target_time": [float(t.get("time_verify_s") or 0.0) for t in turns]}
@@ -136,6 +141,11 @@ def answer_lines(rows: pd.DataFrame, model: str) -> list[dict]:
     return lines
 
 
+WRITERS = {"spec-bench": spec_bench_lines, "mmspec": mmspec_records,
+           "speculation-profile": speculation_profiles}
+FORMATS = tuple(WRITERS)
+
+
 def export(rows: pd.DataFrame, folder: str | Path, fmt: str = "spec-bench") -> list[Path]:
     """Write `rows` in `fmt` under `folder`; the paths written."""
     if fmt not in FORMATS:
@@ -143,10 +153,11 @@ def export(rows: pd.DataFrame, folder: str | Path, fmt: str = "spec-bench") -> l
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    files = spec_bench_lines(rows) if fmt == "spec-bench" else mmspec_records(rows)
-    for name, lines in sorted(files.items()):
+    for name, content in sorted(WRITERS[fmt](rows).items()):
         path = folder / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        # a list is JSON Lines (one answer or conversation a line), a dict one JSON document
+        path.write_text("".join(json.dumps(line) + "\n" for line in content) if isinstance(content, list)
+                        else json.dumps(content, indent=2) + "\n")
         written.append(path)
     return written

@@ -28,7 +28,8 @@ SPEEDUP_INDEX = ["target", "draft", "dtype", "engine", "timed_on", "method_label
 EXPERIMENT_AXES = ["temperature", "seed", "max_new_tokens"]
 CONFIG_AXES = ["window", "distance"]
 # what a win is in each column (pipeline.reports.marks)
-SPEEDUP_MARKS = Marks(higher=("tau", "tau timed"), speedups=("eq1", "corrected", "measured", "paired", "global"),
+SPEEDUP_MARKS = Marks(higher=("tau", "tau timed"),
+                      speedups=("eq1", "corrected", "measured", "paired", "global"),
                       lower=("J/token", "J/accepted"))
 TIMING_COLUMNS = ["device_name", "steps", "torch_version", "transformers_version"]
 UNTIMED = "-"  # a configuration without live rows: tau and Eq. 1 only
@@ -115,7 +116,8 @@ def speedup_table(df: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
             rows.append(row | {"timed_on": machine,
                                "tau timed": pooled_tau(live) if len(live) else float("nan"),
                                "measured": _measured_speedup(mine, ar, label),
-                               **throughput_speedups(live if label != "AR" else ar, ar), "time split %": split,
+                               **throughput_speedups(live if label != "AR" else ar, ar),
+                               "time split %": split,
                                **energy_per_token(ar if label == "AR" else live),
                                "noise": noise_text(flags | {"measured": measured_flags})})
     table = pd.DataFrame(rows).reindex(columns=index + ["tau", "tau timed", "eq1", "corrected",

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -262,3 +263,57 @@ def test_a_hub_id_that_cannot_be_resolved_fails_before_ray_in_seconds(tmp_path):
     seconds = time.monotonic() - start
     assert done.returncode == 2 and "pairs[0].target: cannot reach the hub" in done.stderr, done.stderr
     assert "'ray'" not in done.stderr.split("HEAVY")[-1] and seconds < 60
+
+
+def _take_over_together(out: str, start, done, released, taken, trials: int) -> None:
+    """One of several drivers started together over a stale lock, `trials` times; judging a lock
+    stale is slowed down so that every driver reads the stale lock before any takes it over."""
+    import pipeline.storage.run_lock as module
+
+    judged = module._live_holder
+
+    def slowly(path):
+        holder = judged(path)
+        time.sleep(0.02)
+        return holder
+
+    module._live_holder = slowly
+    for _ in range(trials):
+        start.wait()
+        try:
+            with run_lock(out, "r"):
+                taken.put(os.getpid())
+                done.wait()  # hold it while the others try
+        except RunLocked:
+            done.wait()
+        released.wait()
+
+
+def test_drivers_starting_together_over_a_stale_lock_take_it_once(tmp_path):
+    import multiprocessing
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    context, drivers, trials = multiprocessing.get_context("fork"), 4, 10
+    start, done, released = (context.Barrier(drivers + 1) for _ in range(3))
+    taken = context.Queue()
+    workers = [context.Process(target=_take_over_together,
+                               args=(str(tmp_path), start, done, released, taken, trials)) for _ in range(drivers)]
+    for worker in workers:
+        worker.start()
+    holders = []
+    for _ in range(trials):
+        stale = run_dir(tmp_path, "r") / ".lock"
+        stale.parent.mkdir(parents=True, exist_ok=True)
+        stale.write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "since": "earlier"}))
+        start.wait(timeout=60)
+        time.sleep(0.3)
+        holders.append(taken.qsize())
+        done.wait(timeout=60)
+        released.wait(timeout=60)
+        while not taken.empty():
+            taken.get()
+    for worker in workers:
+        worker.join(timeout=60)
+    assert holders == [1] * trials  # unlinking the stale lock, then linking one's own, let two hold it
+    assert not [p for p in run_dir(tmp_path, "r").iterdir() if p.name.startswith(".lock")]

@@ -33,7 +33,8 @@ def context_buckets(tokens: pd.Series, edges: Sequence[int] = CONTEXT_EDGES) -> 
 def acceptance_by(rows: pd.DataFrame, column: str, groups: pd.Series) -> pd.DataFrame:
     """Per configuration and value of `groups` (named `column`): requests, pooled tau and the
     acceptance rate (accepted drafts over drafted positions)."""
-    sd = speculative_rows(rows).assign(**{column: groups})
+    sd = speculative_rows(rows)
+    sd = sd.assign(**{column: groups.loc[sd.index]})  # an empty frame would take the labels' whole index
     sd = sd[sd[column].notna()]
     if sd.empty:
         return pd.DataFrame()

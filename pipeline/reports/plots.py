@@ -92,6 +92,8 @@ def tau_cells(rows: pd.DataFrame) -> pd.DataFrame:
     method label. Every cell holds the rows of one pair only."""
     ok = rows[rows["error"].isna()]
     keys = ["target", "draft", "dtype", "turn", "category", "dataset", "method_label"]
+    if ok.empty:  # every speculative row failed
+        return pd.DataFrame(columns=[*keys, "tau", "samples"])
     ok = ok.assign(method_label=configuration_labels(ok, keys[:-1]))
     grouped = ok.groupby(keys, sort=False)
     cells = grouped.apply(pooled_tau, include_groups=False).rename("tau").to_frame()

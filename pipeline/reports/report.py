@@ -6,6 +6,8 @@ benchmark datasets' cells, as in the paper (OOD datasets are reported beside it,
 """
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from pipeline.drafting.methods import method_order as letter_order
@@ -169,6 +171,25 @@ def category_table(df: pd.DataFrame) -> pd.DataFrame:
                              key=lambda i: (table.index[i][:3], method_order(table.index[i][3])))]
 
 
+MARKDOWN_ESCAPES = str.maketrans({"|": "\\|", "\n": " ", "\r": " "})
+
+
+def escaped(value: object) -> str:
+    """`value` as the text of one Markdown table cell: a model folder or dataset named with `|`
+    or a line break must not split the row (a tag-like name: `without_html`)."""
+    return without_html(str(value).translate(MARKDOWN_ESCAPES))
+
+
+HTML_TAG = re.compile(r"<(?=[A-Za-z/!?])")
+
+
+def without_html(text: str) -> str:
+    """`text` with every `<` that would open an HTML tag written as `&lt;`: a model folder or
+    dataset named like a tag, which captions and sentences quote, must not turn into HTML when
+    the summary is rendered (arrows `<-` and bounds `<128` stay as written)."""
+    return HTML_TAG.sub("&lt;", text)
+
+
 def markdown_table(table: pd.DataFrame, marks: Marks | None = None) -> str:
     """Markdown with, where `marks` says so, the best value of a column in bold and the second
     best in italics (`pipeline.reports.marks`), and the sentence saying so under it."""
@@ -176,13 +197,13 @@ def markdown_table(table: pd.DataFrame, marks: Marks | None = None) -> str:
     index_columns = list(table.index.names)
     style = {"best": "**", "second": "*"}
     found = {key: style[mark] for key, mark in best_marks(table, marks).items()} if marks else {}
-    header = "| " + " | ".join(map(str, index_columns + list(table.columns))) + " |"
+    header = "| " + " | ".join(escaped(c) for c in index_columns + list(table.columns)) + " |"
     lines = [header, "|" + "---|" * (len(index_columns) + len(table.columns))]
     for i, row in flat.iterrows():
-        cells = [str(row[c]) for c in index_columns]
+        cells = [escaped(row[c]) for c in index_columns]
         for column in table.columns:
             value = row[column]
-            text = "-" if pd.isna(value) else f"{value:.2f}" if isinstance(value, float) else str(value)
+            text = "-" if pd.isna(value) else f"{value:.2f}" if isinstance(value, float) else escaped(value)
             mark = found.get((i, column), "")
             cells.append(f"{mark}{text}{mark}")
         lines.append("| " + " | ".join(cells) + " |")

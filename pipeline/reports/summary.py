@@ -32,7 +32,8 @@ from pipeline.reports.noise import noise_section, shown
 from pipeline.reports.paper_check import paper_check
 from pipeline.reports.plots import save, weight_ratio_figure
 from pipeline.reports.report import (
-    category_table, decoded_alone, error_counts, findings_text, markdown_table, method_findings, tau_table,
+    category_table, decoded_alone, error_counts, escaped, findings_text, markdown_table, method_findings,
+    tau_table, without_html,
 )
 from pipeline.reports.speedup import SPEEDUP_MARKS, draft_size_table, speedup_table
 from pipeline.reports.tau_heatmap import tau_figure
@@ -62,6 +63,8 @@ def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
 
 
 def _write_report(out: str | Path, run: str, everything: pd.DataFrame, folder: Path) -> str:
+    if everything["error"].notna().all():
+        return _failures_only(out, run, everything, folder)
     calibrations = read_calibrations(out)
     rows = decoded_alone(everything)  # batched rows: the batch sweep and the audit read them
     tables = {
@@ -105,17 +108,38 @@ def _write_report(out: str | Path, run: str, everything: pd.DataFrame, folder: P
                  acceptance_where_section(rows, folder), latency_section(rows, folder),
                  paper_section(rows, folder), audit_section(audited, folder),
                  fidelity_section(everything, folder), image_conversions_text(rows)]
-    errors = error_counts(everything)
-    if not errors.empty:
-        lines = [f"| {r.dataset} | {r.turn} | {r.errors} |" for r in errors.itertuples()]
-        sections.append("## Failed samples (left out of every table)\n\n"
-                        "| dataset | turn | errors |\n|---|---|---|\n" + "\n".join(lines))
+    sections.append(failed_section(everything))
     for name, latex in paper_tables(rows, tables["tau"][2], tables["categories"][2]).items():
         (folder / name).write_text(latex)
     sections.append(figures_section(rows, folder))
-    text = "\n\n".join(section for section in sections if section) + "\n"
+    text = without_html("\n\n".join(section for section in sections if section) + "\n")
     (folder / "summary.md").write_text(text)
     return text
+
+
+def _failures_only(out: str | Path, run: str, everything: pd.DataFrame, folder: Path) -> str:
+    """The report of a run none of whose rows decoded: what was expected, what failed and why,
+    which is what its reader needs; every other table would be empty."""
+    causes = everything.groupby("error", dropna=False).size().sort_values(ascending=False).head(10)
+    lines = "\n".join(f"| {escaped(str(cause))[:200]} | {count} |" for cause, count in causes.items())
+    sections = [f"# Run {run}: {len(everything)} rows, every one failed",
+                "No row decoded, so there is no table of tau, speedup or acceptance; the causes below "
+                "(`error` and `error_category` of each row in the results) say what to fix, and a rerun "
+                "of the same command recomputes the failed rows.",
+                completeness_section(out, run, everything, folder), failed_section(everything),
+                f"## Most frequent causes\n\n| error | rows |\n|---|---|\n{lines}"]
+    text = without_html("\n\n".join(sections) + "\n")
+    (folder / "summary.md").write_text(text)
+    return text
+
+
+def failed_section(everything: pd.DataFrame) -> str:
+    errors = error_counts(everything)
+    if errors.empty:
+        return ""
+    lines = [f"| {escaped(r.dataset)} | {escaped(r.turn)} | {r.errors} |" for r in errors.itertuples()]
+    return ("## Failed samples (left out of every table)\n\n"
+            "| dataset | turn | errors |\n|---|---|---|\n" + "\n".join(lines))
 
 
 def completeness_section(out: str | Path, run: str, rows: pd.DataFrame, folder: Path) -> str:

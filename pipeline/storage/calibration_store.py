@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 
 from pipeline.decoding.calibration import Calibration
+from pipeline.storage.atomic import set_aside, write_atomically
 
 CALIBRATION_DIR = "_calibration"
 
@@ -22,21 +24,27 @@ def calibration_path(out: str | Path, target: str, draft: str, dtype: str) -> Pa
 
 
 def write_calibration(out: str | Path, calibration: Calibration) -> Path:
-    """One file per pair and dtype, replaced atomically: measuring again (other hardware,
-    `--recalibrate`) overwrites it."""
+    """One file per pair and dtype, replaced atomically (`write_atomically`): measuring again
+    (other hardware, `--recalibrate`) overwrites it."""
     path = calibration_path(out, calibration.target, calibration.draft, calibration.dtype)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name("." + path.name)
-    pd.DataFrame([calibration.to_row()]).to_parquet(tmp, index=False)
-    tmp.replace(path)
+    write_atomically(path, lambda sink: pd.DataFrame([calibration.to_row()]).to_parquet(sink, index=False))
     return path
 
 
 def read_calibrations(out: str | Path) -> Calibrations:
-    """Every calibration under OUT, each file through `Calibration.from_row` (none: empty)."""
-    files = sorted((Path(out) / CALIBRATION_DIR).glob("*.parquet"))
-    return Calibrations([Calibration.from_row(row)
-                         for f in files for row in pd.read_parquet(f).to_dict("records")])
+    """Every calibration under OUT, each file through `Calibration.from_row` (none: empty). A
+    file that cannot be read (truncated, not Parquet, missing fields) is set aside and left out,
+    so its pair is calibrated again by the next run that calibrates, instead of ending every
+    report and rerun."""
+    calibrations = []
+    for path in sorted((Path(out) / CALIBRATION_DIR).glob("*.parquet")):
+        try:
+            calibrations += [Calibration.from_row(row) for row in pd.read_parquet(path).to_dict("records")]
+        except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as err:
+            set_aside(path, f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:160]}",
+                      "its pair is calibrated again by the next run that calibrates")
+    return Calibrations(calibrations)
 
 
 @dataclass

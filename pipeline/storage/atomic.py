@@ -1,0 +1,52 @@
+"""Files a run keeps besides its shards (manifests, calibrations) written the way shards are:
+a temporary file of a name no other writer uses, fsynced, renamed over the old one, the folder
+fsynced, so a crash or a full disk leaves the old file or the new one, and two writers at once
+each replace the file whole instead of failing on one shared temporary name."""
+from __future__ import annotations
+
+import os
+import time
+import logging
+import uuid
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+log = logging.getLogger(__name__)
+
+
+def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Fill `path` through `write(file)` so that it is never seen half-written."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as sink:
+            write(sink)
+            sink.flush()
+            os.fsync(sink.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk or an interrupt leaves no stray temporary file
+        raise
+    fsync_folder(path.parent)
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make a rename in `folder` durable (a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems refuse fsync on a folder; the rename itself is still atomic
+    finally:
+        os.close(fd)
+
+
+def set_aside(path: Path, why: str, then: str) -> Path:
+    """Rename an unreadable run file to `<name>.unreadable-<time>` beside it (kept for a look,
+    never read again), warning with its name, the reason and what happens instead (`then`)."""
+    aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
+    os.replace(path, aside)
+    log.warning("%s is unreadable (%s); moved to %s; %s", path, why, aside.name, then)
+    return aside

@@ -1,8 +1,8 @@
 """One run of a validated grid on Ray: under the run's lock, resume from what is written, plan
 the shards still to compute, let the worker pool (`actors.worker_pool`) run them and write each
-finished shard at once. First turns run first; second turns (`pipeline.planning.samples`) are
-built from the target's greedy first-turn answers as read back from the results dataset
-(docs/cluster.md, "Turns").
+finished shard at once. First turns run first; each later turn (`pipeline.planning.samples`)
+is built from the target's greedy answers to the turn before it as read back from the results
+dataset, so turns run in phases by their place in the conversation (docs/cluster.md, "Turns").
 """
 from __future__ import annotations
 
@@ -18,18 +18,20 @@ from actors.progress import Progress
 from actors.worker_pool import (
     CPUS_PER_WORKER, PLACEMENT_TIMEOUT_S, POLL_S, RunFailed, Worker, WorkerOptions, WorkerPool,
 )
+from pipeline.data.sample import turn_index
 from pipeline.drafting.methods import needs_captions
-from pipeline.planning.grid import FIRST_TURN, GridSpec, Pair, Shard
+from pipeline.planning.grid import GridSpec, Pair, Shard
 from pipeline.planning.resume import reconcile, wanted_rows
 from pipeline.planning.samples import RegistrySource, RunSamples, SampleSource
 from pipeline.planning.shards import plan_shards
 from pipeline.storage.manifest import grid_record, record_grid
 from pipeline.storage.run_lock import run_lock
 from pipeline.storage.store import (
-    drop_rows, first_turn_answers, quarantine_unreadable, write_shards, written_rows,
+    drop_rows, quarantine_unreadable, turn_answers, write_shards, written_rows,
 )
 
 __all__ = ["GridRunner", "RunFailed", "RunReport"]
+PHASES = ("first turn", "second turn", "third turn", "fourth turn")  # by `turn_index`
 
 
 @dataclass
@@ -64,7 +66,7 @@ class GridRunner:
         stream: TextIO = sys.stdout,
     ) -> None:
         self.spec, self.out = spec, Path(out)
-        self.samples = RunSamples(spec, source or RegistrySource.for_grid(spec), self._first_turn_answers)
+        self.samples = RunSamples(spec, source or RegistrySource.for_grid(spec), self._turn_answers)
         self.run_name = run or spec.name
         self.on_shard_written = on_shard_written
         self.stream = stream
@@ -82,28 +84,28 @@ class GridRunner:
         """The pool's workers now (a test kills one mid-run)."""
         return self.pool.workers
 
-    def _first_turn_answers(self, pair: Pair, dataset: str, max_new_tokens: int) -> dict[str, str]:
-        return first_turn_answers(self.out, self.run_name, target=pair.target, dtype=pair.dtype,
-                                  dataset=dataset, max_new_tokens=max_new_tokens)
+    def _turn_answers(self, pair: Pair, dataset: str, turn: str, max_new_tokens: int) -> dict[str, str]:
+        return turn_answers(self.out, self.run_name, target=pair.target, dtype=pair.dtype,
+                            dataset=dataset, turn=turn, max_new_tokens=max_new_tokens)
 
     # -- the run ---------------------------------------------------------------------------
 
     def run(self) -> RunReport:
-        """Every phase (first turn, then second turns) under the run's lock."""
+        """Every phase (first turn, second turns, then the later follow-ups) under the run's lock."""
         start = time.monotonic()
-        phases = [("first turn", [FIRST_TURN])] if FIRST_TURN in self.spec.turns else []
-        if self.spec.second_turns:
-            phases.append(("second turn", list(self.spec.second_turns)))
+        phases: dict[int, list[str]] = {}
+        for turn in sorted(self.spec.turns, key=turn_index):
+            phases.setdefault(turn_index(turn), []).append(turn)
         with run_lock(self.out, self.run_name):
             moved, folder = quarantine_unreadable(self.out, self.run_name)
             if moved:
                 print(f"moved {len(moved)} unreadable shard file(s) aside to {folder}; "
                       "their rows are computed again",
                       file=self.stream, flush=True)
-            record_grid(self.out, self.run_name, grid_record(self.spec, self.samples.first_turn_count))
+            record_grid(self.out, self.run_name, grid_record(self.spec, self.samples.count))
             try:
-                for label, turns in phases:
-                    self._run_phase(label, turns)
+                for index, turns in phases.items():
+                    self._run_phase(PHASES[index], turns)
             finally:
                 self.pool.stop()
                 self.report.seconds = time.monotonic() - start

@@ -54,7 +54,7 @@ EXPECTED = {
     ),
 }
 IMAGE_COLUMN = re.compile(r"image(_\d+)?")  # "image", "image_0", ... but not "image_id"
-PUBLIC = [name for name, spec in DATASETS.items() if not spec.embedded]
+PUBLIC = [name for name, spec in DATASETS.items() if spec.hub_id]  # MMSpec's folder: tests/test_mmspec_source.py
 
 
 def _image_value(colour: str | None) -> dict | None:

@@ -329,8 +329,9 @@ def test_second_turns_are_built_once_per_target_from_its_own_answers():
 
     reads = []
 
-    def answers(pair, dataset, max_new_tokens):
+    def answers(pair, dataset, turn, max_new_tokens):
         reads.append((pair.target, dataset, max_new_tokens))
+        assert turn == "first"
         return {sample(i).sample_id: f" [{pair.target}]" for i in range(2)}
 
     spec = grid(pairs=[{"target": "tiny:target", "draft": "tiny:draft"}, {"target": "tiny:next_target", "draft": "tiny:draft"}], limit=2)

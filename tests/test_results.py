@@ -12,7 +12,7 @@ from pipeline.drafting.policies import GridSearchPolicy
 from pipeline.decoding.records import SampleRecord
 from pipeline.planning.grid import Pair, RunConfig, row_key
 from pipeline.storage.schema import FILE_SCHEMA, SCHEMA, make_row
-from pipeline.storage.store import first_turn_answers, read_results, rows_to_table, write_shard, written_rows
+from pipeline.storage.store import read_results, rows_to_table, turn_answers, write_shard, written_rows
 
 PAIR = Pair("llava-hf/llava-1.5-7b-hf", "mjbooo/lvlm68m", "fp16")
 DOCUMENTED = (
@@ -120,6 +120,8 @@ def test_first_turn_answers_come_from_greedy_error_free_rows_of_the_target(tmp_p
     write_shard(tmp_path, rows_to_table([{**r, "output_text": "sampled"} for r in shard_rows(sampled, shard="b")]))
     other = RunConfig(Pair("llava-hf/llava-1.5-13b-hf", "mjbooo/lvlm68m", "fp16"), DecodeConfig("M", max_new_tokens=64))
     write_shard(tmp_path, rows_to_table([{**r, "output_text": "13b"} for r in shard_rows(other, shard="c")]))
-    answers = first_turn_answers(tmp_path, "r", target=PAIR.target, dtype="fp16", dataset="pope", max_new_tokens=64)
+    answers = turn_answers(tmp_path, "r", target=PAIR.target, dtype="fp16", dataset="pope", turn="first",
+                           max_new_tokens=64)
     assert answers == {"pope/test/0/first": "answer 0", "pope/test/2/first": "answer 2"}
-    assert first_turn_answers(tmp_path, "r", target=PAIR.target, dtype="fp16", dataset="pope", max_new_tokens=32) == {}
+    assert turn_answers(tmp_path, "r", target=PAIR.target, dtype="fp16", dataset="pope", turn="first",
+                        max_new_tokens=32) == {}

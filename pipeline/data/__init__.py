@@ -5,7 +5,8 @@ API used by grid planning and the run's samples (`pipeline.planning`):
 - ``DATASETS: dict[str, DatasetSpec]`` and ``get_dataset(name)`` (unknown name: ValueError
   listing the known ones). Names: llava_bench, docvqa, pope, mmvet, iedit, magicbrush,
   spot_the_diff, pororo_sv, vist (public sources) and embedded_vqa, embedded_describe,
-  embedded_compare, embedded_story, embedded_gallery (offline, on easy-VQA images).
+  embedded_compare, embedded_story, embedded_gallery (offline, on easy-VQA images), and mmspec
+  with one per topic, mmspec_general_vqa ... mmspec_complex_reasoning (a local copy only).
 - ``load_samples(name_or_spec, *, limit=None, source=None) -> list[Sample]``: first turn, the first
   ``limit`` rows (default 100, 60 for LLaVA-Bench); a ``DatasetSpec`` of a user's own file
   (``pipeline.data.user_datasets``) works like a name. ``source`` is a local copy (a
@@ -14,6 +15,9 @@ API used by grid planning and the run's samples (`pipeline.planning`):
 - ``build_second_turn(first_samples, first_outputs, task, *, source=None) -> list[Sample]`` with
   ``task`` in ``TURN_TASKS``; ``first_outputs`` maps first-turn sample ids to the target's
   answers; ``source`` is a local copy of the NQ-open / GSM8K questions.
+- ``build_followup(previous_samples, previous_outputs, turn)`` with ``turn`` in
+  ``FOLLOWUP_TURNS`` (followup, followup2, followup3): a dataset's own next questions (MMSpec's
+  ``turns``), each after the target's answer to the turn before; rows without one are left out.
 - ``python -m pipeline.data.fetch OUT_DIR [NAME ...]`` (where the hub is reachable) writes
   those local copies, one ``save_to_disk`` directory per dataset holding only the subset.
 
@@ -36,6 +40,7 @@ _EXPORTS = {
     "Sample": "pipeline.data.sample",
     "TURN_TASKS": "pipeline.data.turns",
     "build_second_turn": "pipeline.data.turns",
+    "build_followup": "pipeline.data.turns",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -24,7 +24,7 @@ from pipeline.data.registry import DATASETS, get_dataset
 from pipeline.data.turns import QUESTION_SETS
 
 QUESTION_COUNT = 500  # the reference used the first 500 NQ-open / GSM8K questions
-FETCHABLE = tuple(name for name, spec in DATASETS.items() if not spec.embedded) + tuple(QUESTION_SETS)
+FETCHABLE = tuple(name for name, spec in DATASETS.items() if spec.hub_id) + tuple(QUESTION_SETS)
 
 
 def fetch(name: str, out_dir: str | os.PathLike, *, limit: int | None = None) -> Path:

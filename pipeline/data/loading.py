@@ -60,10 +60,17 @@ def load_samples(
         rows: Iterator[Mapping[str, Any]] = iter(spec.embedded_rows())
     elif spec.path is not None:
         rows = open_rows(name, None, None, spec.split, spec.path, spec.required_columns)
+    elif spec.local_file is not None:
+        if source is None:
+            raise DataSourceError(f"dataset {name!r} is on no hub this pipeline can load: pass its local "
+                                  f"copy (the folder holding {spec.local_file} and images/) as source "
+                                  f"(in a grid: sources: {{{spec.source_key}: /path/to/copy}})")
+        spec = dataclasses.replace(spec, format_row=spec.format_row.within(source))
+        rows = open_rows(name, None, None, spec.split, Path(source, spec.local_file), spec.required_columns)
     else:
         rows = open_rows(name, spec.hub_id, spec.config, spec.split, source, spec.required_columns)
-        if spec.sub_task:
-            rows = (row for row in rows if row.get("sub_task") == spec.sub_task)
+    if spec.sub_task:
+        rows = (row for row in rows if row.get(spec.sub_task_column) == spec.sub_task)
     return [row_to_sample(spec, index, row, max_image_pixels)
             for index, row in enumerate(islice(rows, count))]
 
@@ -74,6 +81,11 @@ def row_to_sample(spec: DatasetSpec, index: int, row: Mapping[str, Any],
     sample = Sample(dataset=spec.name, split=spec.split, row=index, turn=FIRST_TURN, prompt="",
                     category=spec.category)
     try:
+        source_id = row.get(spec.id_column) if spec.id_column else None
+        if source_id is not None:
+            sample = dataclasses.replace(sample, source_id=str(source_id))
+        if spec.own_turns:  # kept when the image fails, so the follow-ups carry that error
+            sample = dataclasses.replace(sample, followups=spec.format_row.questions(row)[1:])
         prompt, raw_images = spec.format_row(row)
         sample = dataclasses.replace(sample, prompt=prompt)
         decoded = [decode_image(value, k, max_image_pixels) for k, value in enumerate(raw_images)]

@@ -7,13 +7,15 @@ category. Loading lives in `pipeline.data.loading`; this module is pure descript
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from pipeline.data.embedded import scenarios
 from pipeline.data.prompts import REASONING_INSTRUCTION, PromptError, image_question, user_turn
-from pipeline.data.user_datasets import MappedColumns, UserDataset
+from pipeline.data.user_datasets import MappedColumns, UserDataset, confined_image
 
 IMAGE_COLUMN = re.compile(r"image_(\d+)")
 
@@ -64,7 +66,35 @@ class Prebuilt:
         return user_turn(_text(row, "text")), list(row["images"])
 
 
-RowFormat = SingleImage | Interleaved | Prebuilt | MappedColumns
+@dataclass(frozen=True)
+class ImageTurns:
+    """MMSpec rows: `image` names a file in the local copy's `images/` folder (it must stay
+    inside), `turns` lists the user's questions. The image and the first question open the
+    conversation; the later questions are the dataset's own follow-up turns."""
+
+    image_root: str = "images"  # relative to the local copy until `within` places it
+    columns: tuple[str, ...] = ("turns", "image")
+
+    def within(self, folder: str | Path) -> "ImageTurns":
+        """This format reading its images from the local copy `folder`."""
+        return dataclasses.replace(self, image_root=str(Path(folder, self.image_root).resolve()))
+
+    def __call__(self, row: Mapping[str, Any]) -> tuple[str, list[Any]]:
+        image = row.get("image")
+        if not isinstance(image, str) or not image:
+            raise PromptError("column 'image' names no image file")
+        return image_question(self.questions(row)[0]), [confined_image(image, self.image_root, "image")]
+
+    @staticmethod
+    def questions(row: Mapping[str, Any]) -> tuple[str, ...]:
+        """The row's questions in order; PromptError unless a non-empty list of texts."""
+        turns = row.get("turns")
+        if not (isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns)):
+            raise PromptError(f"column 'turns' must be a non-empty list of questions, got {turns!r}")
+        return tuple(turns)
+
+
+RowFormat = SingleImage | Interleaved | Prebuilt | MappedColumns | ImageTurns
 
 
 @dataclass(frozen=True)
@@ -73,7 +103,8 @@ class DatasetSpec:
 
     `split` is the public split and is what sample ids carry, whichever copy (hub or local)
     the rows came from, so results of both key alike. Exactly one of `hub_id`,
-    `embedded_rows` and `path` (a user's own file, `pipeline.data.user_datasets`) is set.
+    `embedded_rows`, `path` (a user's own file, `pipeline.data.user_datasets`) and `local_file`
+    (a dataset on no hub we can load, read from the local copy the grid's `sources` names) is set.
     """
 
     name: str
@@ -84,15 +115,29 @@ class DatasetSpec:
     default_limit: int = 100
     hub_id: str | None = None
     config: str | None = None
-    sub_task: str | None = None
+    sub_task: str | None = None  # keep the rows whose `sub_task_column` holds this value
+    sub_task_column: str = "sub_task"
     embedded_rows: Callable[[], Iterable[Mapping[str, Any]]] | None = None
     path: str | None = None
     answer_column: str | None = None  # kept as each sample's reference answer
+    local_file: str | None = None  # the rows' file inside the local copy (MMSpec: mmspec.jsonl)
+    source_name: str | None = None  # the `sources` entry it reads, when not its own name
+    id_column: str | None = None  # the dataset's own row id, kept as each sample's `source_id`
 
     @property
     def required_columns(self) -> tuple[str, ...]:
         own = self.format_row.columns + ((self.answer_column,) if self.answer_column else ())
-        return own + (("sub_task",) if self.sub_task else ())
+        return own + ((self.sub_task_column,) if self.sub_task else ())
+
+    @property
+    def source_key(self) -> str:
+        """The grid's `sources` entry that names this dataset's local copy."""
+        return self.source_name or self.name
+
+    @property
+    def own_turns(self) -> bool:
+        """True when rows carry their own follow-up questions (`Sample.followups`)."""
+        return isinstance(self.format_row, ImageTurns)
 
     @property
     def embedded(self) -> bool:
@@ -139,7 +184,29 @@ _SPECS = (
                 embedded_rows=scenarios.gallery_rows),
 )
 
-DATASETS: dict[str, DatasetSpec] = {spec.name: spec for spec in _SPECS}
+# MMSpec (github.com/fanyunfeng-bit/MMSpec-fyf): a split is a folder of mmspec.jsonl and images/;
+# 600 rows, 100 per topic, some of 2-4 turns. It is on no hub we can load: read from `sources.mmspec`.
+MMSPEC_FILE = "mmspec.jsonl"
+MMSPEC_TOPICS = {
+    "general_vqa": ("GVQA", "general vqa"),
+    "text_vqa": ("TVQA", "text vqa"),
+    "image_captioning": ("Cap", "image captioning"),
+    "chart_understanding": ("Chart", "chart understanding"),
+    "multi_turn": ("MT", "multi-turn conversation"),
+    "complex_reasoning": ("CR", "complex reasoning pro"),
+}
+
+
+def _mmspec(suffix: str | None = None) -> DatasetSpec:
+    short, topic = MMSPEC_TOPICS[suffix] if suffix else ("", None)
+    return DatasetSpec(f"mmspec_{suffix}" if suffix else "mmspec", f"MMSpec-{short}" if short else "MMSpec",
+                       "benchmark", "test", ImageTurns(), default_limit=100 if topic else 600,
+                       sub_task=topic, sub_task_column="topic", local_file=MMSPEC_FILE,
+                       source_name="mmspec", id_column="id")
+
+
+_MMSPEC_SPECS = tuple(_mmspec(suffix) for suffix in (None, *MMSPEC_TOPICS))
+DATASETS: dict[str, DatasetSpec] = {spec.name: spec for spec in _SPECS + _MMSPEC_SPECS}
 
 
 def get_dataset(name: str) -> DatasetSpec:
@@ -148,6 +215,12 @@ def get_dataset(name: str) -> DatasetSpec:
         return DATASETS[name]
     except KeyError:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}") from None
+
+
+def source_key(name: str) -> str:
+    """The grid's `sources` entry that names dataset `name`'s local copy (its own name unless
+    the registry says otherwise: every mmspec_* dataset reads `mmspec`)."""
+    return DATASETS[name].source_key if name in DATASETS else name
 
 
 def is_embedded(name: str) -> bool:

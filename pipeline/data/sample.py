@@ -4,11 +4,28 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Iterable
 
 from PIL import Image
 
 IMAGE_PLACEHOLDER = "<image>"
 FIRST_TURN = "first"  # a Sample's turn when it opens the conversation
+# The dataset's own 2nd, 3rd and 4th questions (MMSpec's `turns`); each continues the turn before it.
+FOLLOWUP_TURNS = ("followup", "followup2", "followup3")
+
+
+def turn_index(turn: str) -> int:
+    """Which question of the conversation `turn` asks (0: the first); a turn is run after the
+    turns of lower index, since its prompt holds their answers."""
+    if turn == FIRST_TURN:
+        return 0
+    return FOLLOWUP_TURNS.index(turn) + 1 if turn in FOLLOWUP_TURNS else 1
+
+
+def previous_turn(turn: str) -> str:
+    """The turn whose prompt and answer `turn` continues."""
+    index = turn_index(turn)
+    return FIRST_TURN if index <= 1 else FOLLOWUP_TURNS[index - 2]
 
 
 @dataclass(frozen=True)
@@ -24,7 +41,7 @@ class Sample:
     dataset: str
     split: str
     row: int
-    turn: str  # "first" or a second-turn task name: qaorg, captioning, summary, story, nq, gsm8k
+    turn: str  # "first", a second-turn task (qaorg, captioning, summary, story, nq, gsm8k) or FOLLOWUP_TURNS
     prompt: str
     images: tuple[Image.Image, ...] = field(default=(), compare=False, repr=False)
     category: str = "benchmark"  # benchmark | ood | multi_image | text ...
@@ -33,6 +50,9 @@ class Sample:
     # (pipeline.data.images); the pixels themselves are in `prompt_hash`
     image_conversions: tuple[str, ...] = ()
     answer: str | None = None  # a reference answer, where the dataset has one (user datasets)
+    source_id: str | None = None  # the row's id in its dataset (MMSpec's `id`), where it has one
+    # the dataset's own later questions of this conversation (FOLLOWUP_TURNS), where it has them
+    followups: tuple[str, ...] = ()
 
     @property
     def sample_id(self) -> str:
@@ -57,6 +77,11 @@ class Sample:
         _add_pixels(digest, self.images)
         return digest.hexdigest()[:16]
 
+    def has_turn(self, turn: str) -> bool:
+        """Whether this row's conversation reaches `turn`: a follow-up turn needs that many
+        questions of the dataset's own; every other turn is built for every row."""
+        return turn not in FOLLOWUP_TURNS or len(self.followups) >= turn_index(turn)
+
     def check(self) -> None:
         """Raise ValueError naming the sample when its placeholders and images disagree."""
         n = self.prompt.count(IMAGE_PLACEHOLDER)
@@ -65,6 +90,11 @@ class Sample:
                 f"sample {self.sample_id}: prompt has {n} {IMAGE_PLACEHOLDER} placeholder(s) "
                 f"but {len(self.images)} image(s)"
             )
+
+
+def turn_count(first_samples: Iterable[Sample], turn: str) -> int:
+    """How many samples `turn` has, given its dataset's first-turn samples."""
+    return sum(sample.has_turn(turn) for sample in first_samples)
 
 
 def _add_pixels(digest, images: tuple[Image.Image, ...]) -> None:

@@ -12,6 +12,10 @@ turn (format in `pipeline.data.prompts`). The new turn is, per task:
 
 A second-turn Sample keeps the first's dataset, split, row and category; its `turn` is the
 task name. When the first turn failed or has no answer, the second turn carries an error.
+
+A dataset with questions of its own (MMSpec's `turns`, kept as `Sample.followups`) continues
+with them instead (`build_followup`): ``followup`` asks its second question after the first
+turn's answer, ``followup2`` its third after the ``followup`` answer, ``followup3`` its fourth.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from typing import Callable, Mapping, Sequence
 
 from pipeline.data.prompts import PromptError, continue_conversation, user_turn
 from pipeline.data.registry import is_embedded
-from pipeline.data.sample import FIRST_TURN, Sample
+from pipeline.data.sample import FIRST_TURN, FOLLOWUP_TURNS, Sample, previous_turn, turn_index
 
 TURN_TASKS: tuple[str, ...] = ("qaorg", "captioning", "summary", "story", "nq", "gsm8k")
 
@@ -157,3 +161,37 @@ def _second_turn(
     else:
         new_turn = user_turn(FIXED_INSTRUCTIONS[task])
     return continue_conversation(first.prompt, answer, new_turn), images
+
+
+def build_followup(previous_samples: Sequence[Sample], previous_outputs: Mapping[str, str],
+                   turn: str) -> list[Sample]:
+    """Samples of the follow-up `turn` (FOLLOWUP_TURNS), each continuing a sample of the turn
+    before it with the target's answer (`previous_outputs`, by sample id) and the row's next
+    question of its own. A row with fewer questions has no sample of `turn`; a failed or
+    unanswered previous turn gives a sample whose `error` says so."""
+    if turn not in FOLLOWUP_TURNS:
+        raise ValueError(f"unknown follow-up turn {turn!r}; known: {', '.join(FOLLOWUP_TURNS)}")
+    before = previous_turn(turn)
+    if any(s.turn != before for s in previous_samples):
+        raise ValueError(f"{turn} continues {before!r} samples; got turns "
+                         f"{sorted({s.turn for s in previous_samples})}")
+    result = []
+    for previous in (s for s in previous_samples if s.has_turn(turn)):
+        sample = dataclasses.replace(previous, turn=turn, prompt="", images=(), error=None, answer=None)
+        try:
+            prompt = _followup_prompt(previous, previous_outputs, turn)
+        except PromptError as exc:
+            result.append(dataclasses.replace(sample, error=f"sample {sample.sample_id}: {exc}"))
+            continue
+        result.append(dataclasses.replace(sample, prompt=prompt, images=previous.images))
+    return result
+
+
+def _followup_prompt(previous: Sample, previous_outputs: Mapping[str, str], turn: str) -> str:
+    if previous.error:
+        raise PromptError(f"the {previous.turn} turn failed: {previous.error}")
+    answer = previous_outputs.get(previous.sample_id)
+    if answer is None:
+        raise PromptError(f"no {previous.turn}-turn output for {previous.sample_id}")
+    question = previous.followups[turn_index(turn) - 1]
+    return continue_conversation(previous.prompt, answer, user_turn(question))

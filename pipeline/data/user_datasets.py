@@ -27,6 +27,7 @@ from pipeline.names import did_you_mean
 
 FILE_KINDS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 CATEGORIES = ("benchmark", "ood")
+OUTSIDE_HINT = " (allow_outside_paths: true on the dataset entry allows it)"
 FIELDS = ("name", "path", "question", "images", "answer", "category", "split", "allow_outside_paths")
 
 
@@ -53,23 +54,28 @@ class MappedColumns:
         return user_turn(f"{IMAGE_PLACEHOLDER}\n" * len(images) + question), images
 
     def _image(self, value: Any, column: str) -> Any:
-        """A path is resolved against the data file's folder, must stay inside it (checked
-        before anything is opened: a shared file must not read the rest of the disk) and must
-        exist; anything else (an image, bytes) is decoded by the loader."""
+        """A path is read from the data file's folder (`confined_image`); anything else (an
+        image, bytes) is decoded by the loader."""
         if isinstance(value, str):
-            path = Path(value).expanduser()
-            path = path if path.is_absolute() else Path(self.image_root) / path
-            root = Path(self.image_root).resolve()
-            if not self.allow_outside_paths and not path.resolve().is_relative_to(root):
-                raise PromptError(f"column {column!r}: image path {value!r} leaves the dataset folder {root} "
-                                  "(allow_outside_paths: true on the dataset entry allows it)")
-            if not path.is_file():
-                raise PromptError(f"column {column!r}: image file {value!r} does not exist "
-                                  f"(looked in {path.parent})")
-            return str(path)
+            return confined_image(value, self.image_root, column, self.allow_outside_paths, OUTSIDE_HINT)
         if value is None:
             raise PromptError(f"column {column!r} holds no image")
         return value
+
+
+def confined_image(value: str, image_root: str | Path, column: str, allow_outside: bool = False,
+                   hint: str = "") -> str:
+    """The image file `value` names, resolved against `image_root`: it must stay inside that
+    folder (checked before anything is opened: a shared file must not read the rest of the
+    disk) and must exist; PromptError naming `column` otherwise (`hint`: how to allow it)."""
+    path = Path(value).expanduser()
+    path = path if path.is_absolute() else Path(image_root) / path
+    root = Path(image_root).resolve()
+    if not allow_outside and not path.resolve().is_relative_to(root):
+        raise PromptError(f"column {column!r}: image path {value!r} leaves the dataset folder {root}{hint}")
+    if not path.is_file():
+        raise PromptError(f"column {column!r}: image file {value!r} does not exist (looked in {path.parent})")
+    return str(path)
 
 
 def local_path(path: str, base: str | Path) -> Path:

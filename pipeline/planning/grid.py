@@ -13,7 +13,7 @@ import itertools
 import json
 from dataclasses import asdict, dataclass, replace
 from functools import cached_property, lru_cache
-from typing import Collection, Iterable
+from typing import Iterable
 
 from pipeline.data.sample import FIRST_TURN
 from pipeline.data.user_datasets import UserDataset
@@ -21,6 +21,7 @@ from pipeline.decoding.config import AR, DecodeConfig
 from pipeline.decoding.verify_kinds import Chain, VerifySpec
 from pipeline.drafting.methods import needs_captions
 from pipeline.drafting.policies import StaticPolicy, WeightPolicy
+from pipeline.planning.catalog import Catalog  # noqa: F401  (grids are validated against it)
 
 TINY_PREFIX = "tiny:"  # tiny random models built locally on each node (pipeline.models.tiny)
 
@@ -187,20 +188,6 @@ class Shard:
     @property
     def sample_ids(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(sample_id for _, sample_id in self.items))
-
-
-@dataclass(frozen=True)
-class Catalog:
-    """The dataset names and second-turn tasks a grid may use (the data registry's)."""
-
-    datasets: Collection[str]
-    turn_tasks: Collection[str]
-
-    @staticmethod
-    def from_registry() -> "Catalog":
-        from pipeline.data import DATASETS, TURN_TASKS
-
-        return Catalog(datasets=tuple(DATASETS), turn_tasks=tuple(TURN_TASKS))
 
 
 @dataclass(frozen=True)

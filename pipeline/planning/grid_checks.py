@@ -1,13 +1,17 @@
 """Checks of a grid as a whole: what no single field can rule out (a value listed twice, a
 method set no policy runs on, caption drafting without a captioner, a second turn without
-greedy first turns, ...). Run by `pipeline.planning.grid_file` before anything loads.
+greedy first turns, a follow-up turn on a dataset without its own, a dataset read only from a
+local copy that `sources` does not name, ...). Run by `pipeline.planning.grid_file` before
+anything loads.
 """
 from __future__ import annotations
 
 from typing import Iterator
 
+from pipeline.data.sample import FOLLOWUP_TURNS, previous_turn
 from pipeline.drafting.methods import METHODS, needs_captions
 from pipeline.names import did_you_mean
+from pipeline.planning.catalog import Catalog
 from pipeline.planning.grid import AR, FIRST_TURN, GridError, GridSpec, Pair
 from pipeline.planning.model_ids import model_kind
 from pipeline.planning.problems import GridProblems
@@ -27,19 +31,42 @@ def _repeats(spec: GridSpec) -> Iterator[str]:
                 yield f"{name}[{j}]: {shown!r} is already listed as {name}[{values.index(value)}]"
 
 
-def check_combinations(spec: GridSpec) -> None:
+def check_combinations(spec: GridSpec, catalog: Catalog) -> None:
     """Combinations no single field can rule out; every one found is reported."""
-    problems = list(_repeats(spec)) + list(_combinations(spec))
+    problems = list(_repeats(spec)) + list(_data(spec, catalog)) + list(_combinations(spec))
     if problems:
         raise GridError(problems[0]) if len(problems) == 1 else GridProblems(problems)
+
+
+def _data(spec: GridSpec, catalog: Catalog) -> Iterator[str]:
+    """What the datasets need: their `sources` entries, and questions of their own for follow-ups."""
+    named = dict(spec.sources)
+    copies = {catalog.source_key(dataset) for dataset in spec.datasets}
+    for name in named:
+        if name in catalog.needs_source and catalog.source_key(name) != name:
+            yield f"sources.{name}: {name!r} reads the copy named sources.{catalog.source_key(name)}"
+        elif name not in copies and not (name in QUESTION_TASKS and name in spec.turns):
+            yield f"sources.{name}: not a dataset or question task ({', '.join(QUESTION_TASKS)}) of this grid"
+    missing: dict[str, list[str]] = {}
+    for dataset in spec.datasets:
+        if dataset in catalog.needs_source and catalog.source_key(dataset) not in named:
+            missing.setdefault(catalog.source_key(dataset), []).append(dataset)
+    for entry, names in missing.items():
+        yield (f"datasets {names} are on no hub this pipeline can load: add their local copy to the grid, "
+               f"sources: {{{entry}: /path/to/copy}}")
+    followups = [turn for turn in spec.turns if turn in FOLLOWUP_TURNS]
+    for i, dataset in enumerate(spec.datasets if followups else ()):
+        if dataset not in catalog.followup_datasets:
+            yield (f"datasets[{i}] {dataset!r} has no follow-up questions of its own for turns {followups} "
+                   f"(datasets with them: {', '.join(catalog.followup_datasets) or 'none'})")
+    for turn in followups:
+        if previous_turn(turn) not in spec.turns:
+            yield f"turns: {turn!r} continues the {previous_turn(turn)!r} turn; add it to turns"
 
 
 def _combinations(spec: GridSpec) -> Iterator[str]:
     if spec.live_samples and spec.mode != "auto":
         yield f"live_samples: {spec.live_samples} only applies to mode 'auto' (mode is {spec.mode!r})"
-    for name, _ in spec.sources:
-        if name not in spec.datasets and not (name in QUESTION_TASKS and name in spec.turns):
-            yield f"sources.{name}: not a dataset or question task ({', '.join(QUESTION_TASKS)}) of this grid"
     for i, methods in enumerate(spec.methods):
         if not any(policy.applies_to(methods) for policy in spec.policies):
             yield (f"methods[{i}] {methods!r}: no policy runs on it "

@@ -17,8 +17,9 @@ from pipeline.drafting.policies import DISTANCES, POLICIES, WeightPolicy
 from pipeline.models.dtypes import DTYPES
 from pipeline.names import did_you_mean
 from pipeline.planning.grid import (
-    AR, ENGINE_CHOICES, FIRST_TURN, Catalog, GridError, GridSpec, PolicyEntry, Pair,
+    AR, ENGINE_CHOICES, FIRST_TURN, GridError, GridSpec, PolicyEntry, Pair,
 )
+from pipeline.planning.catalog import Catalog
 from pipeline.planning.grid_checks import AXES, check_combinations
 from pipeline.planning.grid_values import boolean, choice, integer, listed, number
 from pipeline.planning.grid_yaml import read_grid_yaml
@@ -118,7 +119,7 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None, base: Path |
     )
     problems.raise_all()
     spec = GridSpec(**fields)
-    check_combinations(spec)
+    check_combinations(spec, catalog)
     return spec
 
 
@@ -152,7 +153,7 @@ def _turns(value: Any, catalog: Catalog) -> tuple[str, ...]:
         if name != FIRST_TURN and name not in catalog.turn_tasks:
             raise GridError(f"turns[{i}]: unknown turn {name!r}"
                             f"{did_you_mean(name, [FIRST_TURN, *catalog.turn_tasks])}; "
-                            f"use {FIRST_TURN!r} or a second-turn task of {sorted(catalog.turn_tasks)}")
+                            f"use {FIRST_TURN!r} or a later-turn task of {sorted(catalog.turn_tasks)}")
         return name
 
     problems = Problems()

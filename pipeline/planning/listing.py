@@ -2,12 +2,17 @@
 built-in and the grid's own, one line each. Nothing heavy is imported: no torch, no models."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pipeline.decoding.verify_kinds import VERIFY_KINDS
 from pipeline.drafting.methods import METHODS
 from pipeline.drafting.policies import POLICIES
 from pipeline.models.families import FAMILIES, RECURRENT_TYPES, TEXT_ONLY
 from pipeline.planning.grid import GridSpec
 from pipeline.planning.model_ids import TINY_MODELS
+
+if TYPE_CHECKING:
+    from pipeline.data.registry import DatasetSpec
 
 KINDS = ("datasets", "methods", "policies", "verify", "families")
 
@@ -17,13 +22,19 @@ def _first_sentence(text: str | None) -> str:
     return words.split(". ")[0].rstrip(".") + "." if words else ""
 
 
+def _origin(spec: DatasetSpec) -> str:
+    """Where a registered dataset's rows come from, and whether they bring follow-up turns."""
+    origin = spec.hub_id or f"local copy only (sources.{spec.source_key})"
+    origin = "ships with the project" if spec.embedded else origin
+    return origin + ("; its own follow-up turns" if spec.own_turns else "")
+
+
 def listing(kind: str, spec: GridSpec | None = None) -> list[str]:
     """One line per entry of `kind`; entries the grid file `spec` brought are marked `(grid)`."""
     if kind == "datasets":
         from pipeline.data.registry import DATASETS
 
-        lines = [f"{s.name:<18} {s.category:<9} {s.title}: "
-                 f"{'ships with the project' if s.embedded else s.hub_id}" for s in DATASETS.values()]
+        lines = [f"{s.name:<18} {s.category:<9} {s.title}: {_origin(s)}" for s in DATASETS.values()]
         own = spec.user_datasets if spec else ()
         return lines + [f"{u.name:<18} {u.category:<9} (grid) {u.path}, question column {u.question!r}"
                         for u in own]

@@ -18,7 +18,8 @@ from typing import Any
 from pipeline.data.user_datasets import UserDataset, parse_user_dataset
 from pipeline.drafting.methods import DraftingMethod
 from pipeline.names import did_you_mean
-from pipeline.planning.grid import Catalog, GridError
+from pipeline.planning.catalog import Catalog
+from pipeline.planning.grid import GridError
 from pipeline.planning.problems import Problems
 from pipeline.registry import IMPORT_PATH_HINT
 

@@ -13,6 +13,7 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from pipeline.data.sample import turn_count
 from pipeline.planning.grid import GridError, GridSpec
 from pipeline.planning.model_ids import check_hub_id_resolves, readable_config
 from pipeline.planning.problems import Problems
@@ -52,7 +53,8 @@ def check_output_dir(out: str | Path, rows: int = 0) -> None:
 
 def expected_rows(spec: GridSpec, source: SampleSource) -> int:
     """The rows a run of `spec` writes: a row per sample of every work unit."""
-    return sum(len(source.first_turn(unit.dataset, spec.limit)) for unit in spec.units())
+    return sum(turn_count(source.first_turn(unit.dataset, spec.limit), unit.turn)
+               for unit in spec.units())
 
 
 def _mib(size: int) -> str:

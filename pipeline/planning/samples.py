@@ -1,17 +1,18 @@
-"""The samples a grid run decodes: first turns from a sample source, second turns built from
-the target's own greedy first-turn answers. No Ray and no storage here: where the answers
-are read from is the caller's (`actors.runner` reads the results directory).
+"""The samples a grid run decodes: first turns from a sample source, each later turn built from
+the target's own greedy answers to the turn before it (`previous_turn`: the first turn, or the
+previous follow-up). No Ray and no storage here: where the answers are read from is the
+caller's (`actors.runner` reads the results directory).
 """
 from __future__ import annotations
 
 from typing import Callable, Iterable, Protocol
 
-from pipeline.data.sample import Sample
+from pipeline.data.sample import FOLLOWUP_TURNS, Sample, previous_turn, turn_count
 from pipeline.data.user_datasets import UserDataset
 from pipeline.planning.grid import FIRST_TURN, GridSpec, ModelGroup, Pair, WorkUnit
 
-# (pair, dataset, max_new_tokens) -> the target's greedy first-turn answer per first-turn sample id
-AnswerReader = Callable[[Pair, str, int], dict[str, str]]
+# (pair, dataset, turn, max_new_tokens) -> the target's greedy answer per sample id of that turn
+AnswerReader = Callable[[Pair, str, str, int], dict[str, str]]
 
 
 class SampleSource(Protocol):
@@ -19,14 +20,16 @@ class SampleSource(Protocol):
 
     def first_turn(self, dataset: str, limit: int | None) -> list[Sample]: ...
 
-    def second_turn(self, first_samples: list[Sample], first_outputs: dict[str, str],
-                    task: str) -> list[Sample]: ...
+    def second_turn(self, previous_samples: list[Sample], previous_outputs: dict[str, str],
+                    task: str) -> list[Sample]:
+        """Samples of turn `task` continuing `previous_samples` (its `previous_turn`'s) with the
+        target's answers to them."""
 
 
 class RegistrySource:
     """Samples from `pipeline.data.registry`, loaded once per dataset, from the local copies
-    in `sources` (dataset or question-task name -> path) where given, else the hub; and from
-    the grid's own files (`user_datasets`)."""
+    in `sources` (a dataset's `source_key` or a question-task name -> path) where given, else
+    the hub; and from the grid's own files (`user_datasets`)."""
 
     def __init__(self, sources: dict[str, str] | None = None, user_datasets: Iterable[UserDataset] = (),
                  max_image_pixels: int | None = None) -> None:
@@ -41,57 +44,62 @@ class RegistrySource:
 
     def first_turn(self, dataset: str, limit: int | None) -> list[Sample]:
         from pipeline.data import load_samples  # the data stack loads only when a run needs samples
-        from pipeline.data.registry import user_dataset_spec
+        from pipeline.data.registry import source_key, user_dataset_spec
 
         if (dataset, limit) not in self._cache:
             user = self.user_datasets.get(dataset)
             named = user_dataset_spec(user) if user else dataset
             budget = {} if self.max_image_pixels is None else {"max_image_pixels": self.max_image_pixels}
             self._cache[(dataset, limit)] = load_samples(
-                named, limit=limit, source=self.sources.get(dataset), **budget)
+                named, limit=limit, source=self.sources.get(source_key(dataset)), **budget)
         return self._cache[(dataset, limit)]
 
-    def second_turn(self, first_samples: list[Sample], first_outputs: dict[str, str],
+    def second_turn(self, previous_samples: list[Sample], previous_outputs: dict[str, str],
                     task: str) -> list[Sample]:
-        from pipeline.data import build_second_turn
+        from pipeline.data import build_followup, build_second_turn
 
-        return build_second_turn(first_samples, first_outputs, task, source=self.sources.get(task))
+        if task in FOLLOWUP_TURNS:
+            return build_followup(previous_samples, previous_outputs, task)
+        return build_second_turn(previous_samples, previous_outputs, task, source=self.sources.get(task))
 
 
 class RunSamples:
     """Every sample of one run, per work unit, and by (pair, sample id) for the actors.
 
-    A second-turn prompt holds the target's own first-turn answer, so the same second-turn
-    sample id means a different prompt per target and dtype; second turns are built once per
-    (target, dtype, dataset, task, max_new_tokens), after the first turn has run.
+    A later turn's prompt holds the target's own answer to the turn before, so the same
+    sample id means a different prompt per target and dtype; later turns are built once per
+    (target, dtype, dataset, turn, max_new_tokens), after the turn before has run.
     """
 
     def __init__(self, spec: GridSpec, source: SampleSource, answers: AnswerReader) -> None:
         self.spec, self.source, self.answers = spec, source, answers
         self._by_pair: dict[tuple[str, str, str], Sample] = {}
-        self._second_turns: dict[tuple, list[Sample]] = {}
+        self._later_turns: dict[tuple, list[Sample]] = {}
 
     def for_unit(self, unit: WorkUnit) -> list[Sample]:
-        first = self.source.first_turn(unit.dataset, self.spec.limit)
-        samples = first if unit.turn == FIRST_TURN else self._second_turn(unit, first)
         pair = unit.config.pair
+        samples = self._turn(pair, unit.dataset, unit.turn, unit.config.decode.max_new_tokens)
         for sample in samples:
             self._by_pair.setdefault((pair.target, pair.dtype, sample.sample_id), sample)
         return samples
 
-    def first_turn_count(self, dataset: str) -> int:
-        """Samples per unit of `dataset`, first turn or second (one second turn per first)."""
-        return len(self.source.first_turn(dataset, self.spec.limit))
+    def count(self, dataset: str, turn: str) -> int:
+        """Samples per unit of `dataset` and `turn`: one per first turn, except for the rows
+        a follow-up turn does not reach."""
+        return turn_count(self.source.first_turn(dataset, self.spec.limit), turn)
 
     def get(self, models: Pair | ModelGroup, sample_id: str) -> Sample:
         """A sample `for_unit` returned for a unit of this pair, or of a pair of this group
         (samples depend on the target and dtype only)."""
         return self._by_pair[(models.target, models.dtype, sample_id)]
 
-    def _second_turn(self, unit: WorkUnit, first: list[Sample]) -> list[Sample]:
-        pair, max_new_tokens = unit.config.pair, unit.config.decode.max_new_tokens
-        key = (pair.target, pair.dtype, unit.dataset, unit.turn, max_new_tokens)
-        if key not in self._second_turns:
-            answers = self.answers(pair, unit.dataset, max_new_tokens)
-            self._second_turns[key] = self.source.second_turn(first, answers, unit.turn)
-        return self._second_turns[key]
+    def _turn(self, pair: Pair, dataset: str, turn: str, max_new_tokens: int) -> list[Sample]:
+        if turn == FIRST_TURN:
+            return self.source.first_turn(dataset, self.spec.limit)
+        key = (pair.target, pair.dtype, dataset, turn, max_new_tokens)
+        if key not in self._later_turns:
+            before = previous_turn(turn)
+            previous = self._turn(pair, dataset, before, max_new_tokens)
+            answers = self.answers(pair, dataset, before, max_new_tokens)
+            self._later_turns[key] = self.source.second_turn(previous, answers, turn)
+        return self._later_turns[key]

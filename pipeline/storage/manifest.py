@@ -66,11 +66,11 @@ def config_label(config: RunConfig) -> str:
     return f"{config.pair.label} {config.decode.method_label}{tree}{knobs}"
 
 
-def grid_record(spec: GridSpec, samples_of: Callable[[str], int]) -> GridRecord:
-    """What `spec` asks for; `samples_of(dataset)`: its first-turn samples (one second turn each)."""
+def grid_record(spec: GridSpec, samples_of: Callable[[str, str], int]) -> GridRecord:
+    """What `spec` asks for; `samples_of(dataset, turn)`: the samples of that turn."""
     units = tuple(
         Unit(unit.config.key(), config_label(unit.config), unit.config.pair.target, unit.config.pair.draft,
-             unit.config.pair.dtype, unit.turn, unit.dataset, samples_of(unit.dataset))
+             unit.config.pair.dtype, unit.turn, unit.dataset, samples_of(unit.dataset, unit.turn))
         for unit in spec.units()
     )
     identity = sorted((u.config_key, u.dataset, u.turn, u.rows) for u in units)

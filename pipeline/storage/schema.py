@@ -114,6 +114,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("turn", pa.string(), _sample("turn")),
     Column("category", pa.string(), _sample("category")),
     Column("answer", pa.string(), _sample("answer")),  # the dataset's reference answer, where it has one
+    Column("source_id", pa.string(), _sample("source_id")),  # the row's id in its dataset (MMSpec's `id`)
     Column("methods", pa.string(), _decode("methods")),  # letters of MTCP, or AR
     Column("method_label", pa.string(), _decode("method_label")),  # paper notation: MT, MT*, MTCP* ...
     # static | grid(<measure>) | inverse(T=<t>)

@@ -202,10 +202,11 @@ def read_results(out: str | Path, run: str | None = None) -> pd.DataFrame:
     return read_table(out, run).to_pandas(integer_object_nulls=True)
 
 
-def first_turn_answers(
-    out: str | Path, run: str, *, target: str, dtype: str, dataset: str, max_new_tokens: int
+def turn_answers(
+    out: str | Path, run: str, *, target: str, dtype: str, dataset: str, turn: str, max_new_tokens: int
 ) -> dict[str, str]:
-    """The target's greedy first-turn answer per first-turn sample id, from this run's rows.
+    """The target's greedy answer per sample id of `turn` (the turn a later one continues),
+    from this run's rows.
 
     Greedy SD is lossless, so every greedy row of the target (any draft or method) holds the
     same answer; rows with an error are skipped.
@@ -214,7 +215,7 @@ def first_turn_answers(
                                           "max_new_tokens", "error", "sample_id", "output_text"])
     mask = pc.and_(
         pc.and_(pc.equal(table["target"], target), pc.equal(table["dtype"], dtype)),
-        pc.and_(pc.equal(table["dataset"], dataset), pc.equal(table["turn"], "first")),
+        pc.and_(pc.equal(table["dataset"], dataset), pc.equal(table["turn"], turn)),
     )
     mask = pc.and_(mask, pc.and_(pc.equal(table["temperature"], 0.0),
                                  pc.equal(table["max_new_tokens"], max_new_tokens)))

@@ -61,6 +61,11 @@ class Progress:
         print(f"[{self.label}] {self.done}/{self.shards} shards, {self.rows}/{self.rows_total} rows, "
               f"{self.rate:.2f} decodes/s, ETA {self.eta()}", file=self.stream, flush=True)
 
+    def split(self, more_shards: int) -> None:
+        """A planned shard now runs as `more_shards` + 1 (its samples set apart after a worker
+        died): the same rows and decodes, in more shards."""
+        self.shards += more_shards
+
     def eta(self) -> str:
         """Decodes left over the smoothed rate, as H:MM:SS."""
         left = self.cost_total - self.cost

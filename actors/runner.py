@@ -145,5 +145,7 @@ class GridRunner:
         for path in paths if self.on_shard_written else ():
             self.on_shard_written(path, self)
 
-    def _count_redispatch(self) -> None:
+    def _count_redispatch(self, more_shards: int) -> None:
+        """A shard queued again, split into `more_shards` + 1 (a dead worker's: `actors.worker_pool`)."""
         self.report.redispatched += 1
+        self._progress.split(more_shards)

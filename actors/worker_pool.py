@@ -3,13 +3,19 @@ ones, retry failed shards, and hand each finished table back to the run (`actors
 
 On CPU workers, shards with timed samples run first, on workers taking a whole node's CPUs as
 threads, so no walltime shares its cores with another decode (a GPU worker owns its device).
+
+A sample that kills its worker process (an OOM kill, a segfault in a kernel) is isolated rather
+than retried until the run gives up: the shards a dead worker held become suspects, split in
+halves by sample, and run alone on a worker, one at a time, without Ray's retries; a suspect of
+one sample whose worker dies again is that sample's fault, and its rows are written as failed
+rows naming the cause, while the rest of the run goes on.
 """
 from __future__ import annotations
 
 import sys
 import time
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, TextIO
 
 import pyarrow as pa
@@ -18,7 +24,10 @@ import ray
 from actors.ray_info import cpu_slots, fitting_nodes, last_error_line, node_cpus
 from actors.target_worker import remote_worker
 from pipeline.data.sample import Sample
+from pipeline.decoding.records import SampleRecord
 from pipeline.planning.grid import GridSpec, ModelGroup, Shard
+from pipeline.storage.schema import make_row
+from pipeline.storage.store import rows_to_table
 
 IN_FLIGHT_PER_WORKER = 2  # one running, one queued behind it, so a worker never waits on the driver
 POLL_S = 10.0  # how often a waiting driver checks that the cluster can still run its workers
@@ -57,11 +66,11 @@ class WorkerOptions:
 class WorkerPool:
     """Runs shards on Ray actors, one model group per actor. `samples(group, sample_id)` gives
     the samples a shard needs; `finished(shard, table)` takes each table as it arrives;
-    `redispatched()` counts a retried shard."""
+    `redispatched(more)` counts a retried shard, `more` the shards it was split into beyond one."""
 
     def __init__(
         self, options: WorkerOptions, samples: Callable[[ModelGroup, str], Sample],
-        finished: Callable[[Shard, pa.Table], None], redispatched: Callable[[], None], *,
+        finished: Callable[[Shard, pa.Table], None], redispatched: Callable[[int], None], *,
         max_attempts: int = 3, poll_s: float = POLL_S, placement_timeout_s: float = PLACEMENT_TIMEOUT_S,
         stream: TextIO = sys.stdout,
     ) -> None:
@@ -71,6 +80,7 @@ class WorkerPool:
         self.stream = stream
         self.workers: list[Worker] = []
         self._attempts: dict[str, int] = defaultdict(int)
+        self._suspects: set[str] = set()  # shards a dead worker held: run alone, split on death
         self._cpus = options.cpus_per_worker  # of the workers running now
 
     def run(self, shards: list[Shard]) -> None:
@@ -142,9 +152,14 @@ class WorkerPool:
             return
         queue = self._pending[worker.group]
         while queue and len(worker.in_flight) < IN_FLIGHT_PER_WORKER:
+            suspect = queue[0].shard_id in self._suspects
+            running = {s.shard_id for s in worker.in_flight.values()}
+            if running and (suspect or running & self._suspects):
+                return  # a suspect runs alone, so that a death is its own
             shard = queue.popleft()
             samples = {sid: self.samples(shard.group, sid) for sid in shard.sample_ids}
-            worker.in_flight[worker.handle.run_shard.remote(shard, samples)] = shard
+            call = worker.handle.run_shard.options(max_task_retries=0) if suspect else worker.handle.run_shard
+            worker.in_flight[call.remote(shard, samples)] = shard
 
     def _neediest_group(self) -> ModelGroup | None:
         live = defaultdict(int)
@@ -196,17 +211,39 @@ class WorkerPool:
         return RunFailed(f"the worker for {worker.group.label} could not start: {last_error_line(err)}")
 
     def _redispatch(self, worker: Worker, shard: Shard, err: Exception) -> None:
-        """The actor is gone for good (Ray's restarts used up): replace it, queue its shards again."""
+        """The actor is gone for good (Ray's restarts used up, or a suspect's one life): replace
+        it and queue its shards again as suspects, halved; a suspect of one sample that ran alone
+        and died is written as that sample's failed rows."""
         lost = [shard, *worker.in_flight.values()]
         worker.in_flight.clear()
         if worker in self.workers:
             self.workers.remove(worker)
             ray.kill(worker.handle)
         print(f"worker for {worker.group.label} died ({type(err).__name__}); "
-              f"re-dispatching {len(lost)} shard(s)",
+              f"re-dispatching {len(lost)} shard(s) as suspects",
               file=self.stream, flush=True)
         for item in lost:
-            self._retry(item, err)
+            if item.shard_id in self._suspects and len(item.sample_ids) == 1:
+                print(f"sample {item.sample_ids[0]} ({item.group.label}) killed its worker each time; "
+                      "its rows are written as failed", file=self.stream, flush=True)
+                self.finished(item, self._failed_rows(item, err))
+                continue
+            halves = split_shard(item)
+            self._suspects.update(half.shard_id for half in halves)
+            for half in reversed(halves):
+                self._pending[item.group].appendleft(half)
+            self.redispatched(len(halves) - 1)
+
+    def _failed_rows(self, shard: Shard, err: Exception) -> pa.Table:
+        cause = f"the worker process died whenever it decoded this sample ({last_error_line(err)[:300]})"
+        sample = self.samples(shard.group, shard.sample_ids[0])
+
+        def record(config) -> SampleRecord:
+            mode = "ar" if config.decode.is_ar else "replay" if shard.mode == "replay" else "live"
+            return SampleRecord(sample_id=sample.sample_id, mode=mode, error=cause, error_category="model")
+
+        return rows_to_table([make_row(shard.run, shard.shard_id, config, sample, record(config),
+                                       sample.sample_id in shard.timed) for config, _ in shard.items])
 
     def _retry(self, shard: Shard, err: Exception) -> None:
         self._attempts[shard.shard_id] += 1
@@ -216,7 +253,7 @@ class WorkerPool:
                 f"{self._attempts[shard.shard_id]} times; last error: {last_error_line(err)}"
             ) from None
         self._pending[shard.group].appendleft(shard)
-        self.redispatched()
+        self.redispatched(0)
 
     def _check_cluster(self) -> None:
         """While nothing finishes: end the run if no live node can host a worker (the last
@@ -230,3 +267,15 @@ class WorkerPool:
             if worker.placed is not None and waited > self.placement_timeout_s:
                 raise RunFailed(f"the worker for {worker.group.label} was not placed on any node "
                                 f"in {waited:.0f} s")
+
+
+def split_shard(shard: Shard) -> list[Shard]:
+    """`shard` as two shards of half its samples each (one sample: itself), every sample's
+    configurations kept together; their ids differ from the whole's, so nothing is written twice."""
+    samples = shard.sample_ids
+    if len(samples) == 1:
+        return [shard]
+    halves = (set(samples[: len(samples) // 2]), set(samples[len(samples) // 2:]))
+    return [replace(shard, items=tuple(item for item in shard.items if item[1] in half),
+                    prompt_hashes=tuple(pair for pair in shard.prompt_hashes if pair[0] in half),
+                    timed=tuple(sid for sid in shard.timed if sid in half)) for half in halves]

@@ -429,3 +429,32 @@ def test_timed_shards_run_first_on_cpu_workers_that_hold_the_whole_node(ray_loca
     assert all(devices == ["cpu (threads: 1)"] * 2 for _, timed, devices in written if not timed)
     df = results(tmp_path)
     assert set(df["mode"][df.timed]) == {"live", "ar"} and df.error[df.timed].isna().any()
+
+
+class KillsItsWorker(str):
+    """A sample's reference answer standing in for a sample that crashes the process decoding it
+    (an OOM kill, a segfault in a kernel): unpickling it in the worker ends that process at once."""
+
+    def __reduce__(self):
+        return os._exit, (1,)
+
+
+class PoisonSource(ToySource):
+    def first_turn(self, dataset, limit):
+        samples = super().first_turn(dataset, limit)
+        return [replace(s, answer=KillsItsWorker("a dog")) if s.row == 1 else s for s in samples]
+
+
+def test_a_sample_that_kills_its_worker_becomes_failed_rows(ray_local, tiny_dirs, full_run, tmp_path):
+    grid = replace(spec(tiny_dirs), turns=("first",))
+    runner = GridRunner(grid, tmp_path, source=PoisonSource(), workers=1, stream=io.StringIO())
+    report = runner.run()  # was: the shard failed 3 times (9 worker deaths) and the run ended
+    rows = results(tmp_path)
+    poisoned = rows[rows["sample_id"] == "toy/test/1/first"]
+    assert len(poisoned) and poisoned["error"].str.contains("worker process died").all()
+    assert (poisoned["error_category"] == "model").all() and report.redispatched >= 1
+    healthy = rows[rows["sample_id"] != "toy/test/1/first"]
+    reference = results(full_run[0])
+    reference = reference[(reference["turn"] == "first") & (reference["sample_id"] != "toy/test/1/first")]
+    pd.testing.assert_frame_equal(comparable(healthy).reset_index(drop=True),
+                                  comparable(reference).reset_index(drop=True))  # nothing lost or doubled

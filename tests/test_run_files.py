@@ -48,3 +48,18 @@ def test_concurrent_calibration_writers_each_replace_the_file_whole(tmp_path):
     assert calibration_path(tmp_path, "t", "d", "fp32").is_file()
     folder = calibration_path(tmp_path, "t", "d", "fp32").parent
     assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+def test_an_empty_or_cut_manifest_is_set_aside_and_rewritten(tmp_path, caplog):
+    from pipeline.storage.manifest import GridRecord, manifest_path, record_grid, run_grids
+
+    path = manifest_path(tmp_path, "r")
+    path.parent.mkdir(parents=True)
+    for leftover in ("", '{"grids": [{"name": "g", "dig'):
+        path.write_text(leftover)
+        with caplog.at_level(logging.WARNING):
+            assert run_grids(tmp_path, "r") == []  # was a JSONDecodeError ending summarize and the rerun
+        assert path.name in caplog.text and not path.exists()
+        grids = record_grid(tmp_path, "r", GridRecord("g", "abc", "now"))  # the rerun records its grid
+        assert [g.name for g in grids] == ["g"] and run_grids(tmp_path, "r") == grids
+    assert len(list(path.parent.glob(f"{path.name}.unreadable-*"))) == 2  # both kept for a look

@@ -43,10 +43,12 @@ def fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def set_aside(path: Path, why: str, then: str) -> Path:
+def set_aside(path: Path, err: Exception, then: str) -> Path:
     """Rename an unreadable run file to `<name>.unreadable-<time>` beside it (kept for a look,
-    never read again), warning with its name, the reason and what happens instead (`then`)."""
-    aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
+    never read again), warning with its name, why it could not be read (`err`) and what
+    happens instead (`then`)."""
+    aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}")
     os.replace(path, aside)
+    why = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:160]}"
     log.warning("%s is unreadable (%s); moved to %s; %s", path, why, aside.name, then)
     return aside

@@ -42,8 +42,7 @@ def read_calibrations(out: str | Path) -> Calibrations:
         try:
             calibrations += [Calibration.from_row(row) for row in pd.read_parquet(path).to_dict("records")]
         except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as err:
-            set_aside(path, f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:160]}",
-                      "its pair is calibrated again by the next run that calibrates")
+            set_aside(path, err, "its pair is calibrated again by the next run that calibrates")
     return Calibrations(calibrations)
 
 

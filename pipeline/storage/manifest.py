@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -19,6 +18,7 @@ from typing import Callable
 from urllib.parse import quote
 
 from pipeline.planning.grid import GridSpec, RunConfig
+from pipeline.storage.atomic import set_aside, write_atomically
 
 GROUP = ("target", "draft", "dtype", "turn")  # completeness is reported per pair, dtype and turn
 SHOWN = 4  # configurations named in the extension line; the rest are counted
@@ -88,26 +88,31 @@ def read_manifest(out: str | Path, run: str) -> dict | None:
 
 
 def write_manifest(out: str | Path, run: str, manifest: dict) -> None:
-    """Replace the manifest atomically (a temporary file, then a rename)."""
+    """Replace the manifest whole, as shards are written (`pipeline.storage.atomic`)."""
     path = manifest_path(out, run)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, path)
+    write_atomically(path, lambda sink: sink.write(json.dumps(manifest, indent=1).encode()))
 
 
 def run_grids(out: str | Path, run: str) -> list[GridRecord]:
     """The grids written into a run, oldest first; a manifest from before grids were kept
-    (one `grid` and its per-pair `expected` counts) reads as one record without units."""
-    manifest = read_manifest(out, run)
-    if manifest is None:
+    (one `grid` and its per-pair `expected` counts) reads as one record without units. A
+    manifest that cannot be read (empty, cut short, not the shape written) is set aside and
+    read as none: the run's rows stay, its report counts the grids recorded from then on."""
+    try:
+        manifest = read_manifest(out, run)
+        if manifest is None:
+            return []
+        if "grids" not in manifest:
+            counts = tuple((e["target"], e["draft"], e["dtype"], e["turn"], int(e["rows"]))
+                           for e in manifest.get("expected", []))
+            return [GridRecord(str(manifest.get("grid", run)), "", "", counts=counts)]
+        return [GridRecord(g["name"], g["digest"], g["written_at"], tuple(Unit(**u) for u in g["units"]),
+                           tuple(tuple(c) for c in g.get("counts", []))) for g in manifest["grids"]]
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        set_aside(manifest_path(out, run), err,
+                  "the grids recorded before it are forgotten; completeness counts the grids run from now on")
         return []
-    if "grids" not in manifest:
-        counts = tuple((e["target"], e["draft"], e["dtype"], e["turn"], int(e["rows"]))
-                       for e in manifest.get("expected", []))
-        return [GridRecord(str(manifest.get("grid", run)), "", "", counts=counts)]
-    return [GridRecord(g["name"], g["digest"], g["written_at"], tuple(Unit(**u) for u in g["units"]),
-                       tuple(tuple(c) for c in g.get("counts", []))) for g in manifest["grids"]]
 
 
 def record_grid(out: str | Path, run: str, record: GridRecord) -> list[GridRecord]:

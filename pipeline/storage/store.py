@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from pipeline.storage.atomic import write_atomically
 from pipeline.storage.schema import FILE_SCHEMA, PARTITIONS, SCHEMA
 
 HIVE = ds.partitioning(pa.schema([(name, pa.string()) for name in PARTITIONS]), flavor="hive")
@@ -84,33 +85,9 @@ def write_shards(out: str | Path, table: pa.Table) -> list[Path]:
 
 
 def _write_atomically(table: pa.Table, path: Path) -> None:
-    """Temporary file, fsync, rename, fsync of the folder: a crash leaves the old file or the
-    new one, never a complete-looking name over a partial file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as sink:
-            pq.write_table(table.select(FILE_SCHEMA.names).cast(FILE_SCHEMA), sink)
-            sink.flush()
-            os.fsync(sink.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk or an interrupt leaves no stray temporary file
-        raise
-    fsync_folder(path.parent)
-
-
-def fsync_folder(folder: Path) -> None:
-    """Make a rename in `folder` durable (a no-op where folders cannot be opened)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some file systems refuse fsync on a folder; the rename itself is still atomic
-    finally:
-        os.close(fd)
+    """A shard file that is never seen half-written (`pipeline.storage.atomic`)."""
+    cast = table.select(FILE_SCHEMA.names).cast(FILE_SCHEMA)
+    write_atomically(path, lambda sink: pq.write_table(cast, sink))
 
 
 def shard_files(out: str | Path, run: str | None = None) -> list[Path]:

@@ -15,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.reports.summary import write_summary  # noqa: E402
+from pipeline.storage.atomic import UNWRITABLE  # noqa: E402
 from pipeline.storage.store import read_results, report_dir, unreadable_files  # noqa: E402
 
 
@@ -31,8 +32,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no results under {args.out}", file=sys.stderr)
         return 1
     for run, rows in df.groupby("run", sort=False, observed=True):
-        print(write_summary(args.out, str(run), rows))
-        print(f"reports written to {report_dir(args.out, str(run)).resolve()}")
+        folder = report_dir(args.out, str(run)).resolve()
+        try:
+            text = write_summary(args.out, str(run), rows)
+        except OSError as err:
+            if err.errno not in UNWRITABLE:
+                raise
+            print(f"cannot write the report of run {run} to {folder}: {UNWRITABLE[err.errno]} "
+                  f"({err.filename or folder}); once it can be written, run this again (the previous "
+                  "report, if any, is kept as it was)", file=sys.stderr)
+            return 1
+        print(text)
+        print(f"reports written to {folder}")
     return 0
 
 

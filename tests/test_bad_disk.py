@@ -166,3 +166,19 @@ def test_the_lock_works_where_files_cannot_be_hard_linked(tmp_path, monkeypatch)
     with run_lock(tmp_path, "r") as held:
         assert json.loads(held.read_text())["pid"] == os.getpid()
     assert not list(run_dir(tmp_path, "r").iterdir())
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
+def test_summarize_on_a_full_or_read_only_disk_says_so_in_one_line(tmp_path, monkeypatch, capsys, code):
+    import jobs.summarize as summarize_job
+    import pipeline.reports.summary as summary
+
+    write_shard(tmp_path, rows_to_table(rows_for(RunConfig(PAIR, DecodeConfig("M")), [sample(0)], "s1")))
+
+    def unwritable(*args, **kwargs):
+        raise OSError(code, os.strerror(code), str(tmp_path / "_report-r" / "table1.tex"))
+
+    monkeypatch.setattr(summary, "paper_tables", unwritable)
+    assert summarize_job.main([str(tmp_path)]) == 1  # was a 52-line (ENOSPC) or 12-line (EROFS) traceback
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "cannot write the report of run r" in lines[0] and "run this again" in lines[0]

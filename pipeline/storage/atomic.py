@@ -1,17 +1,23 @@
-"""Files a run keeps besides its shards (manifests, calibrations) written the way shards are:
+"""Every file a run writes (shards, manifests, calibrations) written the same way:
 a temporary file of a name no other writer uses, fsynced, renamed over the old one, the folder
 fsynced, so a crash or a full disk leaves the old file or the new one, and two writers at once
 each replace the file whole instead of failing on one shared temporary name."""
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import time
-import logging
 import uuid
 from pathlib import Path
 from typing import BinaryIO, Callable
 
 log = logging.getLogger(__name__)
+
+# OSErrors that mean the disk will not take what a job writes, not that the job is wrong: the job
+# says so in one line with what to do, instead of a traceback
+UNWRITABLE = {errno.ENOSPC: "no space left on the disk", errno.EDQUOT: "the disk quota is used up",
+              errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied"}
 
 
 def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:

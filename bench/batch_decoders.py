@@ -92,7 +92,8 @@ class Decoders:
         """transformers' batched greedy `generate` on the same prompt embeddings our rows
         prefill, left-padded with an attention mask; each request cut after its first EOS."""
         target = self.target
-        embeds = [method_embeddings(target, "M", target.tokenize_prompt(s.prompt), s.images) for s in samples]
+        embeds = [method_embeddings(target, "M", target.tokenize_prompt(s.prompt), s.pixels())
+                  for s in samples]
         batch, padding = left_padded(embeds)
         out = target.model.generate(inputs_embeds=batch, attention_mask=padding.long(),
                                     max_new_tokens=self.max_new_tokens, do_sample=False,

@@ -187,7 +187,7 @@ def draft_agreement(draft: HFLlava, sample: Sample, output: list[int]) -> int:
 
 
 def hf_generate(target: HFLlava, sample: Sample, max_new_tokens: int, **extra) -> list[int]:
-    inputs = target.processor(images=list(sample.images), text=[sample.prompt],
+    inputs = target.processor(images=list(sample.pixels()), text=[sample.prompt],
                               return_tensors="pt").to(target.device)
     inputs["pixel_values"] = inputs["pixel_values"].to(target.dtype)
     out = target.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, **extra)

@@ -46,7 +46,7 @@ def timed(fn) -> tuple[float, object]:
 
 
 def hf_generate(target, draft, sample: Sample, max_new: int, gamma: int | None) -> list[int]:
-    inputs = target.processor(images=list(sample.images), text=[sample.prompt],
+    inputs = target.processor(images=list(sample.pixels()), text=[sample.prompt],
                               return_tensors="pt").to(target.device)
     extra = {}
     if gamma is not None:

@@ -37,7 +37,7 @@ def test_embedded_dataset_loads_offline_with_images(name, n_images):
         assert len(sample.images) == n_images
         sample.check()
         assert sample.prompt.startswith("USER: ") and sample.prompt.endswith(" ASSISTANT:")
-        assert all(image.size == (64, 64) and image.mode == "RGB" for image in sample.images)
+        assert all(image.size == (64, 64) and image.mode == "RGB" for image in sample.pixels())
     assert len({s.prompt for s in samples}) > 1
 
 
@@ -47,8 +47,9 @@ def test_describe_prompts_are_open_requests_and_images_follow_the_test_split_ord
     assert samples[2].prompt == "USER: <image>\nWrite a short story about this picture. ASSISTANT:"
     compare = load_samples("embedded_compare", limit=2)
     # pair k holds test images 2k and 2k+1, the same pixels describe rows 2k and 2k+1 show
-    assert list(compare[1].images[1].getdata()) == list(samples[3].images[0].getdata())
-    assert list(compare[1].images[0].getdata()) != list(compare[1].images[1].getdata())
+    pair = compare[1].pixels()
+    assert list(pair[1].getdata()) == list(samples[3].pixels()[0].getdata())
+    assert list(pair[0].getdata()) != list(pair[1].getdata())
 
 
 def test_story_captions_state_the_colour_and_shape_of_their_images():

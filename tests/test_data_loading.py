@@ -97,7 +97,7 @@ def write_copy(name: str, tmp_path: Path, kind: str) -> Path:
 
 
 def colours(sample) -> list[tuple[int, int, int]]:
-    return [image.getpixel((0, 0)) for image in sample.images]
+    return [image.getpixel((0, 0)) for image in sample.pixels()]
 
 
 def test_every_public_dataset_has_a_fixture_and_an_expected_prompt():
@@ -116,7 +116,7 @@ def test_first_row_becomes_the_appendix_i_prompt(name, kind, tmp_path):
     spec = get_dataset(name)
     assert first.sample_id == f"{name}/{spec.split}/0/first"
     assert first.category == spec.category
-    assert all(image.mode == "RGB" for image in first.images)
+    assert all(image.mode == "RGB" for image in first.pixels())
 
 
 def test_interleave_rows_are_filtered_by_sub_task_and_numbered_within_it(tmp_path):

@@ -38,7 +38,7 @@ def sample_of(name, prompt, images) -> Sample:
 
 def reference_greedy(model, sample: Sample, max_new: int) -> list[int]:
     """The target's own `generate`, through its processor: the ground truth SD must reproduce."""
-    inputs = model.processor(images=list(sample.images) or None, text=[sample.prompt], return_tensors="pt")
+    inputs = model.processor(images=list(sample.pixels()) or None, text=[sample.prompt], return_tensors="pt")
     out = model.model.generate(**inputs, max_new_tokens=max_new, do_sample=False)
     return out[0, inputs["input_ids"].shape[1]:].tolist()
 

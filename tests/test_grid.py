@@ -251,7 +251,7 @@ def test_timed_samples_are_seeded_and_spread_over_distinct_images():
     pictures = [Image.new("RGB", (4, 4), colour) for colour in ("red", "green", "blue")]
     # nine samples, three pictures; the first three rows share one picture
     samples = [Sample("toy", "test", i, "first", "USER: <image> ASSISTANT:", (pictures[i // 3],)) for i in range(9)]
-    images = lambda ids: {samples[int(sid.split("/")[2])].images[0].getpixel((0, 0)) for sid in ids}
+    images = lambda ids: {samples[int(sid.split("/")[2])].pixels()[0].getpixel((0, 0)) for sid in ids}
     for seed in range(5):
         chosen = choose_timed({"toy": samples}, 3, seed)
         assert len(chosen) == 3 and len(images(chosen)) == 3  # never a picture twice while another is left

@@ -8,7 +8,7 @@ import numpy as np
 from PIL import Image
 
 from pipeline.data.images import COMPOSITED, RESCALED, ROTATED, to_rgb
-from pipeline.data.loading import decode_image
+from pipeline.data.loading import load_image
 
 
 def png_bytes(image: Image.Image, **save) -> bytes:
@@ -48,8 +48,8 @@ def test_exif_orientation_is_applied():
 
 def test_plain_rgb_is_untouched_and_rows_record_conversions():
     rgb = Image.new("RGB", (5, 5), (1, 2, 3))
-    image, notes = decode_image({"bytes": png_bytes(rgb)}, 0)
-    assert notes == () and np.array_equal(np.asarray(image), np.asarray(rgb))
+    image, notes = load_image({"bytes": png_bytes(rgb)}, 0)
+    assert notes == () and np.array_equal(np.asarray(image.pixels()), np.asarray(rgb))
     from pipeline.data.registry import get_dataset
     from pipeline.data.loading import row_to_sample
 

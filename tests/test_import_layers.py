@@ -23,9 +23,9 @@ LAYERS = (
     "jobs",
 )
 CORE = LAYERS[:3]
-# leaf modules every layer may use: the value type the core decodes, the "did you mean" helper,
-# the plug-in registry
-CORE_MAY_USE = {"pipeline.data.sample", "pipeline.names", "pipeline.registry"}
+# leaf modules every layer may use: the value type the core decodes and the images it holds
+# encoded (decoded where a sample runs), the "did you mean" helper, the plug-in registry
+CORE_MAY_USE = {"pipeline.data.sample", "pipeline.data.images", "pipeline.names", "pipeline.registry"}
 
 
 def module_files() -> dict[str, Path]:

@@ -61,8 +61,8 @@ def test_rows_become_image_first_prompts_with_their_ids_and_follow_ups(mmspec_di
     assert samples[2].prompt == image_question("What is in the sky?")
     assert samples[2].prompt == "USER: <image>\nWhat is in the sky? ASSISTANT:"
     assert samples[2].category == "benchmark"
-    assert samples[3].images[0].getpixel((0, 0)) == COLOURS["mmspec_502.png"]
-    assert samples[2].images[0].size == (40, 30)  # a JPEG: its pixels are approximate
+    assert samples[3].pixels()[0].getpixel((0, 0)) == COLOURS["mmspec_502.png"]
+    assert samples[2].pixels()[0].size == (40, 30)  # a JPEG: its pixels are approximate
     assert samples[2].followups == ("Why is it bright?", "Name another one.") and samples[0].followups == ()
     assert [s.error for s in samples[:4]] == [None] * 4
 

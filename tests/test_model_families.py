@@ -35,13 +35,13 @@ def family_pair(request, tmp_path_factory):
 def hf_greedy(model, sample: Sample, max_new: int) -> list[int]:
     """The target's own `generate`: each image placeholder expanded to as many image tokens as
     the model's features have rows (what its processor would write), pixels from its image processor."""
-    features = model.image_features(sample.images)
+    features = model.image_features(sample.pixels())
     ids, k = [], 0
     for token in model.tokenize_prompt(sample.prompt):
         count = features[k].shape[0] if token == model.image_token_id else 1
         k += token == model.image_token_id
         ids += [token] * count
-    batch = [list(sample.images)] if model.family == "llava_onevision" else list(sample.images)
+    batch = [list(sample.pixels())] if model.family == "llava_onevision" else list(sample.pixels())
     pixels = dict(model.processor.image_processor(batch, return_tensors="pt"))
     input_ids = torch.tensor([ids])
     out = model.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **pixels,

@@ -52,7 +52,7 @@ def test_the_target_hands_back_the_hidden_states_of_each_requests_kept_tokens(ti
     assert len(reader.seen) >= max(r.blocks for r in records) - 1  # every block but the last learns
     for b, (sample, record) in enumerate(zip(batch, records)):
         ids = target.tokenize_prompt(sample.prompt)
-        sequence = torch.cat([method_embeddings(target, "M", ids, sample.images),
+        sequence = torch.cat([method_embeddings(target, "M", ids, sample.pixels()),
                               target.embed_tokens(torch.tensor(record.output_ids))])
         full = target.model(inputs_embeds=sequence[None], output_hidden_states=True).hidden_states[-1][0]
         produced = 0

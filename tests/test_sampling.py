@@ -53,7 +53,7 @@ SAMPLE = Sample("unit", "test", 0, "first", "a <image> b c", (solid((200, 30, 30
 def exact_two_token_distribution(model, methods: str = "M", weights=None) -> dict[tuple[int, ...], float]:
     """P(first two tokens) of `model` (or of the fixed-weight mixture of its methods), EOS ending early."""
     ids = model.tokenize_prompt(SAMPLE.prompt)
-    rows = DynamicCacheRows(model, [method_embeddings(model, m, ids, SAMPLE.images)[:-1] for m in methods])
+    rows = DynamicCacheRows(model, [method_embeddings(model, m, ids, SAMPLE.pixels())[:-1] for m in methods])
     rows.prefill()
     w = torch.full((len(methods),), 1 / len(methods)) if weights is None else weights
 

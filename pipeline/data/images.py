@@ -3,8 +3,14 @@
 Pillow's `convert("RGB")` alone clips 16-bit values (a 16-bit grayscale PNG turns white),
 drops alpha onto black and ignores the EXIF orientation a camera wrote. `to_rgb` does each step
 on purpose and says which it did, so a run can count its converted images.
+
+Samples hold their images encoded (`EncodedImage`): a 12-megapixel photo is a few MB as its file
+holds it and 36 MB as pixels, and the driver holds every sample of a run for the whole run.
 """
 from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -17,6 +23,27 @@ ROTATED, RESCALED, COMPOSITED = "exif-rotated", "scaled-to-8-bit", "alpha-on-whi
 # kilobytes (a decompression bomb) would take gigabytes. 64 Mpx is twice a 8K frame; the grid
 # field `max_image_pixels` raises it.
 MAX_IMAGE_PIXELS = 64_000_000
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """One image as its file encodes it (PNG, JPEG, ...): what a Sample holds and Ray ships.
+    `pixels` decodes it where it is used (a worker, or a hash) and the caller drops the pixels
+    after; the same bytes always decode to the same pixels, so hashes and decoding agree."""
+
+    data: bytes = field(repr=False)
+
+    @classmethod
+    def of(cls, image: Image.Image) -> "EncodedImage":
+        """An in-memory picture (already upright) as lossless PNG: its `pixels` are `to_rgb(image)`'s."""
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG", compress_level=1)
+        return cls(buffer.getvalue())
+
+    def pixels(self) -> Image.Image:
+        """The 8-bit RGB image the models see (`to_rgb` of the decoded file)."""
+        with Image.open(io.BytesIO(self.data)) as opened:
+            return to_rgb(opened)[0]
 
 
 def pixel_budget_problem(size: tuple[int, int], budget: int) -> str | None:

@@ -2,7 +2,8 @@
 
 Rows are streamed, so only the subset's rows are read, and images are decoded here rather
 than by `datasets`: a missing or unreadable image then becomes that sample's `error` (the
-caller records it and goes on) instead of an exception that ends the whole run.
+caller records it and goes on) instead of an exception that ends the whole run. Samples keep
+their images encoded (`EncodedImage`); the pixels are decoded again where a sample runs.
 
 A local copy (`source`) is either a directory written by `datasets.save_to_disk` (a Dataset,
 or a DatasetDict holding the registry's split or a single split of any name, as the authors'
@@ -23,11 +24,11 @@ import datasets
 import pyarrow.parquet as pq
 from PIL import Image
 
-from pipeline.data.images import MAX_IMAGE_PIXELS, pixel_budget_problem, to_rgb
+from pipeline.data.images import MAX_IMAGE_PIXELS, EncodedImage, pixel_budget_problem, to_rgb
 from pipeline.data.prompts import PromptError
 from pipeline.data.registry import DatasetSpec, get_dataset
 from pipeline.data.sample import FIRST_TURN, Sample
-from pipeline.data.user_datasets import FILE_KINDS
+from pipeline.data.user_datasets import FILE_KINDS, image_reference
 
 log = logging.getLogger(__name__)
 # organisations whose datasets moved: lmms-eval moved lmms-lab's to lmms-lab-encoder in July 2026
@@ -88,10 +89,10 @@ def row_to_sample(spec: DatasetSpec, index: int, row: Mapping[str, Any],
             sample = dataclasses.replace(sample, followups=spec.format_row.questions(row)[1:])
         prompt, raw_images = spec.format_row(row)
         sample = dataclasses.replace(sample, prompt=prompt)
-        decoded = [decode_image(value, k, max_image_pixels) for k, value in enumerate(raw_images)]
-        conversions = tuple(f"image {k}: {note}" for k, (_, notes) in enumerate(decoded) for note in notes)
+        loaded = [load_image(value, k, max_image_pixels) for k, value in enumerate(raw_images)]
+        conversions = tuple(f"image {k}: {note}" for k, (_, notes) in enumerate(loaded) for note in notes)
         answer = row.get(spec.answer_column) if spec.answer_column else None
-        sample = dataclasses.replace(sample, images=tuple(image for image, _ in decoded),
+        sample = dataclasses.replace(sample, images=tuple(image for image, _ in loaded),
                                      image_conversions=conversions,
                                      answer=None if answer is None else str(answer))
         sample.check()
@@ -101,31 +102,28 @@ def row_to_sample(spec: DatasetSpec, index: int, row: Mapping[str, Any],
     return sample
 
 
-def decode_image(value: Any, position: int,
-                 max_pixels: int = MAX_IMAGE_PIXELS) -> tuple[Image.Image, tuple[str, ...]]:
-    """An 8-bit RGB image from what a row holds (PIL image, {'bytes', 'path'} dict, or a file
-    path), and the conversions `pipeline.data.images.to_rgb` applied to it. Its size is read
-    from the header and checked against `max_pixels` before any pixel is decoded."""
+def load_image(value: Any, position: int,
+               max_pixels: int = MAX_IMAGE_PIXELS) -> tuple[EncodedImage, tuple[str, ...]]:
+    """The image a row holds (PIL image, {'bytes', 'path'} struct, or a file path) as the sample
+    keeps it, encoded, and the conversions `pipeline.data.images.to_rgb` applies to it. Its size
+    is read from the header and checked against `max_pixels` before any pixel is decoded; it is
+    then decoded once, so a broken file fails here as this sample's input error, and the
+    pixels are dropped."""
     if value is None:
         raise PromptError(f"image {position} is missing")
     try:
         if isinstance(value, Image.Image):
             _check_pixels(value, position, max_pixels)
-            return to_rgb(value)
-        if isinstance(value, Mapping):
-            if value.get("bytes"):
-                opened = Image.open(io.BytesIO(value["bytes"]))
-            elif value.get("path"):
-                opened = Image.open(value["path"])
-            else:
-                raise PromptError(f"image {position} has neither bytes nor a path")
-        elif isinstance(value, (str, os.PathLike)):
-            opened = Image.open(value)
-        else:
-            raise PromptError(f"image {position} is a {type(value).__name__}, not an image")
-        with opened:
+            image, notes = to_rgb(value)
+            return EncodedImage.of(image), notes
+        named = image_reference(value, f"image {position}")
+        if isinstance(named, Path):
+            named = named.read_bytes()
+        if not isinstance(named, bytes):
+            raise PromptError(f"image {position} is a {type(named).__name__}, not an image")
+        with Image.open(io.BytesIO(named)) as opened:
             _check_pixels(opened, position, max_pixels)
-            return to_rgb(opened)
+            return EncodedImage(named), to_rgb(opened)[1]
     except Image.DecompressionBombError as exc:  # Pillow's own guard, at twice its MAX_IMAGE_PIXELS
         raise PromptError(f"image {position} is refused as a decompression bomb: {exc}") from exc
     except OSError as exc:  # PIL.UnidentifiedImageError, truncated data, missing file

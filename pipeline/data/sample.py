@@ -8,6 +8,8 @@ from typing import Iterable
 
 from PIL import Image
 
+from pipeline.data.images import EncodedImage
+
 IMAGE_PLACEHOLDER = "<image>"
 FIRST_TURN = "first"  # a Sample's turn when it opens the conversation
 # The dataset's own 2nd, 3rd and 4th questions (MMSpec's `turns`); each continues the turn before it.
@@ -34,8 +36,10 @@ class Sample:
 
     `prompt` is the whole conversation text WITHOUT the BOS token (the tokenizer adds it),
     e.g. ``"USER: <image>\\nWhat is shown? ASSISTANT:"``; each `<image>` stands for one entry
-    of `images`, in order. `error` is set (and `images` may be empty) when the row could not
-    be turned into a prompt: the caller records the sample as failed and goes on.
+    of `images`, in order; they are held encoded and decoded by `pixels` where the sample is
+    run, so a driver holding a run's samples holds no pixels. `error` is set (and `images` may
+    be empty) when the row could not be turned into a prompt: the caller records the sample as
+    failed and goes on.
     """
 
     dataset: str
@@ -43,7 +47,7 @@ class Sample:
     row: int
     turn: str  # "first", a second-turn task (qaorg, captioning, summary, story, nq, gsm8k) or FOLLOWUP_TURNS
     prompt: str
-    images: tuple[Image.Image, ...] = field(default=(), compare=False, repr=False)
+    images: tuple[EncodedImage, ...] = field(default=(), compare=False, repr=False)
     category: str = "benchmark"  # benchmark | ood | multi_image | text ...
     error: str | None = None
     # how decoding changed its images beyond the pixel format, e.g. "image 0: scaled-to-8-bit"
@@ -53,6 +57,12 @@ class Sample:
     source_id: str | None = None  # the row's id in its dataset (MMSpec's `id`), where it has one
     # the dataset's own later questions of this conversation (FOLLOWUP_TURNS), where it has them
     followups: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        """An in-memory picture given as an image (a test's, a plug-in's) is held encoded too."""
+        if any(isinstance(image, Image.Image) for image in self.images):
+            held = tuple(EncodedImage.of(i) if isinstance(i, Image.Image) else i for i in self.images)
+            object.__setattr__(self, "images", held)
 
     @property
     def sample_id(self) -> str:
@@ -77,6 +87,10 @@ class Sample:
         _add_pixels(digest, self.images)
         return digest.hexdigest()[:16]
 
+    def pixels(self) -> tuple[Image.Image, ...]:
+        """The images decoded as the models take them (8-bit RGB, pipeline.data.images.to_rgb)."""
+        return tuple(image.pixels() for image in self.images)
+
     def has_turn(self, turn: str) -> bool:
         """Whether this row's conversation reaches `turn`: a follow-up turn needs that many
         questions of the dataset's own; every other turn is built for every row."""
@@ -97,7 +111,10 @@ def turn_count(first_samples: Iterable[Sample], turn: str) -> int:
     return sum(sample.has_turn(turn) for sample in first_samples)
 
 
-def _add_pixels(digest, images: tuple[Image.Image, ...]) -> None:
-    for image in images:
+def _add_pixels(digest, images: tuple[EncodedImage, ...]) -> None:
+    """Hash each image's decoded pixels (as before images were held encoded, so keys of earlier
+    runs still match), one image decoded at a time."""
+    for encoded in images:
+        image = encoded.pixels()
         digest.update(f"|{image.mode}:{image.size}|".encode())
         digest.update(image.tobytes())

@@ -17,6 +17,7 @@ no torch, so grid files validate without them.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -54,28 +55,48 @@ class MappedColumns:
         return user_turn(f"{IMAGE_PLACEHOLDER}\n" * len(images) + question), images
 
     def _image(self, value: Any, column: str) -> Any:
-        """A path is read from the data file's folder (`confined_image`); anything else (an
-        image, bytes) is decoded by the loader."""
-        if isinstance(value, str):
-            return confined_image(value, self.image_root, column, self.allow_outside_paths, OUTSIDE_HINT)
+        """Whatever form names the image, a path is checked by `confined_image`."""
         if value is None:
             raise PromptError(f"column {column!r} holds no image")
-        return value
+        return confined_image(value, self.image_root, column, self.allow_outside_paths, OUTSIDE_HINT)
 
 
-def confined_image(value: str, image_root: str | Path, column: str, allow_outside: bool = False,
-                   hint: str = "") -> str:
-    """The image file `value` names, resolved against `image_root`: it must stay inside that
-    folder (checked before anything is opened: a shared file must not read the rest of the
-    disk) and must exist; PromptError naming `column` otherwise (`hint`: how to allow it)."""
-    path = Path(value).expanduser()
+def image_reference(value: Any, where: str) -> Any:
+    """What an image cell names, in one form per kind: bytes (a datasets Image struct's), a Path (a
+    string, a pathlib.Path, or the struct's `path` when it has no bytes), or `value` as given
+    (a PIL image; the loader refuses anything else). PromptError starting with `where` for a
+    struct whose bytes are not bytes, or that has neither bytes nor a path."""
+    if isinstance(value, Mapping):
+        data = value.get("bytes")
+        if data is not None and not isinstance(data, (bytes, bytearray)):
+            raise PromptError(f"{where}: the image's bytes are a {type(data).__name__}, not bytes")
+        if data:
+            return bytes(data)  # a path beside them is only a name, never opened
+        value = value.get("path")
+        if not value:
+            raise PromptError(f"{where}: the image has neither bytes nor a path")
+    return Path(value) if isinstance(value, (str, os.PathLike)) else value
+
+
+def confined_image(value: Any, image_root: str | Path, column: str, allow_outside: bool = False,
+                   hint: str = "") -> Any:
+    """The image `value` names (any form of `image_reference`); a path is resolved against
+    `image_root` and must stay inside that folder (checked before anything is opened: a shared
+    file must not read the rest of the disk) and exist; PromptError naming `column` otherwise
+    (`hint`: how to allow it)."""
+    named = image_reference(value, f"column {column!r}")
+    if not isinstance(named, Path):
+        return named
+    path = named.expanduser()
     path = path if path.is_absolute() else Path(image_root) / path
     root = Path(image_root).resolve()
     if not allow_outside and not path.resolve().is_relative_to(root):
-        raise PromptError(f"column {column!r}: image path {value!r} leaves the dataset folder {root}{hint}")
+        raise PromptError(f"column {column!r}: image path {str(named)!r} leaves the dataset folder "
+                          f"{root}{hint}")
     if not path.is_file():
-        raise PromptError(f"column {column!r}: image file {value!r} does not exist (looked in {path.parent})")
-    return str(path)
+        raise PromptError(f"column {column!r}: image file {str(named)!r} does not exist "
+                          f"(looked in {path.parent})")
+    return path
 
 
 def local_path(path: str, base: str | Path) -> Path:

@@ -26,7 +26,7 @@ def tokenize(model: LVLM, sample: Sample) -> Prompt:
     ids = model.tokenize_prompt(sample.prompt)
     if model.image_token_id is not None and ids[-1] == model.image_token_id:
         raise ModelInputError(f"sample {sample.sample_id}: a prompt must end with text, not an image")
-    return Prompt(ids, sample.images)
+    return Prompt(ids, sample.pixels())
 
 
 def check_fits(model: LVLM, positions: int, prompt: Prompt) -> None:

@@ -71,7 +71,7 @@ def _fits(model: LVLM, tokens: int) -> bool:
 
 def _prefilled(model: LVLM, sample: Sample, n_rows: int, engine: str, gamma: int) -> Rows:
     ids = model.tokenize_prompt(sample.prompt)
-    embeds = method_embeddings(model, "M", ids, sample.images)
+    embeds = method_embeddings(model, "M", ids, sample.pixels())
     rows = new_rows(model, [embeds] * n_rows, engine=engine, capacity=gamma + 2, role="calibration")
     rows.prefill()
     rows.feed(ids[-1:])

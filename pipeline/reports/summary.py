@@ -23,6 +23,7 @@ from pipeline.reports.batch_plots import batch_figure
 from pipeline.reports.batch_sweep import batch_table, batch_text
 from pipeline.reports.calibration_section import calibration_section
 from pipeline.reports.completeness import completeness_table, completeness_text, grids_text
+from pipeline.reports.failures import failed_section, failures_report
 from pipeline.reports.fidelity import GROUP_KEYS as FIDELITY_KEYS, fidelity_table, fidelity_text
 from pipeline.reports.headline import headline
 from pipeline.reports.latency import latency_table
@@ -32,8 +33,7 @@ from pipeline.reports.noise import noise_section, shown
 from pipeline.reports.paper_check import paper_check
 from pipeline.reports.plots import save, weight_ratio_figure
 from pipeline.reports.report import (
-    category_table, decoded_alone, error_counts, escaped, findings_text, markdown_table, method_findings,
-    tau_table, without_html,
+    category_table, decoded_alone, findings_text, markdown_table, method_findings, tau_table, without_html,
 )
 from pipeline.reports.speedup import SPEEDUP_MARKS, draft_size_table, speedup_table
 from pipeline.reports.tau_heatmap import tau_figure
@@ -64,7 +64,9 @@ def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
 
 def _write_report(out: str | Path, run: str, everything: pd.DataFrame, folder: Path) -> str:
     if everything["error"].notna().all():
-        return _failures_only(out, run, everything, folder)
+        text = failures_report(run, everything, completeness_section(out, run, everything, folder))
+        (folder / "summary.md").write_text(text)
+        return text
     calibrations = read_calibrations(out)
     rows = decoded_alone(everything)  # batched rows: the batch sweep and the audit read them
     tables = {
@@ -79,11 +81,11 @@ def _write_report(out: str | Path, run: str, everything: pd.DataFrame, folder: P
             "at each row's gamma), measured = AR walltime / SD walltime on the samples run live, per "
             "engine and machine (`timed_on`: device, how decode steps ran, torch, transformers; "
             "`-`: not timed); `paired` and `global` are MMSpec's speedup_paired (the mean over samples "
-            "of SD tokens/s over AR tokens/s) and speedup_global (summed tokens over summed wall time, SD "
-            "over AR) on the same samples. `tau` here pools every first-turn block of every dataset, OOD included, "
-            "so it differs from the tau table's `Avg.` (the mean of the benchmark datasets' cells); "
-            "`tau timed` pools only the samples the walltime was measured on; `noise` says why a figure "
-            "is printed as unreliable; where a GPU's energy counter was read (NVML), `J/token` and "
+            "of SD tokens/s over AR tokens/s) and speedup_global (summed tokens over summed wall time, "
+            "SD over AR) on the same samples. `tau` here pools every first-turn block of every dataset, "
+            "OOD included, so it differs from the tau table's `Avg.` (the mean of the benchmark datasets' "
+            "cells); `tau timed` pools only the samples the walltime was measured on; `noise` says why a "
+            "figure is printed as unreliable; where a GPU's energy counter was read (NVML), `J/token` and "
             "`J/accepted` give joules per new token and per accepted draft token of the timed rows",
             speedup_table(rows, calibrations),
         ),
@@ -115,31 +117,6 @@ def _write_report(out: str | Path, run: str, everything: pd.DataFrame, folder: P
     text = without_html("\n\n".join(section for section in sections if section) + "\n")
     (folder / "summary.md").write_text(text)
     return text
-
-
-def _failures_only(out: str | Path, run: str, everything: pd.DataFrame, folder: Path) -> str:
-    """The report of a run none of whose rows decoded: what was expected, what failed and why,
-    which is what its reader needs; every other table would be empty."""
-    causes = everything.groupby("error", dropna=False).size().sort_values(ascending=False).head(10)
-    lines = "\n".join(f"| {escaped(str(cause))[:200]} | {count} |" for cause, count in causes.items())
-    sections = [f"# Run {run}: {len(everything)} rows, every one failed",
-                "No row decoded, so there is no table of tau, speedup or acceptance; the causes below "
-                "(`error` and `error_category` of each row in the results) say what to fix, and a rerun "
-                "of the same command recomputes the failed rows.",
-                completeness_section(out, run, everything, folder), failed_section(everything),
-                f"## Most frequent causes\n\n| error | rows |\n|---|---|\n{lines}"]
-    text = without_html("\n\n".join(sections) + "\n")
-    (folder / "summary.md").write_text(text)
-    return text
-
-
-def failed_section(everything: pd.DataFrame) -> str:
-    errors = error_counts(everything)
-    if errors.empty:
-        return ""
-    lines = [f"| {escaped(r.dataset)} | {escaped(r.turn)} | {r.errors} |" for r in errors.itertuples()]
-    return ("## Failed samples (left out of every table)\n\n"
-            "| dataset | turn | errors |\n|---|---|---|\n" + "\n".join(lines))
 
 
 def completeness_section(out: str | Path, run: str, rows: pd.DataFrame, folder: Path) -> str:

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, NoReturn
 
 STARTED = time.monotonic()  # the phases' line at the end counts from here
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 EXIT_INVALID, EXIT_FAILED, EXIT_LOCKED, EXIT_INTERRUPTED, EXIT_TERMINATED = 2, 1, 3, 130, 143
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+MAX_WORKERS, MAX_GPUS_PER_WORKER, MAX_CPUS_PER_WORKER = 100_000, 64, 1024  # beyond any cluster
 
 
 class Terminated(KeyboardInterrupt):
@@ -44,8 +45,31 @@ def _terminate(signum: int, frame: object) -> None:
     raise Terminated
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Refuses a bad argument in one line (exit 2), like a bad grid, instead of the usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_INVALID, f"{self.prog}: {message} (--help lists the options)\n")
+
+
+def bounded(kind: type, low: float, high: float, *, low_allowed: bool = True) -> Callable[[str], float]:
+    """An argparse type: a `kind` number from `low` (excluded unless `low_allowed`) to `high`."""
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not (low <= value if low_allowed else low < value) or not value <= high:
+            what = "an integer" if kind is int else "a number"
+            low_text = f"{low:g}" if low_allowed else f"{low:g} (excluded)"
+            raise argparse.ArgumentTypeError(f"expected {what} from {low_text} to {high:g}, got {text!r}")
+        return value
+
+    return parse
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grid", default="configs/embedded.yaml",
                         help="grid YAML file (default: %(default)s)")
     parser.add_argument("--out", default="results", help="results dataset directory (default: %(default)s)")
@@ -54,11 +78,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="validate the grid and print work-unit counts only")
     parser.add_argument("--list", choices=KINDS,
                         help="print what a grid may name, built-in and the grid's own, one line each")
-    parser.add_argument("--workers", type=int,
+    parser.add_argument("--workers", type=bounded(int, 1, MAX_WORKERS),
                         help="number of actors (default: one per GPU, else one per CPU)")
-    parser.add_argument("--gpus-per-worker", type=float,
+    parser.add_argument("--gpus-per-worker", type=bounded(float, 0, MAX_GPUS_PER_WORKER),
                         help="GPUs per actor (default: 1 if the cluster has GPUs, else 0)")
-    parser.add_argument("--cpus-per-worker", type=float, default=1,
+    parser.add_argument("--cpus-per-worker", type=bounded(float, 0, MAX_CPUS_PER_WORKER, low_allowed=False),
+                        default=1,
                         help="CPUs per actor (default: %(default)s)")
     parser.add_argument("--recalibrate", action="store_true",
                         help="measure latency ratios again even when the run added no rows "

@@ -399,7 +399,8 @@ def test_validation_lists_every_problem_with_the_name_probably_meant():
         "engine[0]: unknown engine 'statc'; choose one of auto, static, eager (did you mean 'static'?)",
         "policies[1]: unknown weight policy 'gird' (did you mean 'grid'?)",
         "gamma[0]: expected an integer from 1 to 64, got 0",
-        "timed_repeats: expected an integer >= 1, got 0", "calibrate_rounds: expected an integer >= 1, got 0",
+        "timed_repeats: expected an integer from 1 to 1,000, got 0",
+        "calibrate_rounds: expected an integer from 1 to 1,000, got 0",
     ]
     assert message.startswith("10 problems:"), message
     for part in expected:

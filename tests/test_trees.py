@@ -126,7 +126,7 @@ def test_the_verify_axis_in_grids_keys_and_modes():
     assert [(c.decode.gamma, c.decode.verify) for c in deep if c.decode.methods == "MT"] == [(4, DynamicTree(8, 2))]
     at_gamma_4 = parse_grid(raw | {"gamma": [4], "verify": [{"kind": "dynamic", "top_k": 2}]}).configs()
     assert {c.key() for c in deep} == {c.key() for c in at_gamma_4}
-    with pytest.raises(GridError, match=r"verify\[0\]: dynamic tree depth must be an integer >= 1, got 0"):
+    with pytest.raises(GridError, match=r"verify\[0\]: dynamic tree depth must be an integer from 1 to 64, got 0"):
         parse_grid(raw | {"verify": [{"kind": "dynamic", "depth": 0}]})
     with pytest.raises(GridError, match=r"verify\[0\]: \['depth'\] not a field of verify kind 'candidates'"):
         parse_grid(raw | {"verify": [{"kind": "candidates", "depth": 3}]})

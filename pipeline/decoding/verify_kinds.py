@@ -13,6 +13,10 @@ from pipeline.registry import Registry, import_path
 
 DYNAMIC_NODES, DYNAMIC_TOP_K = 16, 4
 MAX_TREE_NODES = 512  # a shape tree's nodes: each is a token of the target's verify forward
+MAX_TREE_DEPTH = 64  # a tree's depth is its gamma, which a grid bounds the same
+MAX_TOP_K = 64  # children a dynamic tree's node may rank
+MAX_BANDIT_SHAPES = 16
+MAX_BANDIT_KNOB = 1e6  # c, lam and costs: beyond it one term drowns every other
 VERIFY_KINDS = Registry("verify kind")  # kind -> class, filled as kinds are defined
 
 
@@ -129,12 +133,12 @@ class DynamicTree(VerifySpec, kind="dynamic"):
         return f"dynamic(n={self.nodes},k={self.top_k})"
 
     def validate(self) -> None:
-        for name in ("nodes", "top_k", "depth"):
+        for name, most in (("nodes", MAX_TREE_NODES), ("top_k", MAX_TOP_K), ("depth", MAX_TREE_DEPTH)):
             value = getattr(self, name)
             if name == "depth" and value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"dynamic tree {name} must be an integer >= 1, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+                raise ValueError(f"dynamic tree {name} must be an integer from 1 to {most}, got {value!r}")
 
     def check_gamma(self, gamma: int) -> None:
         if self.depth not in (None, gamma):
@@ -182,9 +186,10 @@ def shape_levels(shape: tuple[int, ...]) -> list[int]:
 def check_shape(shape: Any, what: str) -> tuple[int, ...]:
     """A tree shape `(N1, ..., Nd)` as a tuple, or ValueError naming `what`."""
     counts = shape if isinstance(shape, (list, tuple)) else [None]
-    if not shape or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts):
-        raise ValueError(f"{what} must be a non-empty list of integers >= 1 (children per node at each "
-                         f"depth), got {shape!r}")
+    if not shape or len(counts) > MAX_TREE_DEPTH or any(
+            isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_TREE_NODES for n in counts):
+        raise ValueError(f"{what} must be a list of 1 to {MAX_TREE_DEPTH} integers from 1 to "
+                         f"{MAX_TREE_NODES} (children per node at each depth), got {shape!r}")
     if (nodes := sum(shape_levels(tuple(shape)))) > MAX_TREE_NODES:
         raise ValueError(f"{what} {list(shape)} has {nodes} nodes; at most {MAX_TREE_NODES}")
     return tuple(shape)
@@ -255,18 +260,22 @@ class BanditTree(VerifySpec, kind="bandit"):
         return f"bandit({','.join(['-'.join(map(str, s)) for s in self.shapes] + knobs)})"
 
     def validate(self) -> None:
-        if not isinstance(self.shapes, tuple) or not self.shapes:
-            raise ValueError(f"a bandit's shapes must be a non-empty list of tree shapes, "
+        if not isinstance(self.shapes, tuple) or not 1 <= len(self.shapes) <= MAX_BANDIT_SHAPES:
+            raise ValueError(f"a bandit's shapes must be a list of 1 to {MAX_BANDIT_SHAPES} tree shapes, "
                              f"got {self.shapes!r}")
         for i, shape in enumerate(self.shapes):
             check_shape(shape, f"shapes[{i}]")
         for name in ("c", "lam"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ValueError(f"a bandit's {name} must be a number >= 0, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not 0 <= value <= MAX_BANDIT_KNOB:
+                raise ValueError(f"a bandit's {name} must be a number from 0 to {MAX_BANDIT_KNOB:g}, "
+                                 f"got {value!r}")
         if self.costs is not None and (len(self.costs) != len(self.shapes) or not all(
-                isinstance(v, (int, float)) and v > 0 for v in self.costs)):
-            raise ValueError(f"a bandit's costs must be one number > 0 per shape, got {self.costs!r}")
+                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= MAX_BANDIT_KNOB
+                for v in self.costs)):
+            raise ValueError(f"a bandit's costs must be one number > 0 and at most {MAX_BANDIT_KNOB:g} per "
+                             f"shape, got {self.costs!r}")
 
     def settled(self, methods: int, gamma: int) -> tuple[VerifySpec, int]:
         return self, max(len(shape) for shape in self.shapes)

@@ -17,7 +17,6 @@ import path, `kind: "package.module:Class"` (`pipeline.planning.plugins`).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
@@ -34,6 +33,9 @@ GRID_MEASURES = ("hard", "soft", "hard+soft")
 # which of equally good grid candidates wins: `most_m` the most weight on the first method
 # (then the second, ...), `first` the authors' reference order (itertools.product: the least)
 GRID_TIES = ("most_m", "first")
+MAX_WINDOW = 1 << 17  # history positions: no answer is longer
+MAX_GRID_STEPS = 100  # a simplex grid of 4 methods at 100 steps has 176,851 points, scored every block
+MAX_INVERSE_TEMPERATURE = 1000.0
 # Knobs a configuration key carried for every policy, at these values where a policy did not
 # use them, when all policies shared one field set: keys keep them so that result directories
 # written then still resume (pipeline.planning.grid.RunConfig.key).
@@ -64,8 +66,10 @@ class WeightPolicy:
 
     def validate(self) -> None:
         window = self.window
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ValueError(f"window must be an integer >= 1 or None (ALL), got {self.window!r}")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                                   or not 1 <= window <= MAX_WINDOW):
+            raise ValueError(f"window must be an integer from 1 to {MAX_WINDOW} or None (ALL), "
+                             f"got {self.window!r}")
         if self.distance not in DISTANCES:
             raise ValueError(f"unknown distance {self.distance!r}; choose one of {DISTANCES}")
 
@@ -136,8 +140,9 @@ class GridSearchPolicy(WeightPolicy, kind="grid"):
         super().validate()
         if self.measure not in GRID_MEASURES:
             raise ValueError(f"unknown grid measure {self.measure!r}; choose one of {GRID_MEASURES}")
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
-            raise ValueError(f"grid steps must be an integer >= 1, got {self.steps!r}")
+        steps = self.steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_GRID_STEPS:
+            raise ValueError(f"grid steps must be an integer from 1 to {MAX_GRID_STEPS}, got {self.steps!r}")
         if self.tie not in GRID_TIES:
             raise ValueError(f"unknown grid tie rule {self.tie!r}; choose one of {GRID_TIES}")
 
@@ -173,9 +178,9 @@ class InverseErrorPolicy(WeightPolicy, kind="inverse"):
     def validate(self) -> None:
         super().validate()
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
-                or not math.isfinite(self.temperature) or self.temperature <= 0:
-            raise ValueError(f"inverse-error temperature must be a finite number > 0, "
-                             f"got {self.temperature!r}")
+                or not 0 < self.temperature <= MAX_INVERSE_TEMPERATURE:
+            raise ValueError(f"inverse-error temperature must be a number > 0 and at most "
+                             f"{MAX_INVERSE_TEMPERATURE:g}, got {self.temperature!r}")
 
     def start_state(self, initial: torch.Tensor) -> WeightState:
         from pipeline.drafting.weight_states import InverseErrorState

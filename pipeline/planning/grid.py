@@ -243,7 +243,9 @@ class GridSpec:
         return tuple(t for t in self.turns if t != FIRST_TURN)
 
     def configs(self) -> list[RunConfig]:
-        """Every distinct grid point, in file order, after normalisation."""
+        """Every distinct grid point, in file order, after normalisation. Greedy decoding draws
+        nothing, so temperature 0 runs with the first seed only (its key, as before, hashes that
+        seed: rows written under it resume; the others were the same work again)."""
         seen: dict[RunConfig, None] = {}
         only = dict(self.verify_methods)  # AR verifies nothing: a restriction never removes it
         runs = lambda verify, methods: methods == AR or methods in only.get(verify, (methods,))
@@ -252,7 +254,8 @@ class GridSpec:
             self.temperature, self.seed, self.engine, self.verify, self.batch,
         )
         for pair, methods, policy, window, distance, gamma, temperature, seed, engine, verify, batch in grid:
-            if not policy.applies_to(methods) or not runs(verify, methods):
+            greedy_repeat = temperature == 0 and seed != self.seed[0]
+            if greedy_repeat or not policy.applies_to(methods) or not runs(verify, methods):
                 continue
             decode = DecodeConfig(methods, replace(policy.policy, window=window, distance=distance), gamma,
                                   temperature, self.max_new_tokens, seed, verify)

@@ -4,6 +4,7 @@ executed.
 """
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Callable
@@ -21,7 +22,7 @@ from pipeline.planning.grid import (
 )
 from pipeline.planning.catalog import Catalog
 from pipeline.planning.grid_checks import AXES, check_combinations
-from pipeline.planning.grid_values import boolean, choice, integer, listed, number
+from pipeline.planning.grid_values import boolean, choice, integer, listed, number, shown
 from pipeline.planning.grid_yaml import read_grid_yaml
 from pipeline.planning.model_ids import check_family_here, check_model_id, check_same_tokenizer
 from pipeline.planning.plugins import load_drafting_methods, parse_datasets, plugin_kind
@@ -32,10 +33,24 @@ from pipeline.registry import parse_entry
 MODES = ("live", "replay", "auto")
 MAX_GAMMA = 64  # proposals per block: the paper uses 5; thousands only make every block slower
 MAX_BATCH = 64  # requests decoded together
+# Every number has a stated range: a typo (1e9 for 1e3) is refused before it costs anything.
+MAX_SEED = 2**32 - 1
+MAX_TEMPERATURE = 100.0  # past a few, sampling is uniform noise
+MAX_NEW_TOKENS = 1 << 17  # the longest contexts; each target's own is checked before Ray
+MAX_SAMPLES = 1_000_000  # limit, shard_size, live_samples
+MAX_REPEATS = 1_000  # timed_repeats, calibrate_rounds, calibrate_repeats
+MAX_IMAGE_PIXELS = 1 << 30
+MAX_NAME = 100  # characters of a run name: it names a directory (255 bytes at most)
+# Configurations before collapsing: the product of the lengths of pairs, methods, policies and
+# the axes, refused before the grid is expanded (1e4 expand in about a second; the paper's grid
+# has 2,160). A grid raises it with `max_configurations:`.
+MAX_CONFIGURATIONS = 10_000
+SIZED = ("pairs", "methods", "policies", *AXES)
 
 FIELDS = {"name", "datasets", "turns", "pairs", "methods", "policies", *AXES, "max_new_tokens", "limit",
           "captioner", "shard_size", "mode", "live_samples", "live_seed", "sources", "calibrate",
-          "timed_repeats", "calibrate_rounds", "calibrate_repeats", "drafting_methods", "max_image_pixels"}
+          "timed_repeats", "calibrate_rounds", "calibrate_repeats", "drafting_methods", "max_image_pixels",
+          "max_configurations"}
 
 
 def load_grid(path: str | Path, catalog: Catalog | None = None) -> GridSpec:
@@ -56,7 +71,7 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None, base: Path |
         raise GridError("a grid must be a mapping of field: value")
     base = base or Path.cwd()
     problems = Problems()
-    for field in sorted(set(raw) - FIELDS):
+    for field in sorted(set(raw) - FIELDS, key=str):
         problems.found.append(f"unknown grid field(s) [{field!r}]{did_you_mean(field, FIELDS)}; "
                               f"known: {sorted(FIELDS)}")
     for required in ("datasets", "pairs", "methods"):
@@ -88,8 +103,10 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None, base: Path |
         distance=problems.check(_axis, raw, "distance", lambda d, where: choice(d, DISTANCES, where)),
         gamma=problems.check(_axis, raw, "gamma",
                              lambda g, where: integer(g, where, minimum=1, maximum=MAX_GAMMA)),
-        temperature=problems.check(_axis, raw, "temperature", number),
-        seed=problems.check(_axis, raw, "seed", lambda s, where: integer(s, where, minimum=0)),
+        temperature=problems.check(_axis, raw, "temperature",
+                                   lambda t, where: number(t, where, maximum=MAX_TEMPERATURE)),
+        seed=problems.check(_axis, raw, "seed",
+                            lambda s, where: integer(s, where, minimum=0, maximum=MAX_SEED)),
         engine=problems.check(_axis, raw, "engine", _engine),
         batch=problems.check(_axis, raw, "batch",
                              lambda b, where: integer(b, where, minimum=1, maximum=MAX_BATCH)),
@@ -97,27 +114,32 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None, base: Path |
         untimed_verify=tuple(spec for spec, timed, _ in verify if not timed),
         verify_methods=tuple((spec, only) for spec, _, only in verify if only is not None),
         max_new_tokens=problems.check(integer, raw.get("max_new_tokens", GridSpec.max_new_tokens),
-                                      "max_new_tokens", minimum=1),
-        limit=None if raw.get("limit") is None else problems.check(integer, raw["limit"], "limit", minimum=1),
+                                      "max_new_tokens", minimum=1, maximum=MAX_NEW_TOKENS),
+        limit=None if raw.get("limit") is None else problems.check(integer, raw["limit"], "limit", minimum=1,
+                                                                   maximum=MAX_SAMPLES),
         captioner=problems.check(_captioner, raw.get("captioner")),
         shard_size=problems.check(integer, raw.get("shard_size", GridSpec.shard_size), "shard_size",
-                                  minimum=1),
+                                  minimum=1, maximum=MAX_SAMPLES),
         mode=problems.check(choice, raw.get("mode", GridSpec.mode), MODES, "mode"),
         live_samples=problems.check(integer, raw.get("live_samples", GridSpec.live_samples),
-                                    "live_samples", minimum=0),
-        live_seed=problems.check(integer, raw.get("live_seed", GridSpec.live_seed), "live_seed", minimum=0),
+                                    "live_samples", minimum=0, maximum=MAX_SAMPLES),
+        live_seed=problems.check(integer, raw.get("live_seed", GridSpec.live_seed), "live_seed", minimum=0,
+                                 maximum=MAX_SEED),
         sources=problems.check(_sources, raw.get("sources") or {}, base),
         timed_repeats=problems.check(integer, raw.get("timed_repeats", GridSpec.timed_repeats),
-                                     "timed_repeats", minimum=1),
+                                     "timed_repeats", minimum=1, maximum=MAX_REPEATS),
         calibrate=problems.check(boolean, raw.get("calibrate", GridSpec.calibrate), "calibrate"),
         calibrate_rounds=problems.check(integer, raw.get("calibrate_rounds", GridSpec.calibrate_rounds),
-                                        "calibrate_rounds", minimum=1),
+                                        "calibrate_rounds", minimum=1, maximum=MAX_REPEATS),
         calibrate_repeats=problems.check(integer, raw.get("calibrate_repeats", GridSpec.calibrate_repeats),
-                                         "calibrate_repeats", minimum=1),
+                                         "calibrate_repeats", minimum=1, maximum=MAX_REPEATS),
         max_image_pixels=None if raw.get("max_image_pixels") is None else problems.check(
-            integer, raw["max_image_pixels"], "max_image_pixels", minimum=1),
+            integer, raw["max_image_pixels"], "max_image_pixels", minimum=1, maximum=MAX_IMAGE_PIXELS),
     )
+    bound = problems.check(integer, raw.get("max_configurations", MAX_CONFIGURATIONS), "max_configurations",
+                           minimum=1, maximum=10**9)
     problems.raise_all()
+    check_size(fields, bound)
     spec = GridSpec(**fields)
     check_combinations(spec, catalog)
     return spec
@@ -141,10 +163,26 @@ def _sources(value: Any, base: Path) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(found))
 
 
+def check_size(fields: dict[str, Any], bound: int) -> None:
+    """Refuse a grid whose axes multiply past `bound` configurations, before expanding it (a 2 KB
+    file can name millions: expanding them took minutes and gigabytes)."""
+    lengths = {name: len(fields[name]) for name in SIZED}
+    total = math.prod(lengths.values())
+    if total > bound:
+        factors = " x ".join(f"{n} {name}" for name, n in lengths.items() if n > 1)
+        raise GridError(f"the grid names {total:,} configurations ({factors}); at most {bound:,}: shorten "
+                        f"an axis, or raise the bound with the grid field max_configurations: {total}")
+
+
 def check_name(value: Any, where: str = "name") -> str:
-    """A run's name (the grid's `name`, or `--run`): it names folders under OUT, so no path."""
+    """A run's name (the grid's `name`, or `--run`): it names folders under OUT, so no path,
+    and at most `MAX_NAME` characters."""
     if not isinstance(value, str) or not re.fullmatch(r"[\w.\-]+", value) or set(value) == {"."}:
-        raise GridError(f"{where} {value!r}: use letters, digits, '.', '_' or '-' (it names a directory)")
+        raise GridError(f"{where} {shown(value)}: use letters, digits, '.', '_' or '-' "
+                        "(it names a directory)")
+    if len(value) > MAX_NAME:
+        raise GridError(f"{where} {value[:20]!r}...: {len(value)} characters; at most {MAX_NAME} "
+                        "(it names a directory)")
     return value
 
 
@@ -244,7 +282,7 @@ def _axis(raw: dict[str, Any], name: str, parse: Callable[[Any, str], Any]) -> t
 def _window(value: Any, where: str) -> int | None:
     if value is None or (isinstance(value, str) and value.upper() == "ALL"):
         return None
-    return integer(value, where, minimum=1)
+    return integer(value, where, minimum=1, maximum=MAX_NEW_TOKENS)
 
 
 def _verify(value: Any, where: str) -> tuple[VerifySpec, bool, tuple[str, ...] | None]:

@@ -3,7 +3,6 @@
 should be."""
 from __future__ import annotations
 
-import math
 from typing import Any, Iterable
 
 from pipeline.names import did_you_mean
@@ -31,16 +30,20 @@ def choice(value: Any, choices: Iterable[str], where: str) -> str:
     return value
 
 
-def integer(value: Any, where: str, *, minimum: int, maximum: int | None = None) -> int:
-    too_big = maximum is not None and isinstance(value, int) and value > maximum
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or too_big:
-        bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
-        raise GridError(f"{where}: expected an integer {bounds}, got {value!r}")
+def shown(value: Any, width: int = 60) -> str:
+    """`value`'s repr cut to `width` characters: a message stays one readable line."""
+    text = repr(value)
+    return text if len(text) <= width else f"{text[:width]}... ({len(text):,} characters)"
+
+
+def integer(value: Any, where: str, *, minimum: int, maximum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise GridError(f"{where}: expected an integer from {minimum:,} to {maximum:,}, got {shown(value)}")
     return value
 
 
-def number(value: Any, where: str) -> float:
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            or value < 0):
-        raise GridError(f"{where}: expected a finite number >= 0, got {value!r}")
+def number(value: Any, where: str, *, maximum: float) -> float:
+    """A finite number from 0 to `maximum` (an int too large for a float is refused, not raised)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= maximum:
+        raise GridError(f"{where}: expected a finite number from 0 to {maximum:g}, got {shown(value)}")
     return float(value)

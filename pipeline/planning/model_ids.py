@@ -126,6 +126,20 @@ def check_same_tokenizer(target: str, draft: str, where: str) -> None:
 RECURRENT_NAMES = (f"{TINY_PREFIX}mamba_draft", f"{TINY_PREFIX}mamba2_draft", "embedded:ssm_draft")
 
 
+# Positions the built-in models hold, known without building or loading them: tiny LLaVAs'
+# Llama (pipeline.models.tiny) and SmolLM2-135M under the embedded models (its small draft's config).
+KNOWN_CONTEXTS = {**{f"{TINY_PREFIX}{m}": 4096 for m in ("target", "draft", "next_target", "bigram_target")},
+                  **{m: 8192 for m in ("embedded:target", "embedded:draft", "embedded:small_draft")}}
+
+
+def context_length(name: str) -> int | None:
+    """The positions (prompt and answer) model `name` holds, where known without a download:
+    its config's (local directories, cached hub ids) or a built-in's; None otherwise."""
+    config = readable_config(name) or {}
+    limit = (config.get("text_config") or config).get("max_position_embeddings")
+    return limit if isinstance(limit, int) else KNOWN_CONTEXTS.get(name)
+
+
 def readable_config(name: str) -> dict | None:
     """A model's config.json when it can be read here without a download: a local directory's,
     or a hub id's from the local hub cache; None otherwise (tiny:, embedded:, not cached)."""

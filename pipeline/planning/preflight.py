@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pipeline.data.sample import turn_count
 from pipeline.planning.grid import GridError, GridSpec
-from pipeline.planning.model_ids import check_hub_id_resolves, readable_config
+from pipeline.planning.model_ids import check_hub_id_resolves, context_length
 from pipeline.planning.problems import Problems
 from pipeline.planning.samples import SampleSource
 
@@ -77,14 +77,14 @@ def check_models(spec: GridSpec) -> None:
 
 def check_context(spec: GridSpec) -> None:
     """`max_new_tokens` (and a block's proposals past it) must fit every target's context, read
-    from its config where readable here (local dirs, cached hub ids) before any weight loads.
-    A prompt too long for it is caught per sample, as an input error row."""
+    from its config where readable here (local dirs, cached hub ids; tiny: and embedded: models'
+    are known) before any weight loads. A prompt too long for it is caught per sample, as an
+    input error row."""
     problems = Problems()
     for i, pair in enumerate(spec.pairs):
-        config = readable_config(pair.target) or {}
-        limit = (config.get("text_config") or config).get("max_position_embeddings")
+        limit = context_length(pair.target)
         needed = spec.max_new_tokens + max(spec.gamma) + 1
-        if isinstance(limit, int) and needed > limit:
+        if limit is not None and needed > limit:
             problems.found.append(f"pairs[{i}].target: max_new_tokens {spec.max_new_tokens} "
                                   f"(+ gamma {max(spec.gamma)} + 1) needs {needed} positions after the "
                                   f"prompt; {pair.target} holds {limit}")

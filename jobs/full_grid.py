@@ -10,10 +10,10 @@ Ray. Rerunning with the same --out skips every row already written.
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NoReturn
@@ -28,12 +28,12 @@ from pipeline.planning.grid import GridError, GridSpec  # noqa: E402  (light: no
 from pipeline.planning.grid_file import check_name, load_grid  # noqa: E402
 from pipeline.planning.listing import KINDS  # noqa: E402
 from pipeline.planning.samples import RegistrySource, SampleSource  # noqa: E402
+from pipeline.storage.atomic import UNWRITABLE  # noqa: E402
 
 if TYPE_CHECKING:
     from actors.runner import GridRunner
 
 EXIT_INVALID, EXIT_FAILED, EXIT_LOCKED, EXIT_INTERRUPTED, EXIT_TERMINATED = 2, 1, 3, 130, 143
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 MAX_WORKERS, MAX_GPUS_PER_WORKER, MAX_CPUS_PER_WORKER = 100_000, 64, 1024  # beyond any cluster
 
 
@@ -41,7 +41,12 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (`ray job stop`, Slurm, Kubernetes): the run ends as on Ctrl-C."""
 
 
+# Ray's wait turns the handler's Terminated into a plain KeyboardInterrupt: the flag says it was SIGTERM
+SIGTERM_RECEIVED = threading.Event()
+
+
 def _terminate(signum: int, frame: object) -> None:
+    SIGTERM_RECEIVED.set()
     raise Terminated
 
 
@@ -149,12 +154,30 @@ def run(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -> int:
         print(f"not started: {err}", file=sys.stderr)
         return EXIT_LOCKED
     except OSError as err:
-        if err.errno not in DISK_FULL:
+        if err.errno not in UNWRITABLE:
             raise
-        print(f"stopped: no space left on the disk of {Path(args.out).resolve()} "
-              f"(writing {err.filename or 'it'}); free some space, then rerun the same command to resume "
-              "(rows written so far are kept)", file=sys.stderr)
+        where = err.filename or Path(args.out).resolve()
+        print(f"stopped: {UNWRITABLE[err.errno]}: could not write {where}; once it can be written, "
+              "rerun the same command to resume (rows written so far are kept)", file=sys.stderr)
         return EXIT_FAILED
+
+
+def stopped_by(stop: KeyboardInterrupt) -> tuple[str, int]:
+    """("terminated", 143) after SIGTERM wherever the driver was when it came, ("interrupted",
+    130) after Ctrl-C."""
+    if isinstance(stop, Terminated) or SIGTERM_RECEIVED.is_set():
+        return "terminated", EXIT_TERMINATED
+    return "interrupted", EXIT_INTERRUPTED
+
+
+def keep_token_private() -> None:
+    """Ray writes the token that admits clients to its cluster (`~/.ray/auth_token`, or
+    RAY_AUTH_TOKEN_PATH) with the default umask, readable by every user of the host: make it
+    the owner's alone."""
+    for name in {os.environ.get("RAY_AUTH_TOKEN_PATH"), str(Path.home() / ".ray" / "auth_token")} - {None}:
+        token = Path(name)
+        if token.is_file() and token.stat().st_uid == os.getuid() and token.stat().st_mode & 0o077:
+            token.chmod(0o600)
 
 
 def run_locked(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -> int:
@@ -168,6 +191,7 @@ def run_locked(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -
         ray.init(log_to_driver=False)  # workers log to files: the driver prints one line per shard
     else:  # "local": a new Ray for this job, even when some `ray start` cluster is running
         ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    keep_token_private()
     signal.signal(signal.SIGTERM, _terminate)  # after ray.init, whose own handler dumps a stack and aborts
     runner = GridRunner(
         spec, args.out, source=source, run=args.run, workers=args.workers,
@@ -182,9 +206,9 @@ def run_locked(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -
         run_and_report(runner, spec, args)
     except KeyboardInterrupt as stop:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
-        terminated = isinstance(stop, Terminated)
-        print(f"\n{'terminated' if terminated else 'interrupted'}; {resume()}", file=sys.stderr)
-        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+        how, code = stopped_by(stop)
+        print(f"\n{how}; {resume()}", file=sys.stderr)
+        return code
     except RunFailed as err:
         print(f"run {runner.run_name} stopped: {err}\nonce that is fixed, {resume()}", file=sys.stderr)
         return EXIT_FAILED

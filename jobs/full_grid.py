@@ -25,7 +25,8 @@ STARTED = time.monotonic()  # the phases' line at the end counts from here
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.planning.grid import GridError, GridSpec  # noqa: E402  (light: no Ray, no transformers)
-from pipeline.planning.grid_file import check_name, load_grid  # noqa: E402
+from pipeline.planning.grid_bounds import check_name  # noqa: E402
+from pipeline.planning.grid_file import load_grid  # noqa: E402
 from pipeline.planning.listing import KINDS  # noqa: E402
 from pipeline.planning.samples import RegistrySource, SampleSource  # noqa: E402
 from pipeline.storage.atomic import UNWRITABLE  # noqa: E402

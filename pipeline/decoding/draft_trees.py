@@ -23,7 +23,7 @@ from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.draft import Proposer, StaticRule
 from pipeline.decoding.proposals import Pending, Proposal, Verified
 from pipeline.decoding.rows import Rows
-from pipeline.decoding.verify_kinds import shape_levels
+from pipeline.decoding.tree_shapes import shape_levels
 from pipeline.decoding.trees import Tree
 from pipeline.drafting.scoring import mix
 

@@ -9,11 +9,10 @@ import json
 from dataclasses import asdict, dataclass, replace
 from typing import Any, ClassVar
 
+from pipeline.decoding.tree_shapes import MAX_TREE_DEPTH, MAX_TREE_NODES, check_shape, shape_levels
 from pipeline.registry import Registry, import_path
 
 DYNAMIC_NODES, DYNAMIC_TOP_K = 16, 4
-MAX_TREE_NODES = 512  # a shape tree's nodes: each is a token of the target's verify forward
-MAX_TREE_DEPTH = 64  # a tree's depth is its gamma, which a grid bounds the same
 MAX_TOP_K = 64  # children a dynamic tree's node may rank
 MAX_BANDIT_SHAPES = 16
 MAX_BANDIT_KNOB = 1e6  # c, lam and costs: beyond it one term drowns every other
@@ -172,27 +171,6 @@ class DynamicTree(VerifySpec, kind="dynamic"):
 def candidate_branches(methods: int) -> int:
     """Branches of a candidate tree: the ensembled chain and each method's own (one method: one)."""
     return 1 if methods == 1 else methods + 1
-
-
-def shape_levels(shape: tuple[int, ...]) -> list[int]:
-    """Nodes at each depth of a shape tree: N1, N1 N2, N1 N2 N3, ..."""
-    levels, width = [], 1
-    for children in shape:
-        width *= children
-        levels.append(width)
-    return levels
-
-
-def check_shape(shape: Any, what: str) -> tuple[int, ...]:
-    """A tree shape `(N1, ..., Nd)` as a tuple, or ValueError naming `what`."""
-    counts = shape if isinstance(shape, (list, tuple)) else [None]
-    if not shape or len(counts) > MAX_TREE_DEPTH or any(
-            isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_TREE_NODES for n in counts):
-        raise ValueError(f"{what} must be a list of 1 to {MAX_TREE_DEPTH} integers from 1 to "
-                         f"{MAX_TREE_NODES} (children per node at each depth), got {shape!r}")
-    if (nodes := sum(shape_levels(tuple(shape)))) > MAX_TREE_NODES:
-        raise ValueError(f"{what} {list(shape)} has {nodes} nodes; at most {MAX_TREE_NODES}")
-    return tuple(shape)
 
 
 @dataclass(frozen=True)

@@ -179,7 +179,7 @@ class InverseErrorPolicy(WeightPolicy, kind="inverse"):
         super().validate()
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
                 or not 0 < self.temperature <= MAX_INVERSE_TEMPERATURE:
-            raise ValueError(f"inverse-error temperature must be a number > 0 and at most "
+            raise ValueError(f"inverse-error temperature must be a finite number > 0 and at most "
                              f"{MAX_INVERSE_TEMPERATURE:g}, got {self.temperature!r}")
 
     def start_state(self, initial: torch.Tensor) -> WeightState:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -163,6 +164,41 @@ def run(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -> int:
         return EXIT_FAILED
 
 
+# Ray itself ends the driver 60 s after it lost the GCS (its reconnect timeout), printing nothing
+# useful; a GCS restarting under fault tolerance is back well within this
+GCS_SILENT_S = 45.0
+
+
+def watch_gcs(resume: Callable[[], str], address: str | None = None, every_s: float = 5.0) -> threading.Event:
+    """Watch the cluster's GCS from a thread until the returned event is set, and end the job
+    with the line saying how to resume once the GCS has refused connections for `GCS_SILENT_S`:
+    Ray's core worker would end the process a little later from C++, where no Python (no
+    `except`, no `finally`) runs. The run lock stays behind, a dead driver's, which the rerun
+    takes over. `address`: the GCS's host:port, by default the one this driver is connected to."""
+    if address is None:
+        import ray
+
+        address = ray.get_runtime_context().gcs_address
+    host, port = address.rsplit(":", 1)
+    stop = threading.Event()
+
+    def watch() -> None:
+        silent_since = None
+        while not stop.wait(every_s):
+            try:
+                socket.create_connection((host, int(port)), timeout=2).close()
+                silent_since = None
+            except OSError:
+                silent_since = silent_since or time.monotonic()
+                if time.monotonic() - silent_since >= GCS_SILENT_S and not stop.is_set():
+                    print(f"\nstopped: the Ray cluster's GCS at {address} stopped answering; once the "
+                          f"cluster is back, {resume()}", file=sys.stderr, flush=True)
+                    os._exit(EXIT_FAILED)
+
+    threading.Thread(target=watch, name="gcs-watch", daemon=True).start()
+    return stop
+
+
 def stopped_by(stop: KeyboardInterrupt) -> tuple[str, int]:
     """("terminated", 143) after SIGTERM wherever the driver was when it came, ("interrupted",
     130) after Ctrl-C."""
@@ -203,6 +239,7 @@ def run_locked(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -
         return ("rerun the same command to resume "
                 f"({runner.report.rows_written} rows written this time are kept)")
 
+    watching = watch_gcs(resume)
     try:
         run_and_report(runner, spec, args)
     except KeyboardInterrupt as stop:
@@ -213,6 +250,8 @@ def run_locked(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -
     except RunFailed as err:
         print(f"run {runner.run_name} stopped: {err}\nonce that is fixed, {resume()}", file=sys.stderr)
         return EXIT_FAILED
+    finally:
+        watching.set()  # the job's own Ray may shut down now without this driver being ended
     return 0
 
 

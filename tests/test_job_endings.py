@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from pathlib import Path
 from types import SimpleNamespace
 
 import jobs.full_grid as full_grid
@@ -38,3 +39,28 @@ def test_rays_token_is_left_readable_by_its_owner_only(tmp_path, monkeypatch):
     monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
     full_grid.keep_token_private()
     assert stat.S_IMODE(os.stat(token).st_mode) == 0o600
+
+
+def test_a_gcs_that_stops_answering_ends_the_job_with_the_resume_line(tmp_path):
+    """Ray ends the driver from C++ 60 s after losing the GCS, where no Python runs: the watch
+    says how to resume first (a port nobody listens on stands in for the dead GCS)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again below: nothing listens there
+    watch = (f"import time, jobs.full_grid as job\njob.GCS_SILENT_S = 0.5\nwatching = job.watch_gcs("
+             f"lambda: 'rerun the same command to resume', '127.0.0.1:{port}', every_s=0.1)\n")
+    root = Path(full_grid.__file__).resolve().parents[1]
+    started = time.monotonic()
+    ended = subprocess.run([sys.executable, "-c", watch + "time.sleep(30)"], capture_output=True, text=True,
+                           timeout=60, cwd=root)
+    assert ended.returncode == full_grid.EXIT_FAILED and time.monotonic() - started < 20
+    (line,) = ended.stderr.strip().splitlines()
+    assert f"GCS at 127.0.0.1:{port} stopped answering" in line and "rerun the same command" in line
+    stopped = subprocess.run([sys.executable, "-c", watch + "watching.set()\ntime.sleep(2)"], timeout=60,
+                             cwd=root)
+    assert stopped.returncode == 0  # the job's own Ray shutting down after the run ends nothing

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -214,6 +215,7 @@ def test_ctrl_c_ends_with_how_to_resume(tmp_path, monkeypatch, capsys):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(ray, "init", lambda *args, **kwargs: None)
+    monkeypatch.setattr(full_grid, "watch_gcs", lambda *args: threading.Event())  # no Ray, so no GCS to watch
     monkeypatch.setattr(actors.runner.GridRunner, "run", interrupted)
     code = full_grid.main(["--grid", str(grid_file(tmp_path)), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err

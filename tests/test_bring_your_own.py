@@ -152,7 +152,7 @@ def test_broken_import_paths_fail_before_ray_with_a_clear_line(tmp_path, monkeyp
     plug, dataset = write_user_files(tmp_path)
     monkeypatch.syspath_prepend(str(plug))
     cases = [
-        ({"drafting_methods": ["nowhere.at_all:Thing"]}, r"drafting_methods\[0\]: cannot import 'nowhere.at_all'"),
+        ({"drafting_methods": ["nowhere.at_all:Thing"]}, r"drafting_methods\[0\]: no Python source file for module 'nowhere.at_all'"),
         ({"drafting_methods": ["my_extensions:LastBest"]}, r"'my_extensions:LastBest' is not a DraftingMethod subclass"),
         ({"drafting_methods": ["my_extensions"]}, r"expected an import path 'package.module:Class'"),
         ({"policies": [{"kind": "my_extensions:Grayscale"}]}, r"policies\[0\].kind: 'my_extensions:Grayscale' is not a WeightPolicy"),
@@ -162,6 +162,21 @@ def test_broken_import_paths_fail_before_ray_with_a_clear_line(tmp_path, monkeyp
     for changes, message in cases:
         with pytest.raises(GridError, match=message):
             parse_grid(user_grid(dataset, **changes))
+
+
+def test_a_module_without_the_named_class_is_refused_before_any_of_its_code_runs(tmp_path, monkeypatch):
+    from pipeline.planning.grid import GridError
+    from pipeline.planning.grid_file import parse_grid
+
+    plug, dataset = write_user_files(tmp_path)
+    ran = tmp_path / "module code ran"
+    (plug / "not_a_plugin.py").write_text(f"open({str(ran)!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(plug))
+    for changes in ({"drafting_methods": ["not_a_plugin:Method"]}, {"policies": [{"kind": "not_a_plugin:Policy"}]},
+                    {"drafting_methods": ["os:system"]}):
+        with pytest.raises(GridError, match=r"defines no class|no Python source file"):
+            parse_grid(user_grid(dataset, **changes))  # what --dry-run and --list parse
+    assert not ran.exists()  # was imported (and its code run) before the class was looked for
 
 
 def test_second_turns_and_multi_image_rows_of_an_own_dataset(tmp_path):

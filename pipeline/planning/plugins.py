@@ -9,6 +9,7 @@ workers look: the job's working directory). The class must subclass the library'
 """
 from __future__ import annotations
 
+import ast
 import importlib
 import os
 import sys
@@ -32,6 +33,7 @@ def import_class(path: Any, base: type, where: str) -> type:
     module_name, class_name = path.split(":")
     if os.getcwd() not in sys.path:  # as Ray workers resolve it: the job's working directory
         sys.path.append(os.getcwd())
+    check_defines(module_name, class_name, where)
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # a missing module, or one that raises on import
@@ -40,6 +42,33 @@ def import_class(path: Any, base: type, where: str) -> type:
     if not (isinstance(found, type) and issubclass(found, base)):
         raise GridError(f"{where}: {path!r} is not a {base.__name__} subclass")
     return found
+
+
+def module_source(module_name: str) -> Path | None:
+    """The source file `module_name` would be imported from, found on the Python path without
+    importing anything (a package's parents included); None when it is no plain source file."""
+    parts = module_name.split(".")
+    for entry in sys.path:
+        folder = Path(entry or ".").joinpath(*parts)
+        for candidate in (folder.with_suffix(".py"), folder / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def check_defines(module_name: str, class_name: str, where: str) -> None:
+    """Refuse, before any of its code runs, a module that does not itself define `class_name`
+    (read from its source): naming a grid's plugin must not run a module that is no plugin."""
+    source = module_source(module_name)
+    if source is None:
+        raise GridError(f"{where}: no Python source file for module {module_name!r} on the path "
+                        f"(a plugin is a .py file of yours, e.g. {IMPORT_PATH_HINT})")
+    try:
+        tree = ast.parse(source.read_bytes(), str(source))
+    except (SyntaxError, ValueError) as err:
+        raise GridError(f"{where}: {source} is not valid Python: {err}") from err
+    if not any(isinstance(node, ast.ClassDef) and node.name == class_name for node in tree.body):
+        raise GridError(f"{where}: {source} defines no class {class_name!r} (nothing was imported)")
 
 
 def load_drafting_methods(value: Any) -> tuple[str, ...]:

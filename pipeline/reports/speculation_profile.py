@@ -78,21 +78,24 @@ def histogram(blocks: Iterable) -> Counter:
     return Counter(int(accepted) + 1 for per_row in blocks for accepted in per_row)
 
 
+def mean_of(lengths: Counter) -> float:
+    """Mean acceptance length per verify step of a histogram."""
+    return sum(length * n for length, n in lengths.items()) / sum(lengths.values())
+
+
 def profile(cell: dict[str, Any], rows: pd.DataFrame) -> dict[str, Any]:
     """The schema-1.0 profile of one cell's rows."""
     positions = draft_positions(rows)
     lengths = histogram(rows["accepted_per_block"])
-    steps = sum(lengths.values())
-    mean_length = sum(length * n for length, n in lengths.items()) / steps
+    mean_length = mean_of(lengths)
     per_request = [1 + sum(blocks) / len(blocks) for blocks in rows["accepted_per_block"] if len(blocks)]
     conditional, marginal = acceptance_vectors(lengths, positions)
     chain = cell["verify"] in CHAIN_KINDS
     per_dataset = {}
     for dataset, mine in rows.groupby("dataset", sort=True):
         counts = histogram(mine["accepted_per_block"])
-        total = sum(counts.values())
-        per_dataset[dataset] = {"mean_accept_length": round(sum(k * n for k, n in counts.items()) / total, 6),
-                                "steps": total, "requests": len(mine)}
+        per_dataset[dataset] = {"mean_accept_length": round(mean_of(counts), 6),
+                                "steps": sum(counts.values()), "requests": len(mine)}
     return {
         "schema_version": SCHEMA_VERSION,
         "measured": True,

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.run is not None:
             check_name(args.run, "--run")
-        spec = load_grid(args.grid)
+        spec = load_grid(args.grid, run_plugins=not (args.dry_run or args.list))
     except GridError as err:
         print(f"invalid grid {args.grid}: {err}", file=sys.stderr)
         if not args.list:

@@ -179,6 +179,42 @@ def test_a_module_without_the_named_class_is_refused_before_any_of_its_code_runs
     assert not ran.exists()  # was imported (and its code run) before the class was looked for
 
 
+def test_dry_run_and_list_read_the_grids_plugins_without_running_them(tmp_path, monkeypatch, capsys):
+    """--dry-run and --list plan from the plugins' source: the module's code (here: a marker
+    written on import) runs only when the grid runs; what they check and print is the same."""
+    import jobs.full_grid as full_grid
+    from pipeline.planning.grid import GridError
+    from pipeline.planning.grid_file import parse_grid
+
+    plug, dataset = write_user_files(tmp_path)
+    ran = tmp_path / "module code ran"
+    source = EXTENSIONS.replace('letter="G"', 'letter="K"').replace('"""G:', '"""K:')  # one letter a process
+    (plug / "outlined.py").write_text(source + f"\nopen({str(ran)!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(plug))
+    grid = user_grid(dataset, drafting_methods=["outlined:Grayscale"], methods=["AR", "M", "K", "MK"],
+                     policies=["static", {"kind": "outlined:LastBest", "methods": ["MK"]}])
+    path = tmp_path / "outlined.yaml"
+    path.write_text(yaml.safe_dump(grid))
+    assert full_grid.main(["--grid", str(path), "--dry-run"]) == 0
+    planned = capsys.readouterr().out
+    assert full_grid.main(["--grid", str(path), "--list", "methods"]) == 0
+    assert "K  grayscale    K: M on grayscale pixels.  (grid)" in capsys.readouterr().out
+    assert full_grid.main(["--grid", str(path), "--list", "policies"]) == 0
+    assert "outlined:LastBest        All weight on the method closest (KL)" in capsys.readouterr().out
+    refused = [({"policies": [{"kind": "outlined:LastBest", "sharpness": 2}]}, r"sharpness.\] not a field"),
+               ({"drafting_methods": ["outlined:LastBest"]}, r"'outlined:LastBest' is not a DraftingMethod"),
+               ({"policies": [{"kind": "outlined:Grayscale"}]}, r"'outlined:Grayscale' is not a Weight"),
+               ({"methods": ["MX"]}, r"unknown drafting method letter\(s\) \['X'\].*K \(grayscale\)")]
+    for changes, message in refused:
+        with pytest.raises(GridError, match=message):
+            parse_grid(grid | changes, run_plugins=False)
+    assert not ran.exists() and "outlined" not in sys.modules
+    from pipeline.planning.shards import unit_counts
+
+    assert planned == "\n".join(unit_counts(parse_grid(grid))) + "\n"  # the grid runs: imported now
+    assert ran.exists() and "outlined:LastBest: 4" in planned
+
+
 def test_second_turns_and_multi_image_rows_of_an_own_dataset(tmp_path):
     from pipeline.planning.grid_file import parse_grid
     from pipeline.planning.samples import RegistrySource

@@ -39,17 +39,19 @@ FIELDS = {"name", "datasets", "turns", "pairs", "methods", "policies", *AXES, "m
           "max_configurations"}
 
 
-def load_grid(path: str | Path, catalog: Catalog | None = None) -> GridSpec:
+def load_grid(path: str | Path, catalog: Catalog | None = None, run_plugins: bool = True) -> GridSpec:
     """Read and validate a grid file; `catalog` defaults to the data registry. Relative data
-    paths in it (datasets, sources) are read from the grid file's folder."""
+    paths in it (datasets, sources) are read from the grid file's folder. `run_plugins=False`
+    (`--dry-run`, `--list`): the grid's import paths are read, not imported (`plugins`)."""
     path = Path(path)
     raw = read_grid_yaml(path)
     raw = raw if isinstance(raw, dict) else {}
     raw.setdefault("name", path.stem)
-    return parse_grid(raw, catalog, base=path.resolve().parent)
+    return parse_grid(raw, catalog, base=path.resolve().parent, run_plugins=run_plugins)
 
 
-def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None, base: Path | None = None) -> GridSpec:
+def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None, base: Path | None = None,
+               run_plugins: bool = True) -> GridSpec:
     """Validate a grid given as a mapping (the parsed YAML) and build the `GridSpec`; every
     problem found is reported, each with the name probably meant. `base`: the folder relative
     data paths are read from (the grid file's; default the working directory)."""
@@ -66,12 +68,12 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None, base: Path |
     if problems.found and any(required not in raw for required in ("datasets", "pairs", "methods")):
         problems.raise_all()
     catalog = catalog or Catalog.from_registry()
-    drafting_methods = (problems.check(load_drafting_methods, raw["drafting_methods"], default=())
-                        if "drafting_methods" in raw else ())
+    drafting_methods = (problems.check(load_drafting_methods, raw["drafting_methods"], run_plugins,
+                                       default=()) if "drafting_methods" in raw else ())
     methods = tuple(problems.each(problems.check(listed, raw["methods"], "methods", default=[]), _method))
     datasets, user_datasets = problems.check(parse_datasets, raw["datasets"], catalog, base, default=((), ()))
     pairs = problems.each(problems.check(listed, raw["pairs"], "pairs", default=[]), _pair)
-    verify = problems.check(_axis, raw, "verify", _verify, default=())
+    verify = problems.check(_axis, raw, "verify", lambda v, where: _verify(v, where, run_plugins), default=())
     fields = dict(
         name=problems.check(check_name, raw.get("name", "grid")),
         datasets=datasets,
@@ -84,7 +86,7 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None, base: Path |
         methods=methods,
         policies=tuple(problems.each(problems.check(listed, raw.get("policies", ["static"]), "policies",
                                                     default=[]),
-                                     lambda entry, i: _policy(entry, i, methods))),
+                                     lambda entry, i: _policy(entry, i, methods, run_plugins))),
         window=problems.check(_axis, raw, "window", _window),
         distance=problems.check(_axis, raw, "distance", lambda d, where: choice(d, DISTANCES, where)),
         gamma=problems.check(_axis, raw, "gamma",
@@ -210,7 +212,7 @@ def _method(value: Any, i: int) -> str:
 GRID_AXES_OF_POLICIES = ("window", "distance")  # set once for every policy, as grid axes
 
 
-def _policy(entry: Any, i: int, method_sets: tuple[str, ...]) -> PolicyEntry:
+def _policy(entry: Any, i: int, method_sets: tuple[str, ...], run_plugins: bool) -> PolicyEntry:
     """`kind` names the policy; `methods` restricts it to some ensembles; every other key is
     one of that policy's own fields (pipeline.drafting.policies)."""
     where = f"policies[{i}]"
@@ -218,7 +220,7 @@ def _policy(entry: Any, i: int, method_sets: tuple[str, ...]) -> PolicyEntry:
         kind, entry = parse_entry(entry, POLICIES)
     except ValueError as err:
         raise GridError(f"{where}: {err}") from None
-    kind, methods = plugin_kind(kind, WeightPolicy, f"{where}.kind"), entry.pop("methods", None)
+    kind, methods = plugin_kind(kind, WeightPolicy, f"{where}.kind", run_plugins), entry.pop("methods", None)
     if methods is not None:
         methods = tuple(str(m) for m in listed(methods, f"{where}.methods"))
         for m in methods:
@@ -248,7 +250,7 @@ def _window(value: Any, where: str) -> int | None:
     return integer(value, where, minimum=1, maximum=MAX_NEW_TOKENS)
 
 
-def _verify(value: Any, where: str) -> tuple[VerifySpec, bool, tuple[str, ...] | None]:
+def _verify(value: Any, where: str, run_plugins: bool) -> tuple[VerifySpec, bool, tuple[str, ...] | None]:
     """A verify entry (its kind may be an import path), whether it runs live on `live_samples`
     (`timed: false` replays it there too) and its `methods:` (None: all; grid_checks checks them)."""
     if isinstance(value, VerifySpec):  # the axis's default
@@ -258,7 +260,7 @@ def _verify(value: Any, where: str) -> tuple[VerifySpec, bool, tuple[str, ...] |
     only = entry.pop("methods", None)
     only = None if only is None else tuple(str(m) for m in listed(only, f"{where}.methods"))
     if "kind" in entry:
-        entry["kind"] = plugin_kind(entry["kind"], VerifySpec, f"{where}.kind")
+        entry["kind"] = plugin_kind(entry["kind"], VerifySpec, f"{where}.kind", run_plugins)
     try:
         return make_verify(entry), timed, only
     except ValueError as err:

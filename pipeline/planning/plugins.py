@@ -2,10 +2,13 @@
 policies and verify kinds named by import path (`package.module:Class`).
 
 Nothing in a grid file runs except the import paths written in `drafting_methods` and in a
-policy's or verify entry's `kind`: each module is imported by name, like `python -c "import package.module"`
-would, from the Python path plus the current working directory (which is also where Ray
-workers look: the job's working directory). The class must subclass the library's base
-(`DraftingMethod`, `WeightPolicy`), and is then used exactly like the built-ins.
+policy's or verify entry's `kind`, and those only when the grid runs: each module's source is
+first found on the Python path plus the current working directory (which is also where Ray
+workers look: the job's working directory) and parsed, and a module that does not define the
+class is refused unrun; then the module is imported by name, like `python -c "import
+package.module"` would. `--dry-run` and `--list` import nothing: they read the class from its
+source (`pipeline.planning.plugin_outlines`). The class must subclass the library's base
+(`DraftingMethod`, `WeightPolicy`, `VerifySpec`), and is then used exactly like the built-ins.
 """
 from __future__ import annotations
 
@@ -21,19 +24,23 @@ from pipeline.drafting.methods import DraftingMethod
 from pipeline.names import did_you_mean
 from pipeline.planning.catalog import Catalog
 from pipeline.planning.grid import GridError
+from pipeline.planning.plugin_outlines import outline_class
 from pipeline.planning.problems import Problems
 from pipeline.registry import IMPORT_PATH_HINT
 
 
-def import_class(path: Any, base: type, where: str) -> type:
+def import_class(path: Any, base: type, where: str, run: bool = True) -> type:
     """The class at `path` ('package.module:Class'), which must subclass `base`; GridError
-    naming `where` when the path is malformed, the import fails or the class is wrong."""
+    naming `where` when the path is malformed, the import fails or the class is wrong.
+    `run=False`: its outline, read from the source, unless the module is already imported."""
     if not isinstance(path, str) or path.count(":") != 1 or not all(path.split(":")):
         raise GridError(f"{where}: expected {IMPORT_PATH_HINT}, got {path!r}")
     module_name, class_name = path.split(":")
     if os.getcwd() not in sys.path:  # as Ray workers resolve it: the job's working directory
         sys.path.append(os.getcwd())
-    check_defines(module_name, class_name, where)
+    tree, node = class_source(module_name, class_name, where)
+    if not run and module_name not in sys.modules:
+        return outline_class(tree, node, module_name, base, where)
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # a missing module, or one that raises on import
@@ -56,9 +63,10 @@ def module_source(module_name: str) -> Path | None:
     return None
 
 
-def check_defines(module_name: str, class_name: str, where: str) -> None:
-    """Refuse, before any of its code runs, a module that does not itself define `class_name`
-    (read from its source): naming a grid's plugin must not run a module that is no plugin."""
+def class_source(module_name: str, class_name: str, where: str) -> tuple[ast.Module, ast.ClassDef]:
+    """The module's syntax tree and its top-level definition of `class_name`, read from its
+    source without running it; GridError when it defines none: naming a grid's plugin must not
+    run a module that is no plugin."""
     source = module_source(module_name)
     if source is None:
         raise GridError(f"{where}: no Python source file for module {module_name!r} on the path "
@@ -67,28 +75,31 @@ def check_defines(module_name: str, class_name: str, where: str) -> None:
         tree = ast.parse(source.read_bytes(), str(source))
     except (SyntaxError, ValueError) as err:
         raise GridError(f"{where}: {source} is not valid Python: {err}") from err
-    if not any(isinstance(node, ast.ClassDef) and node.name == class_name for node in tree.body):
-        raise GridError(f"{where}: {source} defines no class {class_name!r} (nothing was imported)")
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            return tree, node
+    raise GridError(f"{where}: {source} defines no class {class_name!r} (nothing was imported)")
 
 
-def load_drafting_methods(value: Any) -> tuple[str, ...]:
-    """`drafting_methods: ['pkg.mod:Class', ...]`: import each; each must register a letter."""
+def load_drafting_methods(value: Any, run: bool = True) -> tuple[str, ...]:
+    """`drafting_methods: ['pkg.mod:Class', ...]`: import each (`run=False`: outline each);
+    each must register a letter."""
     paths = value if isinstance(value, list) else [value]
     for i, path in enumerate(paths):
-        cls = import_class(path, DraftingMethod, f"drafting_methods[{i}]")
+        cls = import_class(path, DraftingMethod, f"drafting_methods[{i}]", run)
         if not cls.letter:
             raise GridError(f"drafting_methods[{i}]: {path!r} has no letter "
                             "(class X(DraftingMethod, letter='X'))")
     return tuple(paths)
 
 
-def plugin_kind(kind: Any, base: type, where: str) -> str:
-    """A built-in kind as it is; an import path imports the class (a `base` subclass, which
-    registers itself as it is defined: `pipeline.registry`) and returns its kind (the path
-    itself, unless the class named one: `kind="..."`)."""
+def plugin_kind(kind: Any, base: type, where: str, run: bool = True) -> str:
+    """A built-in kind as it is; an import path imports the class (`run=False`: outlines it),
+    a `base` subclass, which registers itself as it is defined (`pipeline.registry`), and
+    returns its kind (the path itself, unless the class named one: `kind="..."`)."""
     if not isinstance(kind, str) or ":" not in kind:
         return str(kind)
-    return import_class(kind, base, where).kind
+    return import_class(kind, base, where, run).kind
 
 
 def parse_datasets(value: Any, catalog: Catalog,

@@ -21,24 +21,56 @@ from pipeline.reports.report import configuration_labels, method_order
 CONFIG = ["target", "draft", "dtype", "turn", "method_label"]
 
 
+def _depths(gamma: object, shapes: object, chosen: object, blocks: int) -> np.ndarray:
+    """Drafted positions of each of a row's `blocks`: its chosen shape's depth where a bandit
+    recorded one per block, else gamma."""
+    if shapes is not None and chosen is not None and len(chosen) == blocks and len(shapes):
+        return np.asarray([len(shape) for shape in shapes], int)[np.asarray(chosen, int)]
+    return np.full(blocks, int(gamma), int)
+
+
+def blocks_of(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every block of `rows`, flattened: (its row's position in `rows`, accepted drafts, drafted
+    positions, whether it is its row's last block). Arrays, not a loop per block: a paper-scale
+    run has tens of millions of blocks."""
+    accepted = rows["accepted_per_block"].tolist()
+    lengths = np.fromiter((len(a) for a in accepted), int, len(accepted))
+    shapes = rows["verify_shapes"] if "verify_shapes" in rows else [None] * len(rows)
+    chosen = rows["shape_per_block"] if "shape_per_block" in rows else [None] * len(rows)
+    flat = [np.asarray(a, int) for a in accepted]
+    depths = [_depths(g, s, c, n) for g, s, c, n in zip(rows["gamma"], shapes, chosen, lengths)]
+    ends = np.cumsum(lengths)
+    last = np.zeros(int(ends[-1]) if len(ends) else 0, bool)
+    last[ends[lengths > 0] - 1] = True
+    joined = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, int))
+    return np.repeat(np.arange(len(rows)), lengths), joined(flat), joined(depths), last
+
+
 def block_depths(row: pd.Series | dict) -> list[int]:
     """Drafted positions of each block of a row."""
-    blocks = len(row["accepted_per_block"])
-    shapes, chosen = row.get("verify_shapes"), row.get("shape_per_block")
-    if shapes is not None and chosen is not None and len(chosen) == blocks and len(shapes):
-        return [len(shapes[arm]) for arm in chosen]
-    return [int(row["gamma"])] * blocks
+    return blocks_of(pd.DataFrame([dict(row)]))[2].tolist()
+
+
+def position_matrix(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(reached, accepted): rows x draft positions 1..deepest, for every row at once. A block
+    reaches position k when it accepted the k - 1 before it and drafted at least k; a row's last
+    block is censored after its accepted count."""
+    row, accepted, depth, last = blocks_of(rows)
+    deepest = int(depth.max()) if len(depth) else 0
+    seen = np.where(last, accepted, np.minimum(accepted + 1, depth))
+
+    def at_least(values: np.ndarray) -> np.ndarray:  # [row, k]: blocks of the row with value > k
+        counts = np.zeros((len(rows), deepest + 1), int)
+        np.add.at(counts, (row, np.clip(values, 0, deepest)), 1)
+        return counts[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:]
+
+    return at_least(seen), at_least(accepted)
 
 
 def position_counts(row: pd.Series | dict) -> tuple[np.ndarray, np.ndarray]:
     """(reached, accepted) per draft position 1..deepest of one row's blocks."""
-    depths, accepted = block_depths(row), list(row["accepted_per_block"])
-    reached, hits = np.zeros(max(depths, default=0), int), np.zeros(max(depths, default=0), int)
-    for i, (depth, a) in enumerate(zip(depths, accepted)):
-        seen = a if i == len(accepted) - 1 else min(a + 1, depth)  # the last block: censored after a
-        reached[:seen] += 1
-        hits[:a] += 1
-    return reached, hits
+    reached, hits = position_matrix(pd.DataFrame([dict(row)]))
+    return reached[0], hits[0]
 
 
 def speculative_rows(rows: pd.DataFrame) -> pd.DataFrame:
@@ -52,9 +84,10 @@ def speculative_rows(rows: pd.DataFrame) -> pd.DataFrame:
 def block_counts(rows: pd.DataFrame) -> pd.DataFrame:
     """`rows` with each one's accepted drafts, blocks and drafted positions: what pooled tau and
     the acceptance rate sum."""
-    per_block = rows["accepted_per_block"]
-    return rows.assign(accepted=per_block.map(sum), blocks=per_block.map(len),
-                       drafted=[sum(block_depths(row)) for row in rows.to_dict("records")])
+    row, accepted, depth, _ = blocks_of(rows)
+    return rows.assign(accepted=np.bincount(row, accepted, len(rows)).astype(int),
+                       blocks=np.bincount(row, minlength=len(rows)),
+                       drafted=np.bincount(row, depth, len(rows)).astype(int))
 
 
 def per_position_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -62,12 +95,8 @@ def per_position_table(rows: pd.DataFrame) -> pd.DataFrame:
     conditional acceptance, and its mean over requests (rows that reached the position)."""
     out = []
     for config, group in speculative_rows(rows).groupby(CONFIG, sort=False):
-        counts = [position_counts(row) for row in group.to_dict("records")]
-        depth = max(len(reached) for reached, _ in counts)
-        reached = np.zeros((len(counts), depth), int)
-        hits = np.zeros((len(counts), depth), int)
-        for i, (r, h) in enumerate(counts):
-            reached[i, : len(r)], hits[i, : len(h)] = r, h
+        reached, hits = position_matrix(group)
+        depth = reached.shape[1]
         for k in range(depth):
             seen = reached[:, k] > 0
             out.append(dict(zip(CONFIG, config)) | {

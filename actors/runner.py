@@ -24,6 +24,7 @@ from pipeline.planning.grid import GridSpec, Pair, Shard
 from pipeline.planning.resume import reconcile, wanted_rows
 from pipeline.planning.samples import RegistrySource, RunSamples, SampleSource
 from pipeline.planning.shards import plan_shards
+from pipeline.storage.compaction import recover
 from pipeline.storage.manifest import grid_record, record_grid
 from pipeline.storage.run_lock import run_lock
 from pipeline.storage.store import (
@@ -97,6 +98,7 @@ class GridRunner:
         for turn in sorted(self.spec.turns, key=turn_index):
             phases.setdefault(turn_index(turn), []).append(turn)
         with run_lock(self.out, self.run_name):
+            recover(self.out, self.run_name)  # what a killed `jobs/compact.py` left
             moved, folder = quarantine_unreadable(self.out, self.run_name)
             if moved:
                 print(f"moved {len(moved)} unreadable shard file(s) aside to {folder}; "

@@ -9,8 +9,9 @@ import logging
 import os
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Iterator
 
 log = logging.getLogger(__name__)
 
@@ -22,17 +23,30 @@ UNWRITABLE = {errno.ENOSPC: "no space left on the disk", errno.EDQUOT: "the disk
 
 def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Fill `path` through `write(file)` so that it is never seen half-written."""
+    with temporary(path) as tmp:
+        fill(tmp, write)
+        os.replace(tmp, path)
+    fsync_folder(path.parent)
+
+
+@contextmanager
+def temporary(path: Path) -> Iterator[Path]:
+    """A name for `path`'s temporary file: a dot file beside it (readers skip it) that no other
+    writer uses. Whatever is left under it when the block ends is removed: a full disk or an
+    interrupt leaves no stray temporary file (one renamed into place is gone already)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with open(tmp, "wb") as sink:
-            write(sink)
-            sink.flush()
-            os.fsync(sink.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk or an interrupt leaves no stray temporary file
-        raise
-    fsync_folder(path.parent)
+        yield tmp
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def fill(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write `path` through `write(file)` and flush it to disk (before it is renamed anywhere)."""
+    with open(path, "wb") as sink:
+        write(sink)
+        sink.flush()
+        os.fsync(sink.fileno())
 
 
 def fsync_folder(folder: Path) -> None:

@@ -9,10 +9,14 @@ renamed (the folder flushed after): readers (which skip dot files) never see hal
 after a crash a file that exists is complete. Only files in this layout are read, and a file
 whose Parquet footer cannot be read (truncated by a dying disk, or dropped there by hand) is
 skipped and named (`unreadable_files`) rather than ending every read: a run moves it aside
-(`quarantine_unreadable`) and computes its rows again.
+(`quarantine_unreadable`) and computes its rows again. A folder's small files may be merged into
+one (`pipeline.storage.compaction`); the files a compaction journal says its merged file replaces
+are not read once that file is in place, so no row is read twice while the originals go.
 """
 from __future__ import annotations
 
+import fnmatch
+import json
 import os
 import time
 from pathlib import Path
@@ -29,6 +33,8 @@ from pipeline.storage.atomic import write_atomically
 from pipeline.storage.schema import FILE_SCHEMA, PARTITIONS, SCHEMA
 
 HIVE = ds.partitioning(pa.schema([(name, pa.string()) for name in PARTITIONS]), flavor="hive")
+# a compaction's journal in a partition folder, `.compaction-<id>.json`: {"merged": name, "sources": [names]}
+JOURNAL_PREFIX = ".compaction-"
 
 
 def rows_to_table(rows: list[dict]) -> pa.Table:
@@ -84,27 +90,60 @@ def write_shards(out: str | Path, table: pa.Table) -> list[Path]:
     return [write_shard(out, table.take(pa.array(rows))) for rows in parts.values()]
 
 
+def file_table(table: pa.Table) -> pa.Table:
+    """Rows as a shard file holds them: every column in its type, but the partition columns,
+    which live in the folder names."""
+    return table.select(FILE_SCHEMA.names).cast(FILE_SCHEMA)
+
+
 def _write_atomically(table: pa.Table, path: Path) -> None:
     """A shard file that is never seen half-written (`pipeline.storage.atomic`)."""
-    cast = table.select(FILE_SCHEMA.names).cast(FILE_SCHEMA)
+    cast = file_table(table)
     write_atomically(path, lambda sink: pq.write_table(cast, sink))
+
+
+def partition_folders(out: str | Path, run: str | None = None) -> list[Path]:
+    """The `target=*/draft=*/dataset=*` folders of one run (or `run=*/...` of all)."""
+    layout = "target=*/draft=*/dataset=*"
+    base = Path(out) if run is None else run_dir(out, run)
+    pattern = layout if run is not None else f"run=*/{layout}"
+    return [p for p in base.glob(pattern) if p.is_dir()] if base.is_dir() else []
 
 
 def shard_files(out: str | Path, run: str | None = None) -> list[Path]:
     """The shard files of the layout (`run=*/target=*/draft=*/dataset=*/part-*.parquet`), of one
-    run or all; a stray file anywhere else is not part of the results."""
-    layout = "target=*/draft=*/dataset=*/part-*.parquet"
-    base = Path(out) if run is None else run_dir(out, run)
-    pattern = layout if run is not None else f"run=*/{layout}"
-    return sorted(p for p in base.glob(pattern) if p.is_file()) if base.is_dir() else []
+    run or all; a stray file anywhere else is not part of the results, nor is a file a compaction
+    has replaced. Each folder is listed once; only a folder holding a journal reads more."""
+    files = []
+    for folder in partition_folders(out, run):
+        names = os.listdir(folder)
+        parts = set(fnmatch.filter(names, "part-*.parquet"))
+        for journal in (name for name in names if name.startswith(JOURNAL_PREFIX) and name.endswith(".json")):
+            parts -= _replaced(folder / journal, parts)
+        files += [folder / name for name in parts if (folder / name).is_file()]
+    return sorted(files)
+
+
+def _replaced(journal: Path, listed: set[str]) -> set[str]:
+    """The files a compaction journal replaces once its merged file is among the files `listed`
+    (the merged file is read instead, though they are unlinked only after); none before that."""
+    try:
+        entry = json.loads(journal.read_text())
+    except FileNotFoundError:  # that compaction finished since the listing: its sources are gone too
+        return set()
+    return set(entry["sources"]) if entry["merged"] in listed else set()
+
+
+def footer(path: Path) -> pq.FileMetaData | None:
+    """A file's Parquet footer, or None where it cannot be read (truncated, empty, or not Parquet)."""
+    try:
+        return pq.read_metadata(path)
+    except (OSError, pa.ArrowException):
+        return None
 
 
 def _readable(path: Path) -> bool:
-    try:
-        pq.read_metadata(path)
-    except (OSError, pa.ArrowException):  # truncated, empty, or not Parquet at all
-        return False
-    return True
+    return footer(path) is not None
 
 
 def unreadable_files(out: str | Path, run: str | None = None) -> list[Path]:
@@ -164,13 +203,14 @@ def drop_rows(out: str | Path, run: str, keys: set[str]) -> int:
 
 def read_table(out: str | Path, run: str | None = None, columns: Iterable[str] | None = None) -> pa.Table:
     """Every row under OUT (or of one run) as an Arrow table with the documented schema. The
-    files are read as they are; only when that fails is each footer checked and the unreadable
-    ones left out (checking them on every read cost as much as a key-column read)."""
-    files, columns = shard_files(out, run), None if columns is None else list(columns)
+    files are read as they are; only when that fails are they listed again (a compaction may have
+    replaced some since) and each footer checked, the unreadable ones left out (checking them on
+    every read cost as much as a key-column read)."""
+    columns = None if columns is None else list(columns)
     try:
-        return _read_files(out, files, columns)
+        return _read_files(out, shard_files(out, run), columns)
     except (OSError, pa.ArrowException):
-        return _read_files(out, [p for p in files if _readable(p)], columns)
+        return _read_files(out, [p for p in shard_files(out, run) if _readable(p)], columns)
 
 
 def read_results(out: str | Path, run: str | None = None) -> pd.DataFrame:

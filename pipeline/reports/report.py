@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pandas as pd
 
 from pipeline.drafting.methods import method_order as letter_order
@@ -78,15 +79,16 @@ def gamma_shown(rows: pd.DataFrame) -> pd.Series:
     """Each row's draft steps per block as tables print them: the grid's gamma (an int), `-` for
     AR, and `depth d` for a tree whose shape sets its depth (a shape tree; a bandit's shapes span
     `depth 4-6`), which a gamma-5 grid did not ask for and must not read as a second gamma."""
-    shapes = rows["verify_shapes"] if "verify_shapes" in rows else pd.Series(None, index=rows.index)
-
-    def shown(gamma, tree_shapes) -> object:
-        if hasattr(tree_shapes, "__len__") and len(tree_shapes):  # a list of shapes; None or NaN: none
+    shown = pd.Series("-", index=rows.index, dtype=object)
+    known = rows["gamma"].notna().to_numpy()
+    shown[known] = [int(gamma) for gamma in rows["gamma"][known]]
+    if "verify_shapes" not in rows:
+        return shown
+    for i, tree_shapes in rows["verify_shapes"][rows["verify_shapes"].notna()].items():
+        if hasattr(tree_shapes, "__len__") and len(tree_shapes):  # a list of shapes; NaN: none
             depths = sorted({len(shape) for shape in tree_shapes})
-            return f"depth {depths[0]}" + (f"-{depths[-1]}" if len(depths) > 1 else "")
-        return "-" if pd.isna(gamma) else int(gamma)
-
-    return pd.Series([shown(g, s) for g, s in zip(rows["gamma"], shapes)], index=rows.index, dtype=object)
+            shown[i] = f"depth {depths[0]}" + (f"-{depths[-1]}" if len(depths) > 1 else "")
+    return shown
 
 
 def grid_gammas(rows: pd.DataFrame) -> str:
@@ -117,7 +119,8 @@ def wall_times(rows: pd.DataFrame) -> pd.Series:
 
 
 def pooled_tau(group: pd.DataFrame) -> float:
-    accepted = group["accepted_per_block"].map(sum).sum()
+    lists = group["accepted_per_block"].tolist()
+    accepted = int(np.concatenate(lists).sum()) if lists else 0  # one sum, not one per row
     blocks = group["blocks"].sum()
     return float("nan") if blocks == 0 else 1.0 + accepted / blocks
 

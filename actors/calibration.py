@@ -163,11 +163,12 @@ def rewrite_reports(out: str, pairs: list[tuple[str, str, str]]) -> list[Path]:
     """Write again the report of every run under OUT holding rows of a pair just calibrated:
     its speedup tables draw on the calibration."""
     from pipeline.reports.summary import write_summary
-    from pipeline.storage.store import read_results, report_dir, run_names
+    from pipeline.reports.report_rows import read_report_rows
+    from pipeline.storage.store import report_dir, run_names
 
     written = []
     for run in run_names(out):
-        rows = read_results(out, run)
+        rows = read_report_rows(out, run)
         if any(((rows["target"] == t) & (rows["draft"] == d) & (rows["dtype"] == dt)).any()
                for t, d, dt in pairs):
             write_summary(out, run, rows)

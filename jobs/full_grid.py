@@ -259,7 +259,8 @@ def run_and_report(runner: "GridRunner", spec: GridSpec, args: argparse.Namespac
     """The rows, then the latency calibration (grids with `calibrate: true`), then the report."""
     from actors.calibration import calibrate_pairs, grid_shapes, pairs_to_measure
     from pipeline.reports.summary import write_summary
-    from pipeline.storage.store import read_results, report_dir
+    from pipeline.reports.report_rows import read_report_rows
+    from pipeline.storage.store import report_dir
 
     report = runner.run()
     print(
@@ -278,7 +279,7 @@ def run_and_report(runner: "GridRunner", spec: GridSpec, args: argparse.Namespac
                             rounds=spec.calibrate_rounds, ray_tasks=True)
         phases["calibration"] = time.monotonic() - started
     started = time.monotonic()
-    summary = write_summary(args.out, runner.run_name, read_results(args.out, runner.run_name))
+    summary = write_summary(args.out, runner.run_name, read_report_rows(args.out, runner.run_name))
     phases["report"] = time.monotonic() - started
     title, headline, *_ = summary.split("\n\n## ")  # the answer first; every table is in summary.md
     print(f"\n{title}\n\n## {headline}\n")

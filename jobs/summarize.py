@@ -14,9 +14,10 @@ from pathlib import Path
 # Run from a checkout or a `ray job submit` working directory alike (see jobs/full_grid.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeline.reports.report_rows import read_report_rows  # noqa: E402
 from pipeline.reports.summary import write_summary  # noqa: E402
 from pipeline.storage.atomic import UNWRITABLE  # noqa: E402
-from pipeline.storage.store import read_results, report_dir, unreadable_files  # noqa: E402
+from pipeline.storage.store import report_dir, unreadable_files  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in unreadable_files(args.out, args.run):
         print(f"skipped {path}: not a readable Parquet file (a run of its grid moves it aside and computes "
               "its rows again)", file=sys.stderr)
-    df = read_results(args.out, args.run)
+    df = read_report_rows(args.out, args.run)
     if df.empty:
         print(f"no results under {args.out}", file=sys.stderr)
         return 1

@@ -68,6 +68,34 @@ def test_a_rerun_that_adds_no_rows_reuses_the_calibration_unless_asked(smoke_res
 
 
 @pytest.mark.slow
+def test_a_scaled_copy_of_the_run_reports_alike_read_whole_or_by_the_columns_it_needs(smoke_results, tmp_path):
+    """bench/scale.py's copy of a real run (3x its rows) is keyed once and complete by its manifest;
+    its report from the columns the report reads (the weights only of the rows drawn) is, table
+    for table and figure for figure, the report from every column of every row (the old way)."""
+    from pipeline.reports.report_rows import read_report_rows
+    from pipeline.reports.summary import write_summary
+    from pipeline.storage.store import read_results, report_dir
+
+    out, _ = smoke_results
+    made = subprocess.run([sys.executable, "bench/scale.py", "--rows", "1000", "--template", str(out), "--steps", "",
+                           "--work", str(tmp_path), "--log-dir", str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert made.returncode == 0 and "rows=1008" in made.stdout, made.stderr[-2000:]
+    copy = tmp_path / "rows-1000"
+    everything = read_results(copy, "smoke")
+    assert len(everything) == 3 * 336 and everything["key"].is_unique
+
+    def report(rows) -> tuple[str, dict[str, bytes]]:
+        text = write_summary(copy, "smoke", rows)
+        files = report_dir(copy, "smoke").iterdir()
+        return text, {p.name: p.read_bytes() for p in files if p.suffix in (".md", ".csv", ".tex", ".png")}
+
+    old, new = report(everything), report(read_report_rows(copy, "smoke"))
+    assert "Complete: all 1008 expected rows are present" in new[0] and "weights.png" in new[1]
+    assert new[0] == old[0] and new[1] == old[1]
+
+
+@pytest.mark.slow
 def test_notebook_runs_headless_on_smoke_results(smoke_results, tmp_path):
     from tests.test_notebook import executed_notebook
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
@@ -31,7 +32,8 @@ from pipeline.reports.latex import paper_tables
 from pipeline.reports.marks import HIGHER_EVERYWHERE
 from pipeline.reports.noise import noise_section, shown
 from pipeline.reports.paper_check import paper_check
-from pipeline.reports.plots import save, weight_ratio_figure
+from pipeline.reports.plots import save, weight_ratio_figure, weight_ratio_rows
+from pipeline.reports.report_rows import ON_DEMAND, with_columns
 from pipeline.reports.report import (
     category_table, decoded_alone, findings_text, markdown_table, method_findings, tau_table, without_html,
 )
@@ -113,7 +115,7 @@ def _write_report(out: str | Path, run: str, everything: pd.DataFrame, folder: P
     sections.append(failed_section(everything))
     for name, latex in paper_tables(rows, tables["tau"][2], tables["categories"][2]).items():
         (folder / name).write_text(latex)
-    sections.append(figures_section(rows, folder))
+    sections.append(figures_section(rows, folder, lambda chosen: with_columns(out, run, chosen, ON_DEMAND)))
     text = without_html("\n\n".join(section for section in sections if section) + "\n")
     (folder / "summary.md").write_text(text)
     return text
@@ -281,15 +283,18 @@ def measurement_noise_section(rows: pd.DataFrame, calibrations: Calibrations, sp
     return noise_section(calibrations, timed, speedup)
 
 
-def figures_section(rows: pd.DataFrame, folder: Path) -> str:
-    """Each figure as PNG, PDF and SVG, shown with its caption."""
+def figures_section(rows: pd.DataFrame, folder: Path,
+                    complete: Callable[[pd.DataFrame], pd.DataFrame] = lambda chosen: chosen) -> str:
+    """Each figure as PNG, PDF and SVG, shown with its caption. `complete` adds the columns left
+    in the files (`report_rows.ON_DEMAND`) to the few rows the weights figure draws."""
     lines = ["## Figures (PNG, PDF and SVG at a two-column paper's width; `-one-column` files at one "
              "column's; LaTeX tables: table1.tex, table2.tex)"]
-    for stem, draw in (("tau", tau_figure), ("weights", weight_ratio_figure)):
-        made = draw(rows)
+    for stem, draw, drawn in (("tau", tau_figure, rows),
+                              ("weights", weight_ratio_figure, complete(weight_ratio_rows(rows)))):
+        made = draw(drawn)
         if made is not None:
             figure, caption = made
             save(figure, folder / stem)
-            save(draw(rows, width="one-column")[0], folder / f"{stem}-one-column")
+            save(draw(drawn, width="one-column")[0], folder / f"{stem}-one-column")
             lines.append(f"![{stem}]({stem}.png)\n\n> {caption}")
     return "\n\n".join(lines)

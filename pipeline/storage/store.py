@@ -164,12 +164,13 @@ def quarantine_unreadable(out: str | Path, run: str) -> tuple[list[Path], Path]:
     return moved, folder
 
 
-def _read_files(out: str | Path, files: list[Path], columns: list[str] | None) -> pa.Table:
+def _read_files(out: str | Path, files: list[Path], columns: list[str] | None,
+                where: ds.Expression | None = None) -> pa.Table:
     if not files:
         return SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(columns)
     dataset = ds.dataset([str(p) for p in files], schema=SCHEMA, format="parquet", partitioning=HIVE,
                          partition_base_dir=str(out))
-    return dataset.to_table(columns=columns)
+    return dataset.to_table(columns=columns, filter=where)
 
 
 def stored_config_keys(out: str | Path, run: str) -> set[str]:
@@ -201,16 +202,18 @@ def drop_rows(out: str | Path, run: str, keys: set[str]) -> int:
     return dropped
 
 
-def read_table(out: str | Path, run: str | None = None, columns: Iterable[str] | None = None) -> pa.Table:
-    """Every row under OUT (or of one run) as an Arrow table with the documented schema. The
-    files are read as they are; only when that fails are they listed again (a compaction may have
-    replaced some since) and each footer checked, the unreadable ones left out (checking them on
-    every read cost as much as a key-column read)."""
+def read_table(out: str | Path, run: str | None = None, columns: Iterable[str] | None = None,
+               where: ds.Expression | None = None) -> pa.Table:
+    """Every row under OUT (or of one run) as an Arrow table with the documented schema; only
+    `columns`, and only the rows `where` holds for, both pushed into the scan. The files are
+    read as they are; only when that fails are they listed again (a compaction may have
+    replaced some since) and each footer checked, the unreadable ones left out (checking them
+    on every read cost as much as a key-column read)."""
     columns = None if columns is None else list(columns)
     try:
-        return _read_files(out, shard_files(out, run), columns)
+        return _read_files(out, shard_files(out, run), columns, where)
     except (OSError, pa.ArrowException):
-        return _read_files(out, [p for p in shard_files(out, run) if _readable(p)], columns)
+        return _read_files(out, [p for p in shard_files(out, run) if _readable(p)], columns, where)
 
 
 def read_results(out: str | Path, run: str | None = None) -> pd.DataFrame:

@@ -1,0 +1,150 @@
+"""How the report, a resume's planning and the notebook scale with a run's size.
+
+    python bench/scale.py --rows 1000000 [--template results] [--work /tmp/scale]
+
+Builds a run of about N rows from a real one (`--template`, default the default job's
+`results`): the template's rows copied under new sample ids, keys and shard ids, so every list
+length, partition and rows-per-file is a real run's, with the template's calibration and a
+manifest whose expected rows are the template's times the copies (a complete run). Then each
+step runs in a fresh process and reports its wall time and peak memory (RSS): `summarize`
+(`jobs/summarize.py`), `resume_plan` (the rows a resume reads to decide what is left),
+`notebook` (the analysis notebook's first table) and, where `jobs/compact.py` exists,
+`compact` followed by `summarize` again on the compacted run. One `name=value` line per
+figure, also written to `--log-dir` (default bench/results/).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from pipeline.storage.manifest import manifest_path, read_manifest  # noqa: E402
+from pipeline.storage.schema import FILE_SCHEMA, PARTITIONS  # noqa: E402
+from pipeline.storage.store import read_table, run_names, shard_path  # noqa: E402
+
+STEPS = {
+    "summarize": [str(ROOT / "jobs" / "summarize.py"), "{out}", "--run", "{run}"],
+    "resume_plan": ["-c", "import sys; sys.path.insert(0, {root!r}); from pipeline.storage.store import "
+                          "written_rows; print(len(written_rows({out!r}, {run!r}, {turns!r})), 'rows read')"],
+    "notebook": ["-c", "import pandas as pd; everything = pd.read_parquet({out!r}); print(everything.groupby("
+                       "['run', 'target', 'draft', 'dtype'], observed=True).size().sum(), 'rows read')"],
+    "compact": [str(ROOT / "jobs" / "compact.py"), "{out}", "--run", "{run}"],
+}
+
+
+def copied(template: pa.Table, copy: int) -> pa.Table:
+    """The template's rows as copy `copy`: new sample ids, keys and shard ids, all else kept."""
+    suffix = f"~{copy}"
+    changed = {name: pc.binary_join_element_wise(template[name], pa.scalar(suffix), "")
+               for name in ("sample_id", "key", "shard")}
+    return template.drop_columns(list(changed)).append_column("sample_id", changed["sample_id"]) \
+        .append_column("key", changed["key"]).append_column("shard", changed["shard"])
+
+
+def make_run(template_out: Path, run: str, out: Path, rows: int) -> tuple[int, int]:
+    """Write about `rows` rows into `out` (a fresh folder) from the template run; (rows, files)."""
+    template = read_table(template_out, run)
+    copies = max(1, round(rows / template.num_rows))
+    groups = [template.filter(pc.equal(template["shard"], shard)) for shard in
+              pc.unique(template["shard"]).to_pylist()]
+    files = written = 0
+    for copy in range(copies):
+        for group in groups:
+            rows_of_copy = copied(group, copy)
+            parts = rows_of_copy.group_by(list(PARTITIONS)).aggregate([]).to_pylist()
+            for part in parts:
+                mask = pc.and_(pc.and_(pc.equal(rows_of_copy["target"], part["target"]),
+                                       pc.equal(rows_of_copy["draft"], part["draft"])),
+                               pc.equal(rows_of_copy["dataset"], part["dataset"]))
+                table = rows_of_copy.filter(mask)
+                path = shard_path(out, run, part["target"], part["draft"], part["dataset"],
+                                  table["shard"][0].as_py())
+                path.parent.mkdir(parents=True, exist_ok=True)
+                pq.write_table(table.select(FILE_SCHEMA.names).cast(FILE_SCHEMA), path)
+                files, written = files + 1, written + table.num_rows
+    manifest = read_manifest(template_out, run) or {"grids": []}
+    for grid in manifest["grids"]:
+        for unit in grid.get("units", []):
+            unit["rows"] *= copies
+    manifest_path(out, run).parent.mkdir(parents=True, exist_ok=True)
+    manifest_path(out, run).write_text(json.dumps(manifest))
+    if (template_out / "_calibration").is_dir():
+        shutil.copytree(template_out / "_calibration", out / "_calibration")
+    return written, files
+
+
+def measured(argv: list[str]) -> tuple[float, float, str]:
+    """(seconds, peak RSS in MB, last output line) of one step in a fresh Python process."""
+    start = time.perf_counter()
+    child = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, cwd=ROOT)
+    output = child.stdout.read()
+    _, status, usage = os.wait4(child.pid, 0)  # this child's own peak, not every child's so far
+    seconds = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status):
+        raise SystemExit(f"{argv[0]} failed ({os.waitstatus_to_exitcode(status)}):\n{output[-3000:]}")
+    lines = [line for line in output.splitlines() if line.strip()]
+    return seconds, usage.ru_maxrss / 1024, lines[-1] if lines else ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, required=True, help="rows of the synthetic run (about)")
+    parser.add_argument("--template", default=str(ROOT / "results"),
+                        help="a finished results directory to copy rows from (default: %(default)s)")
+    parser.add_argument("--run", help="the template's run (default: its only or first run)")
+    parser.add_argument("--work", default="/tmp/tabed-scale", help="where the synthetic run is written")
+    parser.add_argument("--steps", default=",".join(STEPS), help="which steps to time, comma-separated")
+    parser.add_argument("--log-dir", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("--label", default="", help="a word for the log file's name, e.g. before or after")
+    args = parser.parse_args(argv)
+    template = Path(args.template)
+    runs = run_names(template)
+    if not runs:
+        raise SystemExit(f"no run under {template}: run `python jobs/full_grid.py` first, or pass --template")
+    run = args.run or runs[0]
+    out = Path(args.work) / f"rows-{args.rows}"
+    shutil.rmtree(out, ignore_errors=True)
+    lines = [f"host={platform.node()} cpus={os.cpu_count()} python={platform.python_version()}",
+             f"template={template} run={run}"]
+    start = time.perf_counter()
+    rows, files = make_run(template, run, out, args.rows)
+    size = sum(p.stat().st_size for p in out.rglob("*.parquet"))
+    lines += [f"rows={rows}", f"files={files}", f"bytes={size}", f"make_s={time.perf_counter() - start:.1f}"]
+    print("\n".join(lines), flush=True)
+    turns = sorted(set(read_table(out, run, columns=["turn"])["turn"].to_pylist()))
+    fill = {"out": str(out), "run": run, "root": str(ROOT), "turns": turns}
+    steps = [(s, s) for s in args.steps.split(",") if s in STEPS]
+    if "compact" in args.steps.split(","):
+        if (ROOT / "jobs" / "compact.py").exists():
+            steps.append(("summarize_compacted", "summarize"))  # the same report on the compacted run
+        else:
+            steps.remove(("compact", "compact"))
+    for name, step in steps:
+        seconds, peak, last = measured([a.format(**fill) for a in STEPS[step]])
+        line = f"{name}_s={seconds:.1f} {name}_peak_mb={peak:.0f}  # {last[:100]}"
+        print(line, flush=True)
+        lines.append(line)
+    log = Path(args.log_dir) / f"scale-{args.rows}{'-' + args.label if args.label else ''}-" \
+                               f"{time.strftime('%Y%m%dT%H%M%S')}.txt"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("\n".join(lines) + "\n")
+    print(f"log: {log}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from pipeline.storage.atomic import write_atomically
 from pipeline.storage.schema import FILE_SCHEMA, PARTITIONS, SCHEMA
 
+FILES_PER_SCAN = 1000
 HIVE = ds.partitioning(pa.schema([(name, pa.string()) for name in PARTITIONS]), flavor="hive")
 # a compaction's journal in a partition folder, `.compaction-<id>.json`: {"merged": name, "sources": [names]}
 JOURNAL_PREFIX = ".compaction-"
@@ -166,11 +167,16 @@ def quarantine_unreadable(out: str | Path, run: str) -> tuple[list[Path], Path]:
 
 def _read_files(out: str | Path, files: list[Path], columns: list[str] | None,
                 where: ds.Expression | None = None) -> pa.Table:
+    """The rows of `files`, scanned `FILES_PER_SCAN` at a time: a scan keeps every file's parsed
+    footer until it ends, which over a run of tens of thousands of files took gigabytes."""
     if not files:
         return SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(columns)
-    dataset = ds.dataset([str(p) for p in files], schema=SCHEMA, format="parquet", partitioning=HIVE,
-                         partition_base_dir=str(out))
-    return dataset.to_table(columns=columns, filter=where)
+    parts = []
+    for start in range(0, len(files), FILES_PER_SCAN):
+        dataset = ds.dataset([str(p) for p in files[start:start + FILES_PER_SCAN]], schema=SCHEMA,
+                             format="parquet", partitioning=HIVE, partition_base_dir=str(out))
+        parts.append(dataset.to_table(columns=columns, filter=where))
+    return pa.concat_tables(parts)
 
 
 def stored_config_keys(out: str | Path, run: str) -> set[str]:

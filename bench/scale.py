@@ -32,16 +32,20 @@ import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from pipeline.storage.manifest import manifest_path, read_manifest  # noqa: E402
-from pipeline.storage.schema import FILE_SCHEMA, PARTITIONS  # noqa: E402
-from pipeline.storage.store import read_table, run_names, shard_path  # noqa: E402
+from pipeline.storage.schema import PARTITIONS  # noqa: E402
+from pipeline.storage.store import file_table, read_table, run_names, shard_path  # noqa: E402
 
+# {code}: the checkout whose jobs are measured (`--code`: an older commit's worktree measures before)
+NOTEBOOK = ("import json, os, sys; os.chdir({code!r}); os.environ['TABED_RESULTS'] = {out!r}; "
+            "cells = [c for c in json.load(open('notebooks/analysis.ipynb'))['cells'] if c['cell_type'] == 'code']; "
+            "[exec(''.join(l for l in c['source'] if not l.startswith('%')), globals()) for c in cells[:2]]; "
+            "print(len(df), 'rows of the chosen target')")
 STEPS = {
-    "summarize": [str(ROOT / "jobs" / "summarize.py"), "{out}", "--run", "{run}"],
-    "resume_plan": ["-c", "import sys; sys.path.insert(0, {root!r}); from pipeline.storage.store import "
+    "summarize": ["{code}/jobs/summarize.py", "{out}", "--run", "{run}"],
+    "resume_plan": ["-c", "import sys; sys.path.insert(0, {code!r}); from pipeline.storage.store import "
                           "written_rows; print(len(written_rows({out!r}, {run!r}, {turns!r})), 'rows read')"],
-    "notebook": ["-c", "import pandas as pd; everything = pd.read_parquet({out!r}); print(everything.groupby("
-                       "['run', 'target', 'draft', 'dtype'], observed=True).size().sum(), 'rows read')"],
-    "compact": [str(ROOT / "jobs" / "compact.py"), "{out}", "--run", "{run}"],
+    "notebook": ["-c", NOTEBOOK],  # the notebook's first two code cells: its first table, then one target's rows
+    "compact": ["{code}/jobs/compact.py", "{out}", "--run", "{run}"],
 }
 
 
@@ -54,13 +58,12 @@ def copied(template: pa.Table, copy: int) -> pa.Table:
         .append_column("key", changed["key"]).append_column("shard", changed["shard"])
 
 
-def make_run(template_out: Path, run: str, out: Path, rows: int) -> tuple[int, int]:
-    """Write about `rows` rows into `out` (a fresh folder) from the template run; (rows, files)."""
+def make_run(template_out: Path, run: str, out: Path, rows: int) -> None:
+    """Write about `rows` rows into `out` (a fresh folder) from the template run."""
     template = read_table(template_out, run)
     copies = max(1, round(rows / template.num_rows))
     groups = [template.filter(pc.equal(template["shard"], shard)) for shard in
               pc.unique(template["shard"]).to_pylist()]
-    files = written = 0
     for copy in range(copies):
         for group in groups:
             rows_of_copy = copied(group, copy)
@@ -73,8 +76,7 @@ def make_run(template_out: Path, run: str, out: Path, rows: int) -> tuple[int, i
                 path = shard_path(out, run, part["target"], part["draft"], part["dataset"],
                                   table["shard"][0].as_py())
                 path.parent.mkdir(parents=True, exist_ok=True)
-                pq.write_table(table.select(FILE_SCHEMA.names).cast(FILE_SCHEMA), path)
-                files, written = files + 1, written + table.num_rows
+                pq.write_table(file_table(table), path)
     manifest = read_manifest(template_out, run) or {"grids": []}
     for grid in manifest["grids"]:
         for unit in grid.get("units", []):
@@ -83,7 +85,6 @@ def make_run(template_out: Path, run: str, out: Path, rows: int) -> tuple[int, i
     manifest_path(out, run).write_text(json.dumps(manifest))
     if (template_out / "_calibration").is_dir():
         shutil.copytree(template_out / "_calibration", out / "_calibration")
-    return written, files
 
 
 def measured(argv: list[str]) -> tuple[float, float, str]:
@@ -110,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", default=",".join(STEPS), help="which steps to time, comma-separated")
     parser.add_argument("--log-dir", default=str(ROOT / "bench" / "results"))
     parser.add_argument("--label", default="", help="a word for the log file's name, e.g. before or after")
+    parser.add_argument("--code", default=str(ROOT),
+                        help="the checkout whose jobs are measured, e.g. a worktree of an older commit "
+                             "(default: this one)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="measure the run already under --work (made by an earlier call) as it is")
     args = parser.parse_args(argv)
     template = Path(args.template)
     runs = run_names(template)
@@ -117,19 +123,25 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no run under {template}: run `python jobs/full_grid.py` first, or pass --template")
     run = args.run or runs[0]
     out = Path(args.work) / f"rows-{args.rows}"
-    shutil.rmtree(out, ignore_errors=True)
+    code = Path(args.code).resolve()
+    revision = subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True).stdout.strip()
     lines = [f"host={platform.node()} cpus={os.cpu_count()} python={platform.python_version()}",
-             f"template={template} run={run}"]
+             f"template={template} run={run} code={code} commit={revision or '?'}"]
     start = time.perf_counter()
-    rows, files = make_run(template, run, out, args.rows)
-    size = sum(p.stat().st_size for p in out.rglob("*.parquet"))
-    lines += [f"rows={rows}", f"files={files}", f"bytes={size}", f"make_s={time.perf_counter() - start:.1f}"]
+    if not (args.reuse and out.is_dir()):
+        shutil.rmtree(out, ignore_errors=True)
+        make_run(template, run, out, args.rows)
+        lines.append(f"make_s={time.perf_counter() - start:.1f}")
+    files = list(out.rglob("part-*.parquet"))
+    rows = sum(pq.read_metadata(p).num_rows for p in files)
+    lines += [f"rows={rows}", f"files={len(files)}", f"bytes={sum(p.stat().st_size for p in files)}"]
     print("\n".join(lines), flush=True)
     turns = sorted(set(read_table(out, run, columns=["turn"])["turn"].to_pylist()))
-    fill = {"out": str(out), "run": run, "root": str(ROOT), "turns": turns}
+    fill = {"out": str(out), "run": run, "code": str(code), "turns": turns}
     steps = [(s, s) for s in args.steps.split(",") if s in STEPS]
     if "compact" in args.steps.split(","):
-        if (ROOT / "jobs" / "compact.py").exists():
+        if (code / "jobs" / "compact.py").exists():
             steps.append(("summarize_compacted", "summarize"))  # the same report on the compacted run
         else:
             steps.remove(("compact", "compact"))

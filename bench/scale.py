@@ -37,14 +37,15 @@ from pipeline.storage.store import file_table, read_table, run_names, shard_path
 
 # {code}: the checkout whose jobs are measured (`--code`: an older commit's worktree measures before)
 NOTEBOOK = ("import json, os, sys; os.chdir({code!r}); os.environ['TABED_RESULTS'] = {out!r}; "
-            "cells = [c for c in json.load(open('notebooks/analysis.ipynb'))['cells'] if c['cell_type'] == 'code']; "
+            "cells = [c for c in json.load(open('notebooks/analysis.ipynb'))['cells'] "
+            "if c['cell_type'] == 'code']; "
             "[exec(''.join(l for l in c['source'] if not l.startswith('%')), globals()) for c in cells[:2]]; "
             "print(len(df), 'rows of the chosen target')")
 STEPS = {
     "summarize": ["{code}/jobs/summarize.py", "{out}", "--run", "{run}"],
     "resume_plan": ["-c", "import sys; sys.path.insert(0, {code!r}); from pipeline.storage.store import "
                           "written_rows; print(len(written_rows({out!r}, {run!r}, {turns!r})), 'rows read')"],
-    "notebook": ["-c", NOTEBOOK],  # the notebook's first two code cells: its first table, then one target's rows
+    "notebook": ["-c", NOTEBOOK],  # its first two code cells: its first table, then one target's rows
     "compact": ["{code}/jobs/compact.py", "{out}", "--run", "{run}"],
 }
 

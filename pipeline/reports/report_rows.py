@@ -1,8 +1,8 @@
 """The rows a report reads, and only the columns it reads: a paper-scale run holds millions of
 rows, and what makes a row heavy is what no table needs. The output's text and the reference
 answer are never read; each block's ensemble weights, the largest column by far, are read for
-the few rows the weights figure draws (`with_columns`, the keys pushed into the scan). Arrow's
-memory is handed to pandas column by column as it converts, so the two copies never coexist.
+the few rows the weights figure draws (`with_columns`, the keys pushed into the scan). Arrow
+frees each column as pandas takes it over, so the two copies of the rows need not coexist.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from pipeline.decoding.config import DecodeConfig
-from pipeline.reports.acceptance import acceptance_table, block_depths, per_position_table, position_counts
+from pipeline.reports.acceptance import acceptance_table, blocks_of, per_position_table, position_matrix
 
 BANDIT_SHAPES = [[3, 3, 2, 1], [2, 2, 2, 1, 1, 1]]
 
@@ -16,6 +16,17 @@ def row(accepted, *, label="M", verify="chain", gamma=3, sample=0, shapes=None, 
     return {"target": "t", "draft": "d", "dtype": "fp32", "turn": turn, "method_label": label, "verify": verify,
             "gamma": gamma, "accepted_per_block": accepted, "verify_shapes": shapes, "shape_per_block": chosen or [],
             "error": None, "sample_id": f"s/{sample}"}
+
+
+def block_depths(one: dict) -> list[int]:
+    """Drafted positions of each block of one row."""
+    return blocks_of(pd.DataFrame([one]))[2].tolist()
+
+
+def position_counts(one: dict):
+    """(reached, accepted) per draft position of one row's blocks."""
+    reached, hits = position_matrix(pd.DataFrame([one]))
+    return reached[0], hits[0]
 
 
 def test_a_chain_counts_each_position_reached_and_censors_the_last_block():

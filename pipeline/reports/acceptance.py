@@ -46,11 +46,6 @@ def blocks_of(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     return np.repeat(np.arange(len(rows)), lengths), joined(flat), joined(depths), last
 
 
-def block_depths(row: pd.Series | dict) -> list[int]:
-    """Drafted positions of each block of a row."""
-    return blocks_of(pd.DataFrame([dict(row)]))[2].tolist()
-
-
 def position_matrix(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """(reached, accepted): rows x draft positions 1..deepest, for every row at once. A block
     reaches position k when it accepted the k - 1 before it and drafted at least k; a row's last
@@ -65,12 +60,6 @@ def position_matrix(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         return counts[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:]
 
     return at_least(seen), at_least(accepted)
-
-
-def position_counts(row: pd.Series | dict) -> tuple[np.ndarray, np.ndarray]:
-    """(reached, accepted) per draft position 1..deepest of one row's blocks."""
-    reached, hits = position_matrix(pd.DataFrame([dict(row)]))
-    return reached[0], hits[0]
 
 
 def speculative_rows(rows: pd.DataFrame) -> pd.DataFrame:

@@ -35,7 +35,9 @@ import pyarrow.parquet as pq
 from pipeline.storage.atomic import fill, fsync_folder, temporary, write_atomically
 from pipeline.storage.run_lock import run_lock
 from pipeline.storage.schema import FILE_SCHEMA
-from pipeline.storage.store import JOURNAL_PREFIX, file_table, footer, partition_folders, shard_files
+from pipeline.storage.store import (
+    JOURNAL_PREFIX, JOURNALS, file_table, footer, partition_folders, shard_files,
+)
 
 TARGET_BYTES = 128 * 10**6
 MERGED_PREFIX = "part-compacted-"
@@ -145,7 +147,7 @@ def recover(out: str | Path, run: str) -> int:
         names = os.listdir(folder)
         for temporary_name in (n for pattern in TEMPORARIES for n in fnmatch.filter(names, pattern)):
             (folder / temporary_name).unlink(missing_ok=True)
-        for journal in fnmatch.filter(names, f"{JOURNAL_PREFIX}*.json"):
+        for journal in fnmatch.filter(names, JOURNALS):
             _settle(folder / journal)
             settled += 1
     return settled

@@ -36,6 +36,7 @@ FILES_PER_SCAN = 1000
 HIVE = ds.partitioning(pa.schema([(name, pa.string()) for name in PARTITIONS]), flavor="hive")
 # a compaction's journal in a partition folder, `.compaction-<id>.json`: {"merged": name, "sources": [names]}
 JOURNAL_PREFIX = ".compaction-"
+JOURNALS = f"{JOURNAL_PREFIX}*.json"  # the names journals have, as a glob
 
 
 def rows_to_table(rows: list[dict]) -> pa.Table:
@@ -119,7 +120,7 @@ def shard_files(out: str | Path, run: str | None = None) -> list[Path]:
     for folder in partition_folders(out, run):
         names = os.listdir(folder)
         parts = set(fnmatch.filter(names, "part-*.parquet"))
-        for journal in (name for name in names if name.startswith(JOURNAL_PREFIX) and name.endswith(".json")):
+        for journal in fnmatch.filter(names, JOURNALS):
             parts -= _replaced(folder / journal, parts)
         files += [folder / name for name in parts if (folder / name).is_file()]
     return sorted(files)

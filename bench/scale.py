@@ -32,8 +32,7 @@ import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from pipeline.storage.manifest import manifest_path, read_manifest  # noqa: E402
-from pipeline.storage.schema import PARTITIONS  # noqa: E402
-from pipeline.storage.store import file_table, read_table, run_names, shard_path  # noqa: E402
+from pipeline.storage.store import read_table, run_names, write_shards  # noqa: E402
 
 # {code}: the checkout whose jobs are measured (`--code`: an older commit's worktree measures before)
 NOTEBOOK = ("import json, os, sys; os.chdir({code!r}); os.environ['TABED_RESULTS'] = {out!r}; "
@@ -67,17 +66,7 @@ def make_run(template_out: Path, run: str, out: Path, rows: int) -> None:
               pc.unique(template["shard"]).to_pylist()]
     for copy in range(copies):
         for group in groups:
-            rows_of_copy = copied(group, copy)
-            parts = rows_of_copy.group_by(list(PARTITIONS)).aggregate([]).to_pylist()
-            for part in parts:
-                mask = pc.and_(pc.and_(pc.equal(rows_of_copy["target"], part["target"]),
-                                       pc.equal(rows_of_copy["draft"], part["draft"])),
-                               pc.equal(rows_of_copy["dataset"], part["dataset"]))
-                table = rows_of_copy.filter(mask)
-                path = shard_path(out, run, part["target"], part["draft"], part["dataset"],
-                                  table["shard"][0].as_py())
-                path.parent.mkdir(parents=True, exist_ok=True)
-                pq.write_table(file_table(table), path)
+            write_shards(out, copied(group, copy))  # as a run writes them: a file per shard and partition
     manifest = read_manifest(template_out, run) or {"grids": []}
     for grid in manifest["grids"]:
         for unit in grid.get("units", []):

@@ -71,3 +71,43 @@ def test_a_batched_row_is_compared_with_ar_at_its_batch_and_with_the_request_dec
     assert table[["rows", "equal to AR", "batched rows", "equal to batch 1"]].values.tolist() == [[3, 3, 2, 1]]
     assert "Of the 2 greedy speculative rows decoded in batches over 1, 1 give" in lossless_text(table)
     assert "batched rows" not in lossless_table(rows[rows["batch"] != 2])  # no batches: the table as before
+
+
+def test_rows_read_with_output_digests_audit_as_rows_read_with_the_ids(tmp_path):
+    """The report reads each output as a digest and its length; the audit it gives (which rows
+    equal AR, and where each differing row first leaves it: those ids read on demand) is the
+    audit of the rows read whole. The fixture's outputs differ from AR's in length."""
+    import pytest
+
+    from pipeline.reports.audit import audit
+    from pipeline.reports.report_rows import read_report_rows, with_columns
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from pipeline.storage.store import read_results, read_table, write_shards
+    from tests.results_fixture import RUN, write_results
+
+    table = read_table(write_results(tmp_path / "fixture"), RUN)
+    changed = [None if ids is None or methods == "AR" or i % 3 else ids[:i % 7] + [ids[i % 7] + 1] + ids[i % 7 + 1:]
+               for i, (ids, methods) in enumerate(zip(table["output_ids"].to_pylist(), table["methods"].to_pylist()))]
+    ids = pa.array([new or old for new, old in zip(changed, table["output_ids"].to_pylist())], pa.list_(pa.int32()))
+    out = tmp_path / "differing"
+    table = table.set_column(table.schema.get_field_index("output_ids"), "output_ids", ids)
+    for shard in set(table["shard"].to_pylist()):  # one shard per write, as a run writes them
+        write_shards(out, table.filter(pc.equal(table["shard"], shard)))
+    whole, reduced = read_results(out, RUN), read_report_rows(out, RUN)
+    assert "output_ids" not in reduced and (reduced["output_length"] == whole["output_ids"].map(len)).all()
+    asked = []
+
+    def read_ids(chosen: pd.DataFrame) -> pd.DataFrame:
+        asked.append(len(chosen))
+        return with_columns(out, RUN, chosen, ["output_ids"])
+
+    (table, differ), (reduced_table, reduced_differ) = audit(whole), audit(reduced, read_ids)
+    assert len(differ) > 0 and 0 < table["equal to AR"].sum() < table["rows"].sum()
+    pd.testing.assert_frame_equal(reduced_table, table)
+    pd.testing.assert_frame_equal(reduced_differ.reset_index(drop=True), differ.reset_index(drop=True))
+    assert asked and asked[0] < len(reduced)  # only the differing rows and their AR rows were read
+    with pytest.raises(ValueError, match="read_ids"):
+        audit(reduced)
+

@@ -12,6 +12,8 @@ an output rather than assuming it never does.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import pandas as pd
 
 from pipeline.reports.report import batch_of
@@ -28,51 +30,76 @@ BF16_NOTE = (
 )
 
 
-def with_lossless_column(rows: pd.DataFrame) -> pd.DataFrame:
+IdsReader = Callable[[pd.DataFrame], pd.DataFrame]  # rows -> the same rows with `output_ids` (report_rows)
+
+
+def outputs_of(rows: pd.DataFrame) -> list:
+    """Each row's output as a value that two rows share only when their outputs are the same:
+    the token ids as a tuple, or their digest where the rows were read reduced (`report_rows`)."""
+    if "output_ids" in rows:
+        return [None if ids is None else tuple(ids) for ids in rows["output_ids"]]
+    return rows["output_digest"].tolist()
+
+
+def with_lossless_column(rows: pd.DataFrame, read_ids: IdsReader | None = None) -> pd.DataFrame:
     """`rows` plus `matches_ar`: True/False for greedy SD and replay rows that have an AR
     reference at their batch size, None for AR rows, sampled rows, error rows and rows without a
     reference; and `matches_batch1`: for batched greedy rows (AR rows too), whether the output
     is the AR output of the same sample decoded alone, and for batched sampled SD rows, whether
     it is the same configuration's output for the sample decoded alone (each request draws from
-    its own generator, so it should be wherever the arithmetic allows); None elsewhere."""
+    its own generator, so it should be wherever the arithmetic allows); None elsewhere. Rows
+    that differ from AR get `first_divergence` and `divergent_tokens`; where the rows hold no
+    `output_ids`, only when `read_ids` is given, which reads them for those rows alone."""
     rows = rows.assign(batch=batch_of(rows))
-    greedy = (rows["temperature"] == 0) & rows["error"].isna()
-    reference_rows = rows[(rows["methods"] == "AR") & greedy]
-    reference = {tuple(key): list(ids)
-                 for key, ids in zip(reference_rows[REFERENCE_KEYS].itertuples(index=False),
-                                     reference_rows["output_ids"])}
-    audited = (rows["methods"] != "AR") & greedy
-    matches, positions, tokens = [], [], []
-    for is_audited, key, ids in zip(audited, rows[REFERENCE_KEYS].itertuples(index=False),
-                                    rows["output_ids"]):
-        expected = reference.get(tuple(key)) if is_audited else None
-        matches.append(None if expected is None else list(ids) == expected)
-        position, pair = first_divergence(list(ids), expected) if matches[-1] is False else (None, None)
-        positions.append(position)
-        tokens.append(pair)
-    alone = lambda key: reference.get(tuple(key._replace(batch=1)))
-    batch1 = [None if not (is_greedy and key.batch > 1 and alone(key) is not None)
-              else list(ids) == alone(key)
-              for is_greedy, key, ids in zip(greedy, rows[REFERENCE_KEYS].itertuples(index=False),
-                                             rows["output_ids"])]
+    outputs = outputs_of(rows)
+    keys = [tuple(key) for key in rows[REFERENCE_KEYS].itertuples(index=False)]
+    greedy = ((rows["temperature"] == 0) & rows["error"].isna()).tolist()
+    is_ar = (rows["methods"] == "AR").tolist()
+    reference = {key: i for i, (key, ar, one) in enumerate(zip(keys, is_ar, greedy)) if ar and one}
+    references = [reference.get(key) if one and not ar else None for key, ar, one in zip(keys, is_ar, greedy)]
+    matches = [None if ref is None else outputs[i] == outputs[ref] for i, ref in enumerate(references)]
+    batch = REFERENCE_KEYS.index("batch")
+    alone = [reference.get(key[:batch] + (1,) + key[batch + 1:]) if one and key[batch] > 1 else None
+             for key, one in zip(keys, greedy)]
+    batch1 = [None if ref is None else outputs[i] == outputs[ref] for i, ref in enumerate(alone)]
     sampled = (rows["temperature"] > 0) & rows["error"].isna() & (rows["methods"] != "AR")
     if sampled.any():
-        batch1 = _sampled_batch1(rows, sampled, batch1)
+        batch1 = _sampled_batch1(rows, sampled, outputs, batch1)
+    positions, tokens = _divergences(rows, matches, references, read_ids)
     return rows.assign(matches_ar=pd.Series(matches, index=rows.index, dtype="object"),
                        first_divergence=pd.Series(positions, index=rows.index, dtype="object"),
                        divergent_tokens=pd.Series(tokens, index=rows.index, dtype="object"),
                        matches_batch1=pd.Series(batch1, index=rows.index, dtype="object"))
 
 
-def _sampled_batch1(rows: pd.DataFrame, sampled: pd.Series, batch1: list) -> list:
+def _divergences(rows: pd.DataFrame, matches: list, references: list, read_ids: IdsReader | None
+                 ) -> tuple[list, list]:
+    """`first_divergence` and `divergent_tokens` per row (None where the row equals AR or has no
+    AR row), from the ids of the differing rows and their AR rows only."""
+    positions, tokens = [None] * len(rows), [None] * len(rows)
+    differ = [i for i, match in enumerate(matches) if match is False]
+    if not differ or ("output_ids" not in rows and read_ids is None):
+        return positions, tokens
+    needed = sorted(set(differ) | {references[i] for i in differ})
+    chosen = rows.iloc[needed]
+    ids = dict(zip(needed, (chosen if "output_ids" in rows else read_ids(chosen))["output_ids"]))
+    for i in differ:
+        positions[i], tokens[i] = first_divergence(list(ids[i]), list(ids[references[i]]))
+    return positions, tokens
+
+
+def _sampled_batch1(rows: pd.DataFrame, sampled: pd.Series, outputs: list, batch1: list) -> list:
     """`batch1` with each batched sampled SD row compared with its configuration's batch-1 row."""
     keys = rows[REFERENCE_KEYS + [c for c in CONFIG_KEYS if c in rows]].itertuples(index=False)
     keys, alone_rows = list(keys), sampled & (rows["batch"] == 1)
-    alone = {tuple(key): list(ids) for key, ids, one in zip(keys, rows["output_ids"], alone_rows) if one}
-    for i, (key, ids, mine) in enumerate(zip(keys, rows["output_ids"], sampled)):
-        reference = alone.get(tuple(key._replace(batch=1))) if mine and key.batch > 1 else None
-        batch1[i] = batch1[i] if reference is None else list(ids) == reference
+    alone = {tuple(key): output for key, output, one in zip(keys, outputs, alone_rows) if one}
+    for i, (key, output, mine) in enumerate(zip(keys, outputs, sampled)):
+        reference = alone.get(tuple(key._replace(batch=1)), _NONE) if mine and key.batch > 1 else _NONE
+        batch1[i] = batch1[i] if reference is _NONE else output == reference
     return batch1
+
+
+_NONE = object()  # no batch-1 row (a row's output may itself be None)
 
 
 def first_divergence(ids: list[int], expected: list[int]) -> tuple[int, str]:
@@ -84,9 +111,9 @@ def first_divergence(ids: list[int], expected: list[int]) -> tuple[int, str]:
     return position, f"{ours} / {theirs}"
 
 
-def divergences(rows: pd.DataFrame) -> pd.DataFrame:
+def divergences(rows: pd.DataFrame, read_ids: IdsReader | None = None) -> pd.DataFrame:
     """The greedy speculative rows that differ from the target's own greedy output, with where."""
-    return audit(rows)[1]
+    return audit(rows, read_ids)[1]
 
 
 def lossless_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -94,9 +121,12 @@ def lossless_table(rows: pd.DataFrame) -> pd.DataFrame:
     return audit(rows)[0]
 
 
-def audit(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(`lossless_table`, `divergences`) from one comparison of every row with its AR row."""
-    audited = with_lossless_column(rows)
+def audit(rows: pd.DataFrame, read_ids: IdsReader | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(`lossless_table`, `divergences`) from one comparison of every row with its AR row;
+    `read_ids` reads the ids of the rows that differ where `rows` hold digests alone."""
+    if "output_ids" not in rows and read_ids is None:
+        raise ValueError("rows read with output digests need read_ids to say where outputs differ")
+    audited = with_lossless_column(rows, read_ids)
     differ = audited[audited["matches_ar"] == False]  # noqa: E712  (object column: True, False or None)
     shown = REFERENCE_KEYS + ["method_label", "verify", "first_divergence", "divergent_tokens"]
     differ = differ[[column for column in shown if column in differ]]  # hand-made rows may lack the labels

@@ -16,7 +16,8 @@ from __future__ import annotations
 import pandas as pd
 
 from pipeline.reports.audit import with_lossless_column
-from pipeline.reports.report import batch_of, gamma_shown, method_order, pooled_tau, with_tree_labels
+from pipeline.reports.report import (batch_of, gamma_shown, method_order, output_lengths, pooled_tau,
+                                     with_tree_labels)
 from pipeline.reports.speedup import block_shapes, shapes_used
 from pipeline.storage.calibration_store import Calibrations
 
@@ -35,7 +36,7 @@ def batched_rows(rows: pd.DataFrame) -> pd.DataFrame:
     ok = rows[rows["error"].isna() & (rows["turn"] == "first") & rows["mode"].isin(["live", "ar"])]
     ok = with_tree_labels(with_lossless_column(ok))
     requests = ok["batch_requests"].astype(object).where(ok["batch_requests"].notna(), 1).astype(float)
-    return ok.assign(seconds=ok["time_total_s"] / requests, tokens=ok["output_ids"].map(len),
+    return ok.assign(seconds=ok["time_total_s"] / requests, tokens=output_lengths(ok),
                      draft_steps=ok["gamma"], gamma=gamma_shown(ok))
 
 

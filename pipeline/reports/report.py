@@ -71,8 +71,10 @@ def configuration_labels(rows: pd.DataFrame, within: list[str]) -> pd.Series:
     if not varying:
         return labelled["method_label"]
     value = lambda v: f"{v:g}" if isinstance(v, float) else str(v)
-    return labelled["method_label"] + shown[varying].apply(
-        lambda r: "".join(f", {c.replace('_', ' ')} {value(v)}" for c, v in r.items()), axis=1)
+    label = labelled["method_label"]
+    for c in varying:  # one string per distinct value, not one per row
+        label = label + shown[c].map({v: f", {c.replace('_', ' ')} {value(v)}" for v in shown[c].unique()})
+    return label
 
 
 def gamma_shown(rows: pd.DataFrame) -> pd.Series:
@@ -84,11 +86,20 @@ def gamma_shown(rows: pd.DataFrame) -> pd.Series:
     shown[known] = [int(gamma) for gamma in rows["gamma"][known]]
     if "verify_shapes" not in rows:
         return shown
-    for i, tree_shapes in rows["verify_shapes"][rows["verify_shapes"].notna()].items():
-        if hasattr(tree_shapes, "__len__") and len(tree_shapes):  # a list of shapes; NaN: none
-            depths = sorted({len(shape) for shape in tree_shapes})
-            shown[i] = f"depth {depths[0]}" + (f"-{depths[-1]}" if len(depths) > 1 else "")
+    depths: dict[int, str | None] = {}  # by object: rows read by the report share one per distinct value
+    labels = [depths[id(shapes)] if id(shapes) in depths else depths.setdefault(id(shapes), _depth_label(shapes))
+              for shapes in rows["verify_shapes"]]
+    trees = np.array([label is not None for label in labels], dtype=bool)
+    shown[trees] = [label for label in labels if label is not None]
     return shown
+
+
+def _depth_label(tree_shapes) -> str | None:
+    """`depth d` (or `depth a-b`) for a list of tree shapes; None for no shapes (a chain, NaN)."""
+    if not (hasattr(tree_shapes, "__len__") and len(tree_shapes)):
+        return None
+    depths = sorted({len(shape) for shape in tree_shapes})
+    return f"depth {depths[0]}" + (f"-{depths[-1]}" if len(depths) > 1 else "")
 
 
 def grid_gammas(rows: pd.DataFrame) -> str:
@@ -103,6 +114,12 @@ def batch_of(rows: pd.DataFrame) -> pd.Series:
     if "batch" not in rows:
         return pd.Series(1, index=rows.index, dtype=int)
     return rows["batch"].astype(object).where(rows["batch"].notna(), 1).astype(int)
+
+
+def output_lengths(rows: pd.DataFrame) -> pd.Series:
+    """Each row's new tokens as output (its ids' length, or `output_length` where the rows were
+    read with the ids reduced)."""
+    return rows["output_length"] if "output_ids" not in rows else rows["output_ids"].map(len)
 
 
 def decoded_alone(rows: pd.DataFrame) -> pd.DataFrame:

@@ -1,14 +1,19 @@
 """The rows a report reads, and only the columns it reads: a paper-scale run holds millions of
 rows, and what makes a row heavy is what no table needs. The output's text and the reference
 answer are never read; each block's ensemble weights, the largest column by far, are read for
-the few rows the weights figure draws (`with_columns`, the keys pushed into the scan). Arrow
-frees each column as pandas takes it over, so the two copies of the rows need not coexist.
+the few rows the weights figure draws (`with_columns`, the keys pushed into the scan). The output
+ids are reduced as each part of the run is scanned, to what the report asks of them: whether two
+outputs are the same (`output_digest`) and how long one is (`output_length`); the audit reads the
+ids of the few rows that differ to say where. List columns whose values repeat across rows (a
+configuration's tree shapes, a sample's image notes) hold one Python object per distinct value.
+Arrow frees each column as pandas takes it over, so the two copies of the rows need not coexist.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Iterable
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,20 +23,97 @@ from pipeline.storage.store import read_table
 
 NOT_READ = ("output_text", "answer")  # no table or figure shows them (the exports do)
 ON_DEMAND = ("weights_per_block",)  # read for the rows a figure draws, by key
+REDUCED = ("output_ids",)  # read as output_digest and output_length
+SHARED = ("verify_shapes", "verify_block_shapes", "image_conversions")  # few distinct values per run
 REPORT_COLUMNS = tuple(name for name in SCHEMA.names if name not in NOT_READ + ON_DEMAND)
+
+
+def output_digest(lists: pa.Array) -> pa.Array:
+    """One 64-bit number per list (null for a null list): equal lists give equal numbers, and
+    different lists the same number with a chance of about 2^-64. Each value is mixed with its
+    position (SplitMix64's finalizer), and the mixes' sum with the length, all in numpy; lists of
+    lists hash their inner lists first, strings their codes in the column's dictionary."""
+    lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy().astype(np.uint64)
+    values = _codes(pc.list_flatten(lists))
+    starts = np.cumsum(lengths) - lengths
+    positions = np.arange(len(values), dtype=np.uint64) - np.repeat(starts, lengths.astype(np.int64))
+    mixed = _mix(_mix(values + GOLDEN) + positions * GOLDEN)
+    sums = np.zeros(len(lengths), np.uint64)
+    filled = lengths > 0
+    if filled.any():
+        sums[filled] = np.add.reduceat(mixed, starts[filled].astype(np.int64))
+    digest = _mix(sums ^ (lengths * GOLDEN))
+    return pa.array(digest, pa.uint64(), mask=pc.is_null(lists).to_numpy(zero_copy_only=False))
+
+
+def _codes(values: pa.Array) -> np.ndarray:
+    """Each value as a uint64 that equals another's only for equal values (nulls one code)."""
+    if pa.types.is_list(values.type):
+        values = output_digest(values)
+    elif pa.types.is_string(values.type):
+        values = values.dictionary_encode().indices
+    return pc.fill_null(values.cast(pa.uint64(), safe=False), np.uint64(2**64 - 1)).to_numpy()
+
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # SplitMix64's increment: no value or length mixes to 0
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _reduced(part: pa.Table) -> pa.Table:
+    """One scanned part with its output ids replaced by their digest and length."""
+    ids = part["output_ids"].combine_chunks()
+    return part.drop_columns(["output_ids"]).append_column("output_digest", output_digest(ids)) \
+        .append_column("output_length", pc.list_value_length(ids))
 
 
 def as_frame(table: pa.Table) -> pd.DataFrame:
     """`table` as the report's DataFrame (integer columns with nulls as Python ints or None, like
-    `store.read_results`), freeing each Arrow column once converted."""
-    return table.to_pandas(integer_object_nulls=True, self_destruct=True, split_blocks=True)
+    `store.read_results`), freeing each Arrow column once converted; `SHARED` list columns as
+    tuples, one object per distinct value."""
+    shared = sorted((name for name in SHARED if name in table.column_names), key=table.column_names.index)
+    values = {name: _interned(table[name]) for name in shared}
+    frame = table.drop_columns(shared).to_pandas(integer_object_nulls=True, self_destruct=True, split_blocks=True)
+    for name in shared:  # back where the schema has them, for a frame shaped as before
+        frame.insert(table.column_names.index(name), name, values[name])
+    return frame
+
+
+def _interned(column: pa.ChunkedArray) -> np.ndarray:
+    """The column's values as nested tuples of Python values (None for null), equal values one
+    object: only one row of each distinct value (by `output_digest`) is turned into Python."""
+    seen: dict[int, tuple] = {}
+    made, start = np.empty(len(column), dtype=object), 0
+    for chunk in column.chunks:
+        digests = output_digest(chunk)
+        present = pc.is_valid(digests).to_numpy(zero_copy_only=False)
+        filled = pc.fill_null(digests, np.uint64(0)).to_numpy()  # with nulls, numpy would get floats
+        unique, first, inverse = np.unique(filled[present], return_index=True, return_inverse=True)
+        rows = np.flatnonzero(present)
+        for digest, value in zip(unique.tolist(), chunk.take(rows[first]).to_pylist()):
+            seen.setdefault(digest, _frozen(value))
+        values = np.empty(len(unique), dtype=object)
+        for i, digest in enumerate(unique.tolist()):  # one by one: numpy would unpack tuples given at once
+            values[i] = seen[digest]
+        made[start + rows] = values[inverse]
+        start += len(chunk)
+    return made
+
+
+def _frozen(value: list) -> tuple:
+    return tuple(_frozen(v) if isinstance(v, list) else v for v in value)
 
 
 def read_report_rows(out: str | Path, run: str | None = None,
                      where: pc.Expression | None = None) -> pd.DataFrame:
-    """Every row of the run (or of every run under OUT) with the columns the report reads; only
-    the rows `where` holds for (e.g. one target: filtered in the scan), when given."""
-    return as_frame(read_table(out, run, columns=REPORT_COLUMNS, where=where))
+    """Every row of the run (or of every run under OUT) with the columns the report reads, the
+    output ids reduced (`REDUCED`); only the rows `where` holds for (filtered in the scan), when
+    given."""
+    return as_frame(read_table(out, run, columns=REPORT_COLUMNS, where=where, each=_reduced))
 
 
 def with_columns(out: str | Path, run: str, rows: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:

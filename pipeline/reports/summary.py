@@ -93,7 +93,7 @@ def _write_report(out: str | Path, run: str, everything: pd.DataFrame, folder: P
         ),
     }
     speedup = tables["speedup"][2]
-    audited = audit(everything)
+    audited = audit(everything, lambda chosen: with_columns(out, run, chosen, ["output_ids"]))
     sections = [f"# Run {run}: {len(everything)} rows, {everything['error'].notna().sum()} failed",
                 headline(speedup, audited[0]), completeness_section(out, run, everything, folder)]
     for name, (marks, title, table) in tables.items():

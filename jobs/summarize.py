@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.reports.report_rows import read_report_rows  # noqa: E402
 from pipeline.reports.summary import write_summary  # noqa: E402
 from pipeline.storage.atomic import UNWRITABLE  # noqa: E402
-from pipeline.storage.store import report_dir, unreadable_files  # noqa: E402
+from pipeline.storage.store import report_dir  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,10 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", help="results directory written by jobs/full_grid.py")
     parser.add_argument("--run", help="only this run (default: every run under the directory)")
     args = parser.parse_args(argv)
-    for path in unreadable_files(args.out, args.run):
-        print(f"skipped {path}: not a readable Parquet file (a run of its grid moves it aside and computes "
-              "its rows again)", file=sys.stderr)
-    df = read_report_rows(args.out, args.run)
+    skipped = lambda path: print(f"skipped {path}: not a readable Parquet file (a run of its grid moves it "
+                                 "aside and computes its rows again)", file=sys.stderr)
+    df = read_report_rows(args.out, args.run, on_unreadable=skipped)
     if df.empty:
         print(f"no results under {args.out}", file=sys.stderr)
         return 1

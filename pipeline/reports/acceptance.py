@@ -21,12 +21,12 @@ from pipeline.reports.report import configuration_labels, method_order
 CONFIG = ["target", "draft", "dtype", "turn", "method_label"]
 
 
-def _depths(gamma: object, shapes: object, chosen: object, blocks: int) -> np.ndarray:
-    """Drafted positions of each of a row's `blocks`: its chosen shape's depth where a bandit
-    recorded one per block, else gamma."""
+def _shape_depths(shapes: object, chosen: object, blocks: int) -> np.ndarray | None:
+    """Drafted positions of each of a row's `blocks` where a bandit recorded its chosen shape per
+    block (the shape's depth); None for every other row, which drafts gamma in each block."""
     if shapes is not None and chosen is not None and len(chosen) == blocks and len(shapes):
         return np.asarray([len(shape) for shape in shapes], int)[np.asarray(chosen, int)]
-    return np.full(blocks, int(gamma), int)
+    return None
 
 
 def blocks_of(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -35,15 +35,16 @@ def blocks_of(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     run has tens of millions of blocks."""
     accepted = rows["accepted_per_block"].tolist()
     lengths = np.fromiter((len(a) for a in accepted), int, len(accepted))
-    shapes = rows["verify_shapes"] if "verify_shapes" in rows else [None] * len(rows)
-    chosen = rows["shape_per_block"] if "shape_per_block" in rows else [None] * len(rows)
-    flat = [np.asarray(a, int) for a in accepted]
-    depths = [_depths(g, s, c, n) for g, s, c, n in zip(rows["gamma"], shapes, chosen, lengths)]
     ends = np.cumsum(lengths)
+    flat = np.concatenate(accepted).astype(int) if lengths.sum() else np.zeros(0, int)
+    depths = np.repeat([int(g) if n else 0 for g, n in zip(rows["gamma"], lengths)], lengths).astype(int)
+    if "verify_shapes" in rows and "shape_per_block" in rows:
+        for i, (shapes, chosen, n) in enumerate(zip(rows["verify_shapes"], rows["shape_per_block"], lengths)):
+            if n and (by_shape := _shape_depths(shapes, chosen, n)) is not None:
+                depths[ends[i] - n:ends[i]] = by_shape
     last = np.zeros(int(ends[-1]) if len(ends) else 0, bool)
     last[ends[lengths > 0] - 1] = True
-    joined = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, int))
-    return np.repeat(np.arange(len(rows)), lengths), joined(flat), joined(depths), last
+    return np.repeat(np.arange(len(rows)), lengths), flat, depths, last
 
 
 def position_matrix(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -65,8 +66,8 @@ def position_matrix(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 def speculative_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """Speculative rows, each labelled by its configuration (method, tree and every grid field
     its label's rows differ in: `configuration_labels`), so no line pools two of them."""
-    ok = rows[rows["error"].isna() & rows["gamma"].notna()]
-    ok = ok[ok["accepted_per_block"].map(len) > 0]
+    blocks = np.fromiter((len(a) for a in rows["accepted_per_block"]), int, len(rows))
+    ok = rows[(rows["error"].isna() & rows["gamma"].notna()).to_numpy() & (blocks > 0)]  # one copy, not two
     return ok.assign(method_label=configuration_labels(ok, CONFIG[:-1]))
 
 

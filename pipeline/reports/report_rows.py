@@ -11,7 +11,7 @@ Arrow frees each column as pandas takes it over, so the two copies of the rows n
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import pandas as pd
@@ -108,12 +108,13 @@ def _frozen(value: list) -> tuple:
     return tuple(_frozen(v) if isinstance(v, list) else v for v in value)
 
 
-def read_report_rows(out: str | Path, run: str | None = None,
-                     where: pc.Expression | None = None) -> pd.DataFrame:
+def read_report_rows(out: str | Path, run: str | None = None, where: pc.Expression | None = None,
+                     on_unreadable: Callable[[Path], None] | None = None) -> pd.DataFrame:
     """Every row of the run (or of every run under OUT) with the columns the report reads, the
     output ids reduced (`REDUCED`); only the rows `where` holds for (filtered in the scan), when
-    given."""
-    return as_frame(read_table(out, run, columns=REPORT_COLUMNS, where=where, each=_reduced))
+    given. Files that cannot be read are left out, each named to `on_unreadable`."""
+    return as_frame(read_table(out, run, columns=REPORT_COLUMNS, where=where, each=_reduced,
+                               on_unreadable=on_unreadable))
 
 
 def with_columns(out: str | Path, run: str, rows: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:

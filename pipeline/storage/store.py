@@ -215,18 +215,26 @@ def drop_rows(out: str | Path, run: str, keys: set[str]) -> int:
 
 
 def read_table(out: str | Path, run: str | None = None, columns: Iterable[str] | None = None,
-               where: ds.Expression | None = None, each: TableStep | None = None) -> pa.Table:
+               where: ds.Expression | None = None, each: TableStep | None = None,
+               on_unreadable: Callable[[Path], None] | None = None) -> pa.Table:
     """Every row under OUT (or of one run) as an Arrow table with the documented schema; only
     `columns`, and only the rows `where` holds for, both pushed into the scan; `each`, where
     given, reduces every scanned part before the parts are joined (so the rows are never held
     whole). The files are read as they are; only when that fails are they listed again (a
     compaction may have replaced some since) and each footer checked, the unreadable ones left
-    out (checking them on every read cost as much as a key-column read)."""
+    out, each named to `on_unreadable` (checking them on every read cost as much as a key-column
+    read)."""
     columns = None if columns is None else list(columns)
     try:
         return _read_files(out, shard_files(out, run), columns, where, each)
     except (OSError, pa.ArrowException):
-        return _read_files(out, [p for p in shard_files(out, run) if _readable(p)], columns, where, each)
+        readable = []
+        for path in shard_files(out, run):
+            if _readable(path):
+                readable.append(path)
+            elif on_unreadable is not None:
+                on_unreadable(path)
+        return _read_files(out, readable, columns, where, each)
 
 
 def read_results(out: str | Path, run: str | None = None) -> pd.DataFrame:

@@ -66,7 +66,8 @@ def position_matrix(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 def speculative_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """Speculative rows, each labelled by its configuration (method, tree and every grid field
     its label's rows differ in: `configuration_labels`), so no line pools two of them."""
-    blocks = np.fromiter((len(a) for a in rows["accepted_per_block"]), int, len(rows))
+    blocks = np.fromiter((len(a) if hasattr(a, "__len__") else 0 for a in rows["accepted_per_block"]), int,
+                         len(rows))  # an error row's may be null
     ok = rows[(rows["error"].isna() & rows["gamma"].notna()).to_numpy() & (blocks > 0)]  # one copy, not two
     return ok.assign(method_label=configuration_labels(ok, CONFIG[:-1]))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 import pandas as pd
 
 from pipeline.reports.report import batch_of
@@ -49,22 +50,23 @@ def with_lossless_column(rows: pd.DataFrame, read_ids: IdsReader | None = None) 
     it is the same configuration's output for the sample decoded alone (each request draws from
     its own generator, so it should be wherever the arithmetic allows); None elsewhere. Rows
     that differ from AR get `first_divergence` and `divergent_tokens`; where the rows hold no
-    `output_ids`, only when `read_ids` is given, which reads them for those rows alone."""
+    `output_ids`, only when `read_ids` is given, which reads them for those rows alone. Rows are
+    matched by group numbers over their keys, not a Python tuple per row (millions of rows)."""
     rows = rows.assign(batch=batch_of(rows))
-    outputs = outputs_of(rows)
-    keys = [tuple(key) for key in rows[REFERENCE_KEYS].itertuples(index=False)]
-    greedy = ((rows["temperature"] == 0) & rows["error"].isna()).tolist()
-    is_ar = (rows["methods"] == "AR").tolist()
-    reference = {key: i for i, (key, ar, one) in enumerate(zip(keys, is_ar, greedy)) if ar and one}
-    references = [reference.get(key) if one and not ar else None for key, ar, one in zip(keys, is_ar, greedy)]
-    matches = [None if ref is None else outputs[i] == outputs[ref] for i, ref in enumerate(references)]
-    batch = REFERENCE_KEYS.index("batch")
-    alone = [reference.get(key[:batch] + (1,) + key[batch + 1:]) if one and key[batch] > 1 else None
-             for key, one in zip(keys, greedy)]
-    batch1 = [None if ref is None else outputs[i] == outputs[ref] for i, ref in enumerate(alone)]
-    sampled = (rows["temperature"] > 0) & rows["error"].isna() & (rows["methods"] != "AR")
-    if sampled.any():
-        batch1 = _sampled_batch1(rows, sampled, outputs, batch1)
+    outputs = pd.Series(outputs_of(rows), dtype=object).to_numpy()
+    batch = rows["batch"].to_numpy()
+    greedy = ((rows["temperature"] == 0) & rows["error"].isna()).to_numpy()
+    is_ar = (rows["methods"] == "AR").to_numpy()
+    own, alone = _key_groups(rows, REFERENCE_KEYS)
+    reference = _holder_of(own, greedy & is_ar)
+    references = np.where(greedy & ~is_ar, reference[own], -1)
+    matches = _compared(outputs, references)
+    batch1 = _compared(outputs, np.where(greedy & (batch > 1), reference[alone], -1))
+    sampled = ((rows["temperature"] > 0) & rows["error"].isna() & (rows["methods"] != "AR")).to_numpy()
+    if sampled.any():  # a batched sampled row against its configuration's batch-1 row
+        own, alone = _key_groups(rows, REFERENCE_KEYS + [c for c in CONFIG_KEYS if c in rows])
+        alone_rows = np.where(sampled & (batch > 1), _holder_of(own, sampled & (batch == 1))[alone], -1)
+        batch1 = np.where(alone_rows >= 0, _compared(outputs, alone_rows), batch1)
     positions, tokens = _divergences(rows, matches, references, read_ids)
     return rows.assign(matches_ar=pd.Series(matches, index=rows.index, dtype="object"),
                        first_divergence=pd.Series(positions, index=rows.index, dtype="object"),
@@ -72,7 +74,32 @@ def with_lossless_column(rows: pd.DataFrame, read_ids: IdsReader | None = None) 
                        matches_batch1=pd.Series(batch1, index=rows.index, dtype="object"))
 
 
-def _divergences(rows: pd.DataFrame, matches: list, references: list, read_ids: IdsReader | None
+def _key_groups(rows: pd.DataFrame, columns: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's group number over `columns`, and the number of its key at batch 1, counted
+    together so the two compare."""
+    keys = rows[columns]
+    both = pd.concat([keys, keys.assign(batch=1)], ignore_index=True)
+    groups = both.groupby(columns, sort=False, dropna=False).ngroup().to_numpy()
+    return groups[:len(rows)], groups[len(rows):]
+
+
+def _holder_of(groups: np.ndarray, holds: np.ndarray) -> np.ndarray:
+    """Per group number (and one more, for no group), the position of its last row where `holds`;
+    -1 where none."""
+    holder = np.full(int(groups.max()) + 2 if len(groups) else 1, -1)
+    holder[groups[holds]] = np.flatnonzero(holds)
+    return holder
+
+
+def _compared(outputs: np.ndarray, references: np.ndarray) -> np.ndarray:
+    """Per row, whether its output is its reference row's (None where `references` is -1)."""
+    compared = np.full(len(outputs), None, dtype=object)
+    has = references >= 0
+    compared[has] = (outputs[has] == outputs[references[has]]).tolist()
+    return compared
+
+
+def _divergences(rows: pd.DataFrame, matches: np.ndarray, references: np.ndarray, read_ids: IdsReader | None
                  ) -> tuple[list, list]:
     """`first_divergence` and `divergent_tokens` per row (None where the row equals AR or has no
     AR row), from the ids of the differing rows and their AR rows only."""
@@ -80,26 +107,12 @@ def _divergences(rows: pd.DataFrame, matches: list, references: list, read_ids: 
     differ = [i for i, match in enumerate(matches) if match is False]
     if not differ or ("output_ids" not in rows and read_ids is None):
         return positions, tokens
-    needed = sorted(set(differ) | {references[i] for i in differ})
+    needed = sorted(set(differ) | {int(references[i]) for i in differ})
     chosen = rows.iloc[needed]
     ids = dict(zip(needed, (chosen if "output_ids" in rows else read_ids(chosen))["output_ids"]))
     for i in differ:
-        positions[i], tokens[i] = first_divergence(list(ids[i]), list(ids[references[i]]))
+        positions[i], tokens[i] = first_divergence(list(ids[i]), list(ids[int(references[i])]))
     return positions, tokens
-
-
-def _sampled_batch1(rows: pd.DataFrame, sampled: pd.Series, outputs: list, batch1: list) -> list:
-    """`batch1` with each batched sampled SD row compared with its configuration's batch-1 row."""
-    keys = rows[REFERENCE_KEYS + [c for c in CONFIG_KEYS if c in rows]].itertuples(index=False)
-    keys, alone_rows = list(keys), sampled & (rows["batch"] == 1)
-    alone = {tuple(key): output for key, output, one in zip(keys, outputs, alone_rows) if one}
-    for i, (key, output, mine) in enumerate(zip(keys, outputs, sampled)):
-        reference = alone.get(tuple(key._replace(batch=1)), _NONE) if mine and key.batch > 1 else _NONE
-        batch1[i] = batch1[i] if reference is _NONE else output == reference
-    return batch1
-
-
-_NONE = object()  # no batch-1 row (a row's output may itself be None)
 
 
 def first_divergence(ids: list[int], expected: list[int]) -> tuple[int, str]:

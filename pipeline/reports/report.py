@@ -86,11 +86,13 @@ def gamma_shown(rows: pd.DataFrame) -> pd.Series:
     shown[known] = [int(gamma) for gamma in rows["gamma"][known]]
     if "verify_shapes" not in rows:
         return shown
-    depths: dict[int, str | None] = {}  # by object: rows read by the report share one per distinct value
-    labels = [depths[id(shapes)] if id(shapes) in depths else depths.setdefault(id(shapes), _depth_label(shapes))
-              for shapes in rows["verify_shapes"]]
-    trees = np.array([label is not None for label in labels], dtype=bool)
-    shown[trees] = [label for label in labels if label is not None]
+    values = rows["verify_shapes"].to_numpy(dtype=object)
+    # one label per object: rows read by the report share one object per distinct value
+    _, first, inverse = np.unique(np.fromiter(map(id, values), np.int64, len(values)),
+                                        return_index=True, return_inverse=True)
+    labels = np.array([_depth_label(values[i]) for i in first], dtype=object)[inverse]
+    trees = np.not_equal(labels, None)
+    shown[trees] = labels[trees]
     return shown
 
 

@@ -33,6 +33,7 @@ from pipeline.storage.atomic import write_atomically
 from pipeline.storage.schema import FILE_SCHEMA, PARTITIONS, SCHEMA
 
 FILES_PER_SCAN = 200
+BATCH_ROWS = 65_536  # rows a read with a reducing step holds before reducing them
 TableStep = Callable[[pa.Table], pa.Table]  # one scanned part of a read, reduced
 HIVE = ds.partitioning(pa.schema([(name, pa.string()) for name in PARTITIONS]), flavor="hive")
 # a compaction's journal in a partition folder, `.compaction-<id>.json`: {"merged": name, "sources": [names]}
@@ -172,16 +173,22 @@ def _read_files(out: str | Path, files: list[Path], columns: list[str] | None,
     """The rows of `files`, scanned `FILES_PER_SCAN` at a time: a scan keeps every file's parsed
     footer until it ends, which over a run of tens of thousands of files took gigabytes. Each
     scan's table is made one chunk per column (a chunk per file cost about 80 KB of bookkeeping
-    outside Arrow's pool, 0.4 GB per 5,000 files), then passed through `each`."""
-    if not files:
-        empty = SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(columns)
-        return empty if each is None else each(empty)
+    outside Arrow's pool, 0.4 GB per 5,000 files). With `each`, every batch of up to `BATCH_ROWS`
+    rows is reduced as it is read."""
     parts = []
     for start in range(0, len(files), FILES_PER_SCAN):
         dataset = ds.dataset([str(p) for p in files[start:start + FILES_PER_SCAN]], schema=SCHEMA,
                              format="parquet", partitioning=HIVE, partition_base_dir=str(out))
-        part = dataset.to_table(columns=columns, filter=where).combine_chunks()
-        parts.append(part if each is None else each(part))
+        if each is None:
+            parts.append(dataset.to_table(columns=columns, filter=where).combine_chunks())
+            continue
+        reduced = [each(pa.Table.from_batches([batch])) for batch in dataset.to_batches(
+            columns=columns, filter=where, batch_size=BATCH_ROWS, batch_readahead=1, fragment_readahead=1)]
+        if reduced:  # reduced batch by batch: a compacted file's rows are never held whole
+            parts.append(pa.concat_tables(reduced).combine_chunks())
+    if not parts:
+        empty = SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(columns)
+        return empty if each is None else each(empty)
     return pa.concat_tables(parts)
 
 

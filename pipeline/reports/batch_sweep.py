@@ -16,8 +16,7 @@ from __future__ import annotations
 import pandas as pd
 
 from pipeline.reports.audit import with_lossless_column
-from pipeline.reports.report import (batch_of, gamma_shown, method_order, output_lengths, pooled_tau,
-                                     with_tree_labels)
+from pipeline.reports.report import batch_of, gamma_shown, method_order, pooled_tau, with_tree_labels
 from pipeline.reports.speedup import block_shapes, shapes_used
 from pipeline.storage.calibration_store import Calibrations
 
@@ -26,6 +25,12 @@ CONFIG = ["target", "draft", "dtype", "engine", "temperature", "gamma", "method_
 PAIR = ["target", "draft", "dtype", "engine", "temperature"]
 COLUMNS = ["requests", "tau", "tokens/s", "AR tokens/s", "latency s", "AR latency s", "speedup", "expected",
            "= AR here", "= batch 1", "stops paying at batch"]
+
+
+def output_lengths(rows: pd.DataFrame) -> pd.Series:
+    """Each row's new tokens as output (its ids' length, or `output_length` where the rows were
+    read with the ids reduced)."""
+    return rows["output_length"] if "output_ids" not in rows else rows["output_ids"].map(len)
 
 
 def batched_rows(rows: pd.DataFrame) -> pd.DataFrame:

@@ -118,12 +118,6 @@ def batch_of(rows: pd.DataFrame) -> pd.Series:
     return rows["batch"].astype(object).where(rows["batch"].notna(), 1).astype(int)
 
 
-def output_lengths(rows: pd.DataFrame) -> pd.Series:
-    """Each row's new tokens as output (its ids' length, or `output_length` where the rows were
-    read with the ids reduced)."""
-    return rows["output_length"] if "output_ids" not in rows else rows["output_ids"].map(len)
-
-
 def decoded_alone(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows of batch 1, which every table but the batch sweep's and the audit reads: a
     batched row's walltime is its batch's and its configuration is counted at batch 1."""

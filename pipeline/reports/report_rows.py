@@ -77,7 +77,8 @@ def as_frame(table: pa.Table) -> pd.DataFrame:
     tuples, one object per distinct value."""
     shared = sorted((name for name in SHARED if name in table.column_names), key=table.column_names.index)
     values = {name: _interned(table[name]) for name in shared}
-    frame = table.drop_columns(shared).to_pandas(integer_object_nulls=True, self_destruct=True, split_blocks=True)
+    frame = table.drop_columns(shared).to_pandas(integer_object_nulls=True, self_destruct=True,
+                                                 split_blocks=True)
     for name in shared:  # back where the schema has them, for a frame shaped as before
         frame.insert(table.column_names.index(name), name, values[name])
     return frame

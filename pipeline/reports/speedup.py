@@ -48,7 +48,9 @@ def timing_label(rows: pd.DataFrame) -> pd.Series:
         return (f"{name(device)}, {name(steps)} steps, torch {name(torch_version)}, "
                 f"transformers {name(transformers_version)}")
 
-    return pd.Series([label(*values) for values in zip(*columns)], index=rows.index, dtype=object)
+    labels: dict[tuple, str] = {}  # one per machine, not one per row
+    return pd.Series([labels[values] if values in labels else labels.setdefault(values, label(*values))
+                      for values in zip(*columns)], index=rows.index, dtype=object)
 
 
 def speedup_table(df: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:

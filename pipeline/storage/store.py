@@ -173,23 +173,34 @@ def _read_files(out: str | Path, files: list[Path], columns: list[str] | None,
     """The rows of `files`, scanned `FILES_PER_SCAN` at a time: a scan keeps every file's parsed
     footer until it ends, which over a run of tens of thousands of files took gigabytes. Each
     scan's table is made one chunk per column (a chunk per file cost about 80 KB of bookkeeping
-    outside Arrow's pool, 0.4 GB per 5,000 files). With `each`, every batch of up to `BATCH_ROWS`
-    rows is reduced as it is read."""
+    outside Arrow's pool, 0.4 GB per 5,000 files). With `each`, a scan of more than `BATCH_ROWS`
+    rows (a compacted run's files) is read and reduced batch by batch, one file at a time; a
+    smaller one (a run's own small files) is read whole, its files in parallel, then reduced."""
     parts = []
     for start in range(0, len(files), FILES_PER_SCAN):
         dataset = ds.dataset([str(p) for p in files[start:start + FILES_PER_SCAN]], schema=SCHEMA,
                              format="parquet", partitioning=HIVE, partition_base_dir=str(out))
         if each is None:
             parts.append(dataset.to_table(columns=columns, filter=where).combine_chunks())
-            continue
-        reduced = [each(pa.Table.from_batches([batch])) for batch in dataset.to_batches(
-            columns=columns, filter=where, batch_size=BATCH_ROWS, batch_readahead=1, fragment_readahead=1)]
-        if reduced:  # reduced batch by batch: a compacted file's rows are never held whole
-            parts.append(pa.concat_tables(reduced).combine_chunks())
+        elif _rows_in(dataset) <= BATCH_ROWS:  # small files, read in parallel
+            parts.append(each(dataset.to_table(columns=columns, filter=where).combine_chunks()))
+        else:  # large (compacted) files, reduced batch by batch: never held whole
+            reduced = [each(pa.Table.from_batches([batch])) for batch in dataset.to_batches(
+                columns=columns, filter=where, batch_size=BATCH_ROWS, batch_readahead=1, fragment_readahead=1)]
+            parts.extend([pa.concat_tables(reduced).combine_chunks()] if reduced else [])
     if not parts:
         empty = SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(columns)
         return empty if each is None else each(empty)
     return pa.concat_tables(parts)
+
+
+def _rows_in(dataset: ds.FileSystemDataset) -> int:
+    """Rows in the dataset's files, from their footers (which its scan then reuses)."""
+    rows = 0
+    for fragment in dataset.get_fragments():
+        fragment.ensure_complete_metadata()
+        rows += fragment.metadata.num_rows
+    return rows
 
 
 def stored_config_keys(out: str | Path, run: str) -> set[str]:

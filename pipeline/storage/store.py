@@ -185,8 +185,9 @@ def _read_files(out: str | Path, files: list[Path], columns: list[str] | None,
         elif _rows_in(dataset) <= BATCH_ROWS:  # small files, read in parallel
             parts.append(each(dataset.to_table(columns=columns, filter=where).combine_chunks()))
         else:  # large (compacted) files, reduced batch by batch: never held whole
-            reduced = [each(pa.Table.from_batches([batch])) for batch in dataset.to_batches(
-                columns=columns, filter=where, batch_size=BATCH_ROWS, batch_readahead=1, fragment_readahead=1)]
+            batches = dataset.to_batches(columns=columns, filter=where, batch_size=BATCH_ROWS,
+                                         batch_readahead=1, fragment_readahead=1)
+            reduced = [each(pa.Table.from_batches([batch])) for batch in batches]
             parts.extend([pa.concat_tables(reduced).combine_chunks()] if reduced else [])
     if not parts:
         empty = SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(columns)

@@ -26,12 +26,13 @@ def test_an_output_digest_is_equal_exactly_when_the_ids_are():
 
 def test_repeated_list_values_are_read_as_one_tuple_each_across_parts_and_nulls():
     """verify_shapes-like values (lists of lists) and image notes (lists of strings), in two
-    scanned parts with nulls: each row reads as its value, and equal values are one object."""
+    scanned parts with nulls (the strings met in another order in each): each row reads as its
+    value, and equal values are one object."""
     nested = pa.list_(pa.list_(pa.int32()))
     shapes = pa.chunked_array([pa.array([[[1, 2], [3]], None, [[1, 2], [3]], [], [[]], [[3], [1, 2]]], nested),
                                pa.array([None, [[]], [], [[1, 2], [3]]], nested)])
     notes = pa.chunked_array([pa.array([[], ["x"], None, [""], ["x", "y"]], pa.list_(pa.string())),
-                              pa.array([["x"], [""], None], pa.list_(pa.string()))])
+                              pa.array([["y"], [""], None, ["x"], ["y", "x"]], pa.list_(pa.string()))])
     for column in (shapes, notes):
         read = _interned(column)
         expected = column.to_pylist()

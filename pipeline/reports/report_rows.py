@@ -10,6 +10,7 @@ Arrow frees each column as pandas takes it over, so the two copies of the rows n
 """
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -23,7 +24,6 @@ from pipeline.storage.store import read_table
 
 NOT_READ = ("output_text", "answer")  # no table or figure shows them (the exports do)
 ON_DEMAND = ("weights_per_block",)  # read for the rows a figure draws, by key
-REDUCED = ("output_ids",)  # read as output_digest and output_length
 SHARED = ("verify_shapes", "verify_block_shapes", "image_conversions")  # few distinct values per run
 REPORT_COLUMNS = tuple(name for name in SCHEMA.names if name not in NOT_READ + ON_DEMAND)
 
@@ -47,11 +47,16 @@ def output_digest(lists: pa.Array) -> pa.Array:
 
 
 def _codes(values: pa.Array) -> np.ndarray:
-    """Each value as a uint64 that equals another's only for equal values (nulls one code)."""
+    """Each value as a uint64 that equals another's only for equal values, in any part of a read
+    (nulls one code)."""
     if pa.types.is_list(values.type):
         values = output_digest(values)
-    elif pa.types.is_string(values.type):
-        values = values.dictionary_encode().indices
+    elif pa.types.is_string(values.type):  # each distinct string hashed once, by its bytes
+        encoded = values.dictionary_encode()
+        hashes = np.array([int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+                           for text in encoded.dictionary.to_pylist()], np.uint64)
+        values = pa.array(hashes[pc.fill_null(encoded.indices, 0).to_numpy()] if len(hashes) else
+                          np.zeros(len(values), np.uint64), mask=pc.is_null(values).to_numpy(zero_copy_only=False))
     return pc.fill_null(values.cast(pa.uint64(), safe=False), np.uint64(2**64 - 1)).to_numpy()
 
 
@@ -112,7 +117,7 @@ def _frozen(value: list) -> tuple:
 def read_report_rows(out: str | Path, run: str | None = None, where: pc.Expression | None = None,
                      on_unreadable: Callable[[Path], None] | None = None) -> pd.DataFrame:
     """Every row of the run (or of every run under OUT) with the columns the report reads, the
-    output ids reduced (`REDUCED`); only the rows `where` holds for (filtered in the scan), when
+    output ids read as `output_digest` and `output_length`; only the rows `where` holds for (filtered in the scan), when
     given. Files that cannot be read are left out, each named to `on_unreadable`."""
     return as_frame(read_table(out, run, columns=REPORT_COLUMNS, where=where, each=_reduced,
                                on_unreadable=on_unreadable))

@@ -55,8 +55,8 @@ def _codes(values: pa.Array) -> np.ndarray:
         encoded = values.dictionary_encode()
         hashes = np.array([int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
                            for text in encoded.dictionary.to_pylist()], np.uint64)
-        values = pa.array(hashes[pc.fill_null(encoded.indices, 0).to_numpy()] if len(hashes) else
-                          np.zeros(len(values), np.uint64), mask=pc.is_null(values).to_numpy(zero_copy_only=False))
+        coded = hashes[pc.fill_null(encoded.indices, 0).to_numpy()] if len(hashes) else np.zeros(len(values))
+        values = pa.array(coded.astype(np.uint64), mask=pc.is_null(values).to_numpy(zero_copy_only=False))
     return pc.fill_null(values.cast(pa.uint64(), safe=False), np.uint64(2**64 - 1)).to_numpy()
 
 
@@ -117,8 +117,9 @@ def _frozen(value: list) -> tuple:
 def read_report_rows(out: str | Path, run: str | None = None, where: pc.Expression | None = None,
                      on_unreadable: Callable[[Path], None] | None = None) -> pd.DataFrame:
     """Every row of the run (or of every run under OUT) with the columns the report reads, the
-    output ids read as `output_digest` and `output_length`; only the rows `where` holds for (filtered in the scan), when
-    given. Files that cannot be read are left out, each named to `on_unreadable`."""
+    output ids read as `output_digest` and `output_length`; only the rows `where` holds for
+    (filtered in the scan), when given. Files that cannot be read are left out, each named to
+    `on_unreadable`."""
     return as_frame(read_table(out, run, columns=REPORT_COLUMNS, where=where, each=_reduced,
                                on_unreadable=on_unreadable))
 

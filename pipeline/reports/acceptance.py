@@ -104,7 +104,7 @@ def acceptance_table(rows: pd.DataFrame) -> pd.DataFrame:
     request (median, quartiles, min, max), so the spread stands beside the mean."""
     out = []
     for config, group in block_counts(speculative_rows(rows)).groupby(CONFIG, sort=False):
-        per_request = 1 + group["accepted"] / group["blocks"]  # `_request_tau`, from the counts in hand
+        per_request = _request_tau(group)
         quartiles = per_request.quantile([0.25, 0.5, 0.75])
         tau = 1 + group["accepted"].sum() / group["blocks"].sum()
         out.append(dict(zip(CONFIG, config)) | {
@@ -119,13 +119,13 @@ def acceptance_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 def request_taus(rows: pd.DataFrame) -> pd.DataFrame:
     """tau of each request (sample) per configuration, for a distribution figure."""
-    sd = speculative_rows(rows)
+    sd = block_counts(speculative_rows(rows))
     return sd[CONFIG + ["sample_id"]].assign(tau=_request_tau(sd))
 
 
-def _request_tau(rows: pd.DataFrame) -> pd.Series:
-    """Each row's own tau: 1 + its accepted proposals over its blocks."""
-    return 1 + rows["accepted_per_block"].map(sum) / rows["accepted_per_block"].map(len)
+def _request_tau(counted: pd.DataFrame) -> pd.Series:
+    """Each row's own tau: 1 + its accepted proposals over its blocks (`block_counts`' columns)."""
+    return 1 + counted["accepted"] / counted["blocks"]
 
 
 def _ordered(table: pd.DataFrame) -> pd.DataFrame:

@@ -84,9 +84,8 @@ def _key_groups(rows: pd.DataFrame, columns: list[str]) -> tuple[np.ndarray, np.
 
 
 def _holder_of(groups: np.ndarray, holds: np.ndarray) -> np.ndarray:
-    """Per group number (and one more, for no group), the position of its last row where `holds`;
-    -1 where none."""
-    holder = np.full(int(groups.max()) + 2 if len(groups) else 1, -1)
+    """Per group number, the position of its last row where `holds`; -1 where none."""
+    holder = np.full(int(groups.max()) + 1 if len(groups) else 0, -1)
     holder[groups[holds]] = np.flatnonzero(holds)
     return holder
 

@@ -89,7 +89,7 @@ def gamma_shown(rows: pd.DataFrame) -> pd.Series:
     values = rows["verify_shapes"].to_numpy(dtype=object)
     # one label per object: rows read by the report share one object per distinct value
     _, first, inverse = np.unique(np.fromiter(map(id, values), np.int64, len(values)),
-                                        return_index=True, return_inverse=True)
+                                  return_index=True, return_inverse=True)
     labels = np.array([_depth_label(values[i]) for i in first], dtype=object)[inverse]
     trees = np.not_equal(labels, None)
     shown[trees] = labels[trees]

@@ -105,8 +105,9 @@ def test_rows_read_with_output_digests_audit_as_rows_read_with_the_ids(tmp_path)
 
     (table, differ), (reduced_table, reduced_differ) = audit(whole), audit(reduced, read_ids)
     assert len(differ) > 0 and 0 < table["equal to AR"].sum() < table["rows"].sum()
-    pd.testing.assert_frame_equal(reduced_table, table)
-    pd.testing.assert_frame_equal(reduced_differ.reset_index(drop=True), differ.reset_index(drop=True))
+    as_text = lambda frame: frame.astype({c: "str" for c, t in frame.dtypes.items() if t == "category"})
+    pd.testing.assert_frame_equal(as_text(reduced_table), table)  # the reduced rows' strings are codes
+    pd.testing.assert_frame_equal(as_text(reduced_differ).reset_index(drop=True), differ.reset_index(drop=True))
     assert asked and asked[0] < len(reduced)  # only the differing rows and their AR rows were read
     with pytest.raises(ValueError, match="read_ids"):
         audit(reduced)

@@ -46,7 +46,7 @@ def fidelity_table(rows: pd.DataFrame) -> pd.DataFrame:
     live = fidelity_rows(rows)
     if live.empty:
         return pd.DataFrame(columns=COLUMNS)
-    live = live.assign(engine=live["engine"].fillna("-"))
+    live = live.assign(engine=live["engine"].astype("str").fillna("-"))
     table = live.groupby(GROUP_KEYS).agg(
         **{"live rows": ("checked", "size"), "checked": ("checked", "sum"), "identical": ("identical", "sum"),
            "mean abs dtau": ("dtau", "mean"), "max abs dtau": ("dtau", "max")}

@@ -33,11 +33,11 @@ def paper_tables() -> pd.DataFrame:
 def _our_cells(rows: pd.DataFrame) -> pd.DataFrame:
     """Pooled tau per pair, dataset, paper turn and method, as the paper's cells pool."""
     chains = rows[rows["error"].isna() & (rows["gamma"] == PAPER_GAMMA) & (rows["temperature"] == 0)
-                  & (rows["verify"].fillna("chain") == "chain")]
+                  & (rows["verify"].astype("str").fillna("chain") == "chain")]
     if chains.empty:
         return pd.DataFrame(columns=["target", "draft", *CONFIG, "dataset", "turn", "method", "ours"])
     paper_turn = chains["turn"].map(lambda t: "second" if t in INSTRUCTION_TURNS else t)
-    dataset = chains["dataset"].where(~chains["turn"].isin(["nq", "gsm8k"]), "*")
+    dataset = chains["dataset"].astype("str").where(~chains["turn"].isin(["nq", "gsm8k"]), "*")
     keyed = chains.assign(paper_turn=paper_turn, paper_dataset=dataset)
     keyed = keyed.assign(**{c: "-" for c in CONFIG if c not in keyed})  # rows made by hand may lack them
     keyed = with_dashes(keyed, CONFIG)

@@ -108,7 +108,7 @@ def weight_ratio_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """One first-turn row of a TABED ensemble holding M and T (MT* first) per pair and
     category: the sample with the most blocks."""
     # the paper's figure is of chains
-    chain = rows["verify"].fillna("chain") == "chain" if "verify" in rows else True
+    chain = rows["verify"].astype("str").fillna("chain") == "chain" if "verify" in rows else True
     dynamic = rows[rows["error"].isna() & (rows["turn"] == "first") & rows["method_label"].str.endswith("*")
                    & chain & rows["methods"].str.contains("M") & rows["methods"].str.contains("T")
                    & (rows["blocks"] > 1)]

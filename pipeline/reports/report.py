@@ -45,9 +45,8 @@ def with_tree_labels(rows: pd.DataFrame) -> pd.DataFrame:
     if "verify" not in rows:
         return rows
     tree = rows["verify"].notna() & (rows["verify"] != "chain")
-    return rows.assign(
-        method_label=rows["method_label"].where(~tree, rows["method_label"] + " (" + rows["verify"] + ")")
-    )
+    label, verify = rows["method_label"].astype("str"), rows["verify"].astype("str")  # text, if read as codes
+    return rows.assign(method_label=label.where(~tree, label + " (" + verify + ")"))
 
 
 def with_dashes(rows: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
@@ -178,8 +177,8 @@ def category_table(df: pd.DataFrame) -> pd.DataFrame:
     cells = (ok.groupby(SUMMARY_INDEX + ["category", "turn", "dataset"])
              .apply(pooled_tau, include_groups=False))
     cells = cells.rename("tau").reset_index()
-    cells["group"] = (cells["category"].str.capitalize() + " "
-                      + cells["turn"].where(cells["turn"] == "first", "second"))
+    turn, category = cells["turn"].astype("str"), cells["category"].astype("str")  # text, if read as codes
+    cells["group"] = category.str.capitalize() + " " + turn.where(turn == "first", "second")
     table = cells.groupby(SUMMARY_INDEX + ["group"])["tau"].mean().unstack("group")
     order = sorted(table.columns, key=lambda c: (not c.startswith("Benchmark"), c.endswith("second"), c))
     table = table[order]

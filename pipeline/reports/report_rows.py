@@ -25,6 +25,7 @@ from pipeline.storage.store import read_table
 NOT_READ = ("output_text", "answer")  # no table or figure shows them (the exports do)
 ON_DEMAND = ("weights_per_block",)  # read for the rows a figure draws, by key
 SHARED = ("verify_shapes", "verify_block_shapes", "image_conversions")  # few distinct values per run
+DISTINCT = ("key",)  # a string of each row's own, kept as text: codes would only add to it
 REPORT_COLUMNS = tuple(name for name in SCHEMA.names if name not in NOT_READ + ON_DEMAND)
 
 
@@ -72,21 +73,53 @@ def _mix(z: np.ndarray) -> np.ndarray:
 def _reduced(part: pa.Table) -> pa.Table:
     """One scanned part with its output ids replaced by their digest and length."""
     ids = part["output_ids"].combine_chunks()
-    return part.drop_columns(["output_ids"]).append_column("output_digest", output_digest(ids)) \
+    part = part.drop_columns(["output_ids"]).append_column("output_digest", output_digest(ids)) \
         .append_column("output_length", pc.list_value_length(ids))
+    for i, field in enumerate(part.schema):  # a part's strings repeat: each held once, by code
+        if pa.types.is_string(field.type) and field.name not in DISTINCT:
+            part = part.set_column(i, field.name, pc.dictionary_encode(part[field.name]))
+    return part
 
 
 def as_frame(table: pa.Table) -> pd.DataFrame:
     """`table` as the report's DataFrame (integer columns with nulls as Python ints or None, like
     `store.read_results`), freeing each Arrow column once converted; `SHARED` list columns as
-    tuples, one object per distinct value."""
+    tuples, one object per distinct value; strings as categories."""
+    order = table.column_names
     shared = sorted((name for name in SHARED if name in table.column_names), key=table.column_names.index)
-    values = {name: _interned(table[name]) for name in shared}
-    frame = table.drop_columns(shared).to_pandas(integer_object_nulls=True, self_destruct=True,
-                                                 split_blocks=True)
-    for name in shared:  # back where the schema has them, for a frame shaped as before
-        frame.insert(table.column_names.index(name), name, values[name])
+    texts = [field.name for field in table.schema if field.name not in DISTINCT
+             and (pa.types.is_string(field.type) or pa.types.is_dictionary(field.type))]
+    made = {name: _interned(table[name]) for name in shared}
+    for name in texts:  # each taken from Arrow as it is coded, so its text is freed column by column
+        made[name] = _categorical(table[name])
+        table = table.drop_columns([name])
+    columns = [name for name in table.column_names if name not in made]
+    frame = table.select(columns).to_pandas(integer_object_nulls=True, self_destruct=True, split_blocks=True)
+    for name in sorted(made, key=order.index):  # back where the schema has them, for a frame shaped as before
+        frame.insert(order.index(name), name, made[name])
     return frame
+
+
+def _categorical(column: pa.ChunkedArray) -> pd.Categorical:
+    """A string column as pandas categories in text order: a run's strings repeat (a
+    configuration's fields, a sample's id), and each row then holds a small code, not its text;
+    in text order, sorting and grouping read as they would over the strings."""
+    if not pa.types.is_dictionary(column.type):
+        column = pc.dictionary_encode(column)
+    categories = pa.chunked_array([chunk.dictionary for chunk in column.chunks], pa.string())
+    categories = pc.unique(categories).drop_null()
+    categories = categories.take(pc.sort_indices(categories))
+    width = np.int8 if len(categories) < 2**7 else np.int16 if len(categories) < 2**15 else np.int32
+    codes = np.concatenate([_recoded(chunk, categories).astype(width) for chunk in column.chunks]
+                           or [np.empty(0, width)])
+    return pd.Categorical.from_codes(codes, categories=pd.Index(categories.to_pylist(), dtype="str"))
+
+
+def _recoded(chunk: pa.DictionaryArray, categories: pa.Array) -> np.ndarray:
+    """The chunk's codes into `categories` (-1 for null)."""
+    mapping = pc.index_in(chunk.dictionary, value_set=categories).to_numpy(zero_copy_only=False)
+    codes = mapping[pc.fill_null(chunk.indices, 0).to_numpy()] if len(mapping) else np.zeros(len(chunk), int)
+    return np.where(chunk.is_null().to_numpy(zero_copy_only=False), -1, codes)
 
 
 def _interned(column: pa.ChunkedArray) -> np.ndarray:

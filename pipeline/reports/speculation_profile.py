@@ -135,8 +135,9 @@ def speculation_profiles(rows: pd.DataFrame) -> dict[str, dict]:
     rows = decoded_alone(rows)
     sd = rows[rows["error"].isna() & (rows["mode"] != "ar")]
     sd = sd[sd["accepted_per_block"].map(len) > 0]
-    sd = sd.assign(verify=sd["verify"].fillna("chain") if "verify" in sd else "chain",
-                   temperature=sd["temperature"].fillna(0.0), policy=sd["policy"].fillna("static"))
+    sd = sd.assign(verify=sd["verify"].astype("str").fillna("chain") if "verify" in sd else "chain",
+                   temperature=sd["temperature"].fillna(0.0),
+                   policy=sd["policy"].astype("str").fillna("static"))
     files = {}
     for key, mine in sd.groupby(CELL, sort=True, dropna=False):
         cell = dict(zip(CELL, key))

@@ -16,9 +16,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipeline.reports.report import configuration_labels, method_order
+from pipeline.reports.pooling import present
+from pipeline.reports.report import VARYING, configuration_labels, method_order
 
 CONFIG = ["target", "draft", "dtype", "turn", "method_label"]
+# What the acceptance tables read of a speculative row: its configuration, the fields its label
+# may name (`configuration_labels`), its sample and its blocks.
+READ = [*CONFIG, "verify", *VARYING, "sample_id", "accepted_per_block", "verify_shapes", "shape_per_block"]
 
 
 def _shape_depths(shapes: object, chosen: object, blocks: int) -> np.ndarray | None:
@@ -29,19 +33,35 @@ def _shape_depths(shapes: object, chosen: object, blocks: int) -> np.ndarray | N
     return None
 
 
+def _blocks(rows: pd.DataFrame) -> tuple[list, np.ndarray, np.ndarray]:
+    """(each row's accepted counts, its number of blocks, its depth per block where the grid's
+    gamma sets it: 0 where the row's blocks have their own depths, `_bandit_depths`)."""
+    accepted = rows["accepted_per_block"].tolist()
+    lengths = np.fromiter((len(a) for a in accepted), int, len(accepted))
+    gammas = np.fromiter((int(g) if n else 0 for g, n in zip(rows["gamma"], lengths)), int, len(accepted))
+    return accepted, lengths, gammas
+
+
+def _bandit_depths(rows: pd.DataFrame, lengths: np.ndarray) -> dict[int, np.ndarray]:
+    """Drafted positions of each block, by row position, of the rows whose bandit recorded its
+    chosen shape per block."""
+    if "verify_shapes" not in rows or "shape_per_block" not in rows:
+        return {}
+    chosen = zip(rows["verify_shapes"], rows["shape_per_block"], lengths)
+    return {i: depths for i, (shapes, picks, n) in enumerate(chosen)
+            if n and (depths := _shape_depths(shapes, picks, n)) is not None}
+
+
 def blocks_of(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every block of `rows`, flattened: (its row's position in `rows`, accepted drafts, drafted
     positions, whether it is its row's last block). Arrays, not a loop per block: a paper-scale
     run has tens of millions of blocks."""
-    accepted = rows["accepted_per_block"].tolist()
-    lengths = np.fromiter((len(a) for a in accepted), int, len(accepted))
+    accepted, lengths, gammas = _blocks(rows)
     ends = np.cumsum(lengths)
     flat = np.concatenate(accepted).astype(int) if lengths.sum() else np.zeros(0, int)
-    depths = np.repeat([int(g) if n else 0 for g, n in zip(rows["gamma"], lengths)], lengths).astype(int)
-    if "verify_shapes" in rows and "shape_per_block" in rows:
-        for i, (shapes, chosen, n) in enumerate(zip(rows["verify_shapes"], rows["shape_per_block"], lengths)):
-            if n and (by_shape := _shape_depths(shapes, chosen, n)) is not None:
-                depths[ends[i] - n:ends[i]] = by_shape
+    depths = np.repeat(gammas, lengths)
+    for i, by_shape in _bandit_depths(rows, lengths).items():
+        depths[ends[i] - lengths[i]:ends[i]] = by_shape
     last = np.zeros(int(ends[-1]) if len(ends) else 0, bool)
     last[ends[lengths > 0] - 1] = True
     return np.repeat(np.arange(len(rows)), lengths), flat, depths, last
@@ -68,17 +88,22 @@ def speculative_rows(rows: pd.DataFrame) -> pd.DataFrame:
     its label's rows differ in: `configuration_labels`), so no line pools two of them."""
     blocks = np.fromiter((len(a) if hasattr(a, "__len__") else 0 for a in rows["accepted_per_block"]), int,
                          len(rows))  # an error row's may be null
-    ok = rows[(rows["error"].isna() & rows["gamma"].notna()).to_numpy() & (blocks > 0)]  # one copy, not two
+    read = present(rows, READ)  # the copy holds what the tables read
+    ok = rows.loc[(rows["error"].isna() & rows["gamma"].notna()).to_numpy() & (blocks > 0), read]
     return ok.assign(method_label=configuration_labels(ok, CONFIG[:-1]))
 
 
 def block_counts(rows: pd.DataFrame) -> pd.DataFrame:
     """`rows` with each one's accepted drafts, blocks and drafted positions: what pooled tau and
     the acceptance rate sum."""
-    row, accepted, depth, _ = blocks_of(rows)
-    return rows.assign(accepted=np.bincount(row, accepted, len(rows)).astype(int),
-                       blocks=np.bincount(row, minlength=len(rows)),
-                       drafted=np.bincount(row, depth, len(rows)).astype(int))
+    accepted, lengths, gammas = _blocks(rows)
+    sums, filled = np.zeros(len(rows), int), lengths > 0
+    if filled.any():  # per row, from the flat counts: no array per block beside them
+        sums[filled] = np.add.reduceat(np.concatenate(accepted), (np.cumsum(lengths) - lengths)[filled])
+    drafted = gammas * lengths
+    for i, by_shape in _bandit_depths(rows, lengths).items():
+        drafted[i] = by_shape.sum()
+    return rows.assign(accepted=sums, blocks=lengths, drafted=drafted)
 
 
 def per_position_table(rows: pd.DataFrame) -> pd.DataFrame:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import pandas as pd
 
 from pipeline.reports.audit import with_lossless_column
-from pipeline.reports.report import batch_of, gamma_shown, method_order, pooled_tau, with_tree_labels
+from pipeline.reports.pooling import pooled_tau
+from pipeline.reports.report import batch_of, gamma_shown, method_order, with_tree_labels
 from pipeline.reports.speedup import block_shapes, shapes_used
 from pipeline.storage.calibration_store import Calibrations
 

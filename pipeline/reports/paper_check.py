@@ -14,7 +14,8 @@ from importlib import resources
 
 import pandas as pd
 
-from pipeline.reports.report import pooled_tau, with_dashes
+from pipeline.reports.pooling import pooled_taus
+from pipeline.reports.report import with_dashes
 
 INSTRUCTION_TURNS = ("qaorg", "captioning", "summary", "story")
 PAPER_GAMMA = 5
@@ -41,8 +42,8 @@ def _our_cells(rows: pd.DataFrame) -> pd.DataFrame:
     keyed = chains.assign(paper_turn=paper_turn, paper_dataset=dataset)
     keyed = keyed.assign(**{c: "-" for c in CONFIG if c not in keyed})  # rows made by hand may lack them
     keyed = with_dashes(keyed, CONFIG)
-    cells = (keyed.groupby(["target", "draft", *CONFIG, "paper_dataset", "paper_turn", "method_label"])
-             .apply(pooled_tau, include_groups=False).rename("ours").reset_index())
+    keys = ["target", "draft", *CONFIG, "paper_dataset", "paper_turn", "method_label"]
+    cells = pooled_taus(keyed, keys, sort=True).rename("ours").reset_index()
     cells = cells.rename(columns={"paper_dataset": "dataset", "paper_turn": "turn", "method_label": "method"})
     bench = cells[cells["dataset"].isin(BENCHMARK)]
     averages = (bench.groupby(["target", "draft", *CONFIG, "turn", "method"])["ours"].mean().reset_index()

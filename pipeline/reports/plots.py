@@ -24,7 +24,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, LogLocator, NullLocator
 
-from pipeline.reports.report import configuration_labels, grid_gammas, method_order, pooled_tau
+from pipeline.reports.pooling import BLOCKS, pooled_taus, present
+from pipeline.reports.report import VARYING, configuration_labels, grid_gammas, method_order
 
 WIDTHS = {"one-column": 3.5, "two-column": 7.16}  # inches: a two-column paper's column and page width
 PAGE_HEIGHT = 9.0  # inches: a page's text height (US letter or A4 with 1-inch margins)
@@ -90,13 +91,14 @@ def suptitle_target(pairs: list[tuple[str, str, str]]) -> str:
 def tau_cells(rows: pd.DataFrame) -> pd.DataFrame:
     """What the tau heatmap draws: pooled tau and sample count per pair, dtype, turn, dataset and
     method label. Every cell holds the rows of one pair only."""
-    ok = rows[rows["error"].isna()]
     keys = ["target", "draft", "dtype", "turn", "category", "dataset", "method_label"]
+    read = [*keys, *VARYING, "verify", "verify_shapes", "sample_id", *BLOCKS]  # the copy: what the cells read
+    ok = rows.loc[rows["error"].isna(), present(rows, read)]
     if ok.empty:  # every speculative row failed
         return pd.DataFrame(columns=[*keys, "tau", "samples"])
     ok = ok.assign(method_label=configuration_labels(ok, keys[:-1]))
     grouped = ok.groupby(keys, sort=False)
-    cells = grouped.apply(pooled_tau, include_groups=False).rename("tau").to_frame()
+    cells = pooled_taus(ok, keys).rename("tau").to_frame()
     return cells.join(grouped["sample_id"].nunique().rename("samples")).reset_index()
 
 

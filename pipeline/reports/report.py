@@ -13,6 +13,7 @@ import pandas as pd
 
 from pipeline.drafting.methods import method_order as letter_order
 from pipeline.reports.marks import Marks, best_marks, marks_caption
+from pipeline.reports.pooling import BLOCKS, pooled_taus, present
 
 # A pair is its target, draft and dtype: rows of one target/draft in fp32 and bf16 are two experiments,
 # and no table pools them (a tree is its own method label: `with_tree_labels`; batched rows are read by
@@ -130,17 +131,11 @@ def wall_times(rows: pd.DataFrame) -> pd.Series:
     return rows["time_wall_s"].astype(float).fillna(total) if "time_wall_s" in rows else total
 
 
-def pooled_tau(group: pd.DataFrame) -> float:
-    lists = group["accepted_per_block"].tolist()
-    accepted = int(np.concatenate(lists).sum()) if lists else 0  # one sum, not one per row
-    blocks = group["blocks"].sum()
-    return float("nan") if blocks == 0 else 1.0 + accepted / blocks
-
-
 def tau_table(df: pd.DataFrame) -> pd.DataFrame:
     """Rows: target, draft, dtype, turn, method (plus any grid field that varies); columns: benchmark
     datasets, then the others (OOD, NLP), each alphabetically, then `Avg.` over the benchmark ones."""
-    ok = with_tree_labels(df[df["error"].isna()].copy())
+    read = [*TABLE_INDEX, *VARYING, "dataset", "category", "verify", "verify_shapes", *BLOCKS]
+    ok = with_tree_labels(df.loc[df["error"].isna(), present(df, read)])
     ok["gamma"] = gamma_shown(ok)
     cell = ok.groupby(TABLE_INDEX + ["dataset"], sort=False)
     index = TABLE_INDEX + [c for c in VARYING if cell[c].nunique(dropna=False).max() > 1]
@@ -148,7 +143,7 @@ def tau_table(df: pd.DataFrame) -> pd.DataFrame:
     seen = sorted(set(ok["dataset"]))
     benchmark = [d for d in seen if (ok.loc[ok["dataset"] == d, "category"] == "benchmark").any()]
     datasets = benchmark + [d for d in seen if d not in benchmark]
-    cells = ok.groupby(index + ["dataset"], sort=False).apply(pooled_tau, include_groups=False)
+    cells = pooled_taus(ok, index + ["dataset"])
     table = cells.unstack("dataset").reindex(columns=datasets)
     if benchmark:
         table[AVERAGE] = table[benchmark].mean(axis=1)
@@ -173,9 +168,9 @@ SUMMARY_INDEX = [*PAIR, "method_label", "policy"]
 def category_table(df: pd.DataFrame) -> pd.DataFrame:
     """Paper Table 2: mean of per-dataset pooled tau within each category and turn group
     (benchmark first turn, benchmark second turn, OOD first turn)."""
-    ok = with_tree_labels(df[df["error"].isna()])
-    cells = (ok.groupby(SUMMARY_INDEX + ["category", "turn", "dataset"])
-             .apply(pooled_tau, include_groups=False))
+    read = [*SUMMARY_INDEX, "category", "turn", "dataset", "verify", *BLOCKS]
+    ok = with_tree_labels(df.loc[df["error"].isna(), present(df, read)])
+    cells = pooled_taus(ok, SUMMARY_INDEX + ["category", "turn", "dataset"], sort=True)
     cells = cells.rename("tau").reset_index()
     turn, category = cells["turn"].astype("str"), cells["category"].astype("str")  # text, if read as codes
     cells["group"] = category.str.capitalize() + " " + turn.where(turn == "first", "second")
@@ -236,12 +231,13 @@ def method_findings(df: pd.DataFrame) -> pd.DataFrame:
     """Per pair, turn and dataset: pooled tau of M and T and which is higher, the best SD
     configuration, and where the paper's MT* and MTCP* rank among all SD configurations run
     (1 = best; configurations are method set x policy; equal tau at two decimals share a rank)."""
-    ok = with_tree_labels(df[df["error"].isna() & (df["method_label"] != "AR")])
     keys = [*PAIR, "turn", "dataset"]
+    read = [*keys, "method_label", "policy", "policy_kind", "verify", *BLOCKS]
+    ok = with_tree_labels(df.loc[df["error"].isna() & (df["method_label"] != "AR"),
+                                 present(df, read)])
     if ok.empty:  # e.g. a run stopped before any speculative row was written
         return pd.DataFrame(columns=keys)
-    cells = (ok.groupby(keys + ["method_label", "policy", "policy_kind"])
-             .apply(pooled_tau, include_groups=False))
+    cells = pooled_taus(ok, keys + ["method_label", "policy", "policy_kind"], sort=True)
     rows = []
     for key, group in cells.rename("tau").reset_index().groupby(keys, sort=False):
         group = group.sort_values("tau", ascending=False, kind="stable").reset_index(drop=True)

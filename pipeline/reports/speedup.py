@@ -12,8 +12,8 @@ import pandas as pd
 from pipeline.planning.verify_entries import verify_of_row
 from pipeline.reports.noise import noise_parts, noise_text, ratio_spreads, rows_load
 from pipeline.reports.marks import Marks
-from pipeline.reports.report import (gamma_shown, method_order, pooled_tau, wall_times, with_dashes,
-                                     with_tree_labels)
+from pipeline.reports.pooling import pooled_tau
+from pipeline.reports.report import gamma_shown, method_order, wall_times, with_dashes, with_tree_labels
 from pipeline.reports.time_split import time_split_text
 from pipeline.storage.calibration_store import Calibrations
 

@@ -88,12 +88,14 @@ def suptitle_target(pairs: list[tuple[str, str, str]]) -> str:
     return f"\ntarget {targets[0]}" if len(targets) == 1 else ""
 
 
-def tau_cells(rows: pd.DataFrame) -> pd.DataFrame:
+def tau_cells(rows: pd.DataFrame, speculative_only: bool = False) -> pd.DataFrame:
     """What the tau heatmap draws: pooled tau and sample count per pair, dtype, turn, dataset and
-    method label. Every cell holds the rows of one pair only."""
+    method label (AR's rows left out first where `speculative_only`). Every cell holds the rows of
+    one pair only."""
     keys = ["target", "draft", "dtype", "turn", "category", "dataset", "method_label"]
     read = [*keys, *VARYING, "verify", "verify_shapes", "sample_id", *BLOCKS]  # the copy: what the cells read
-    ok = rows.loc[rows["error"].isna(), present(rows, read)]
+    kept = rows["error"].isna() & (rows["method_label"] != "AR") if speculative_only else rows["error"].isna()
+    ok = rows.loc[kept, present(rows, read)]
     if ok.empty:  # every speculative row failed
         return pd.DataFrame(columns=[*keys, "tau", "samples"])
     ok = ok.assign(method_label=configuration_labels(ok, keys[:-1]))

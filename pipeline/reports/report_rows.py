@@ -83,21 +83,32 @@ def _reduced(part: pa.Table) -> pa.Table:
 
 def as_frame(table: pa.Table) -> pd.DataFrame:
     """`table` as the report's DataFrame (integer columns with nulls as Python ints or None, like
-    `store.read_results`), freeing each Arrow column once converted; `SHARED` list columns as
-    tuples, one object per distinct value; strings as categories."""
-    order = table.column_names
-    shared = sorted((name for name in SHARED if name in table.column_names), key=table.column_names.index)
-    texts = [field.name for field in table.schema if field.name not in DISTINCT
-             and (pa.types.is_string(field.type) or pa.types.is_dictionary(field.type))]
-    made = {name: _interned(table[name]) for name in shared}
-    for name in texts:  # each taken from Arrow as it is coded, so its text is freed column by column
-        made[name] = _categorical(table[name])
-        table = table.drop_columns([name])
-    columns = [name for name in table.column_names if name not in made]
-    frame = table.select(columns).to_pandas(integer_object_nulls=True, self_destruct=True, split_blocks=True)
-    for name in sorted(made, key=order.index):  # back where the schema has them, for a frame shaped as before
-        frame.insert(order.index(name), name, made[name])
-    return frame
+    `store.read_results`); `SHARED` list columns as tuples, one object per distinct value;
+    strings as categories."""
+    return _frame_of([table])
+
+
+def _frame_of(holder: list[pa.Table]) -> pd.DataFrame:
+    """The table `holder` holds as `as_frame` makes it, taken out of the holder and converted a
+    column at a time, each column's Arrow memory freed once converted: over a million rows, a
+    second copy of every column took half a gigabyte."""
+    table = holder.pop()
+    columns = {}
+    while table.num_columns:
+        name, column = table.column_names[0], table.column(0)
+        table = table.remove_column(0)
+        if name in SHARED:
+            columns[name] = _interned(column)
+        elif name not in DISTINCT and _is_text(column.type):
+            columns[name] = _categorical(column)
+        else:
+            columns[name] = column.to_pandas(integer_object_nulls=True)
+        del column
+    return pd.DataFrame(columns, copy=False)
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_dictionary(kind)  # coded as read: `_reduced`
 
 
 def _categorical(column: pa.ChunkedArray) -> pd.Categorical:
@@ -153,8 +164,9 @@ def read_report_rows(out: str | Path, run: str | None = None, where: pc.Expressi
     output ids read as `output_digest` and `output_length`; only the rows `where` holds for
     (filtered in the scan), when given. Files that cannot be read are left out, each named to
     `on_unreadable`."""
-    return as_frame(read_table(out, run, columns=REPORT_COLUMNS, where=where, each=_reduced,
-                               on_unreadable=on_unreadable))
+    holder = [read_table(out, run, columns=REPORT_COLUMNS, where=where, each=_reduced,
+                         on_unreadable=on_unreadable)]
+    return _frame_of(holder)  # the frame takes the table over, and the table is held nowhere else
 
 
 def with_columns(out: str | Path, run: str, rows: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
@@ -166,6 +178,7 @@ def with_columns(out: str | Path, run: str, rows: pd.DataFrame, columns: Iterabl
     where = pc.field("key").isin(pa.array(rows["key"].astype(str).tolist(), pa.string()))
     for name in PARTITIONS[1:]:  # files of other partitions are skipped by their folder names, unopened
         where &= pc.field(name).isin(pa.array(rows[name].astype(str).unique().tolist(), pa.string()))
-    read = read_table(out, run, columns=["key", *missing], where=where)
+    read = read_table(out, run, columns=["key", *missing], where=where,
+                      each=lambda part: part)  # a compacted run's files streamed, never held whole
     by_key = as_frame(read).set_index("key")
     return rows.assign(**{c: rows["key"].map(by_key[c]) for c in missing})

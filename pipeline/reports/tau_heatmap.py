@@ -24,7 +24,7 @@ CMAP = "viridis"
 def tau_figure(rows: pd.DataFrame, width: str = "two-column") -> tuple[Figure, str] | None:
     """A panel per pair (row of panels) and turn (column), one colour scale from tau = 1 (AR)
     to the run's highest; None without speculative rows."""
-    cells = tau_cells(rows[rows["method_label"] != "AR"])  # AR is tau = 1 by definition: the scale's floor
+    cells = tau_cells(rows, speculative_only=True)  # AR is tau = 1 by definition: the scale's floor
     if cells.empty:
         return None
     pairs = list(dict.fromkeys(zip(cells["target"], cells["draft"], cells["dtype"])))

@@ -174,8 +174,9 @@ def _read_files(out: str | Path, files: list[Path], columns: list[str] | None,
     footer until it ends, which over a run of tens of thousands of files took gigabytes. Each
     scan's table is made one chunk per column (a chunk per file cost about 80 KB of bookkeeping
     outside Arrow's pool, 0.4 GB per 5,000 files). With `each`, a scan of more than `BATCH_ROWS`
-    rows (a compacted run's files) is read and reduced batch by batch, one file at a time; a
-    smaller one (a run's own small files) is read whole, its files in parallel, then reduced."""
+    rows (a compacted run's files) is read, filtered and reduced batch by batch, one file at a
+    time, each batch a chunk of its own; a smaller one (a run's own small files) is read whole,
+    its files in parallel, then reduced."""
     parts = []
     for start in range(0, len(files), FILES_PER_SCAN):
         dataset = ds.dataset([str(p) for p in files[start:start + FILES_PER_SCAN]], schema=SCHEMA,
@@ -187,8 +188,7 @@ def _read_files(out: str | Path, files: list[Path], columns: list[str] | None,
         else:  # large (compacted) files, reduced batch by batch: never held whole
             batches = dataset.to_batches(columns=columns, filter=where, batch_size=BATCH_ROWS,
                                          batch_readahead=1, fragment_readahead=1)
-            reduced = [each(pa.Table.from_batches([batch])) for batch in batches]
-            parts.extend([pa.concat_tables(reduced).combine_chunks()] if reduced else [])
+            parts.extend(each(pa.Table.from_batches([batch])) for batch in batches)
     if not parts:
         empty = SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(columns)
         return empty if each is None else each(empty)

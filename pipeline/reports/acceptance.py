@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipeline.reports.pooling import present
+from pipeline.reports.pooling import accepted_sums, block_lengths, present
 from pipeline.reports.report import VARYING, configuration_labels, method_order
 
 CONFIG = ["target", "draft", "dtype", "turn", "method_label"]
@@ -37,7 +37,7 @@ def _blocks(rows: pd.DataFrame) -> tuple[list, np.ndarray, np.ndarray]:
     """(each row's accepted counts, its number of blocks, its depth per block where the grid's
     gamma sets it: 0 where the row's blocks have their own depths, `_bandit_depths`)."""
     accepted = rows["accepted_per_block"].tolist()
-    lengths = np.fromiter((len(a) for a in accepted), int, len(accepted))
+    lengths = block_lengths(accepted)
     gammas = np.fromiter((int(g) if n else 0 for g, n in zip(rows["gamma"], lengths)), int, len(accepted))
     return accepted, lengths, gammas
 
@@ -86,8 +86,7 @@ def position_matrix(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 def speculative_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """Speculative rows, each labelled by its configuration (method, tree and every grid field
     its label's rows differ in: `configuration_labels`), so no line pools two of them."""
-    blocks = np.fromiter((len(a) if hasattr(a, "__len__") else 0 for a in rows["accepted_per_block"]), int,
-                         len(rows))  # an error row's may be null
+    blocks = block_lengths(rows["accepted_per_block"].tolist())
     read = present(rows, READ)  # the copy holds what the tables read
     ok = rows.loc[(rows["error"].isna() & rows["gamma"].notna()).to_numpy() & (blocks > 0), read]
     return ok.assign(method_label=configuration_labels(ok, CONFIG[:-1]))
@@ -97,13 +96,10 @@ def block_counts(rows: pd.DataFrame) -> pd.DataFrame:
     """`rows` with each one's accepted drafts, blocks and drafted positions: what pooled tau and
     the acceptance rate sum."""
     accepted, lengths, gammas = _blocks(rows)
-    sums, filled = np.zeros(len(rows), int), lengths > 0
-    if filled.any():  # per row, from the flat counts: no array per block beside them
-        sums[filled] = np.add.reduceat(np.concatenate(accepted), (np.cumsum(lengths) - lengths)[filled])
     drafted = gammas * lengths
     for i, by_shape in _bandit_depths(rows, lengths).items():
         drafted[i] = by_shape.sum()
-    return rows.assign(accepted=sums, blocks=lengths, drafted=drafted)
+    return rows.assign(accepted=accepted_sums(accepted, lengths), blocks=lengths, drafted=drafted)
 
 
 def per_position_table(rows: pd.DataFrame) -> pd.DataFrame:

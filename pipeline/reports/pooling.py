@@ -21,13 +21,24 @@ def pooled_taus(rows: pd.DataFrame, keys: list[str], sort: bool = False) -> pd.S
     each row's sum of accepted proposals: no frame per group, which over a million rows copied
     them all."""
     lists = rows["accepted_per_block"].tolist()
-    lengths = np.fromiter((len(a) if hasattr(a, "__len__") else 0 for a in lists), int, len(lists))
+    sums = accepted_sums(lists, block_lengths(lists))
+    summed = rows[keys].assign(accepted=sums, blocks=rows["blocks"]).groupby(keys, sort=sort).sum()
+    return (1.0 + summed["accepted"] / summed["blocks"]).where(summed["blocks"] != 0)
+
+
+def block_lengths(lists: list) -> np.ndarray:
+    """Each row's number of blocks, from its accepted counts (0 where an error row has none)."""
+    return np.fromiter((len(a) if hasattr(a, "__len__") else 0 for a in lists), int, len(lists))
+
+
+def accepted_sums(lists: list, lengths: np.ndarray) -> np.ndarray:
+    """Each row's accepted proposals summed (`lengths`: `block_lengths`), from the flat counts:
+    no array per block beside them."""
     sums, filled = np.zeros(len(lists), np.int64), lengths > 0
     if filled.any():
         flat = np.concatenate([lists[i] for i in np.flatnonzero(filled)]).astype(np.int64)
-        sums[filled] = np.add.reduceat(flat, (np.cumsum(lengths[filled]) - lengths[filled]))
-    summed = rows[keys].assign(accepted=sums, blocks=rows["blocks"]).groupby(keys, sort=sort).sum()
-    return (1.0 + summed["accepted"] / summed["blocks"]).where(summed["blocks"] != 0)
+        sums[filled] = np.add.reduceat(flat, np.cumsum(lengths[filled]) - lengths[filled])
+    return sums
 
 
 def present(rows: pd.DataFrame, columns: list[str]) -> list[str]:

@@ -16,7 +16,7 @@ import torch
 import transformers
 
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.rows import left_padded
+from pipeline.decoding.prompt_rows import left_padded
 from pipeline.drafting.methods import method_embeddings
 from pipeline.drafting.policies import make_policy
 from pipeline.planning.verify_entries import make_verify

@@ -12,11 +12,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_smoke(out: Path, *extra: str) -> str:
+def run_smoke(out: Path, *extra: str, grid: str = "configs/smoke.yaml") -> str:
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
     done = subprocess.run(
-        [sys.executable, "jobs/full_grid.py", "--grid", "configs/smoke.yaml", "--out", str(out), *extra],
+        [sys.executable, "jobs/full_grid.py", "--grid", grid, "--out", str(out), *extra],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]

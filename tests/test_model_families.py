@@ -44,6 +44,8 @@ def hf_greedy(model, sample: Sample, max_new: int) -> list[int]:
     batch = [list(sample.pixels())] if model.family == "llava_onevision" else list(sample.pixels())
     pixels = dict(model.processor.image_processor(batch, return_tensors="pt"))
     input_ids = torch.tensor([ids])
+    if model.family == "qwen2_5_vl":  # its processor marks the image tokens, and M-RoPE needs the marks
+        pixels["mm_token_type_ids"] = (input_ids == model.image_token_id).int()
     out = model.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **pixels,
                                max_new_tokens=max_new, do_sample=False)
     return out[0, len(ids):].tolist()
@@ -76,7 +78,7 @@ def grid_with(target: str, **pair) -> dict:
 
 
 def test_an_unsupported_multimodal_family_is_refused_by_name(tmp_path):
-    qwen = fake_checkpoint(tmp_path / "qwen", {"model_type": "qwen2_vl", "vision_config": {"depth": 2}})
+    qwen = fake_checkpoint(tmp_path / "qwen", {"model_type": "qwen2_vl", "vision_config": {"depth": 2}})  # not 2.5
     with pytest.raises(GridError, match=r"pairs\[0\]\.target: .*qwen2_vl.* multimodal family .*supported: llava"):
         parse_grid(grid_with(qwen))
     with pytest.raises(GridError, match="qwen2_vl"):

@@ -37,6 +37,7 @@ from typing import Protocol
 
 import torch
 
+from pipeline.decoding.prompt_rows import left_padded, padded_positions
 from pipeline.decoding.trees import LevelMask
 from pipeline.models.base import LVLM, StepLog
 
@@ -77,18 +78,6 @@ class Rows(Protocol):
         `source[b]` (`[B]`) from block position `start` on."""
 
 
-def left_padded(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompt embeddings `[L_i, hidden]` as one left-padded batch `[B, width, hidden]`, and
-    `[B, width]` bool, False where a row is padding."""
-    width = max(p.shape[0] for p in prompts)
-    embeds = prompts[0].new_zeros(len(prompts), width, prompts[0].shape[-1])
-    padding = torch.zeros(len(prompts), width, dtype=torch.bool)
-    for row, prompt in enumerate(prompts):
-        embeds[row, width - prompt.shape[0]:] = prompt
-        padding[row, width - prompt.shape[0]:] = True
-    return embeds, padding
-
-
 class DynamicCacheRows:
     """A batch of prompt rows plus the continuation fed so far (DynamicCache).
 
@@ -98,7 +87,7 @@ class DynamicCacheRows:
     """
 
     def __init__(self, model: LVLM, prompts: list[torch.Tensor], per_request: int = 1,
-                 step_log: StepLog | None = None) -> None:
+                 step_log: StepLog | None = None, positions: list[torch.Tensor | None] | None = None) -> None:
         self.model = model
         self.step_log = StepLog() if step_log is None else step_log
         self.rows, self.per_request = len(prompts), per_request
@@ -107,6 +96,11 @@ class DynamicCacheRows:
         self._padding = padding.to(model.device)  # [rows, width]: False where a row is padded
         # per row: the next position
         self._next_position = torch.tensor([p.shape[0] for p in prompts], device=model.device)
+        self._prompt_positions = None  # [axes, rows, width]: prompts whose positions are not their indices
+        if positions is not None and any(p is not None for p in positions):
+            self._prompt_positions, deltas = padded_positions(prompts, positions, self.width)
+            self._prompt_positions = self._prompt_positions.to(model.device)
+            self._next_position += deltas.to(model.device)
         self.cache = model.new_cache()
         self.base = self.fed = 0
         self.kept_counts, self.skips = [0] * self.rows, [0] * self.rows
@@ -121,7 +115,9 @@ class DynamicCacheRows:
 
     def prefill(self) -> torch.Tensor:
         """Run the padded prompts once; padded slots get position 0 and are masked out."""
-        positions = (self._padding.long().cumsum(-1) - 1).clamp_min(0)
+        positions = self._prompt_positions
+        if positions is None:
+            positions = (self._padding.long().cumsum(-1) - 1).clamp_min(0)
         mask = self._attention_mask(start=0, n=self.width)
         logits = self._forward(mask, positions, keep=1, inputs_embeds=self._prompt_embeds, step=False)
         self._prompt_embeds = None  # the cache holds them now

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.decoding.rows import left_padded
+from pipeline.decoding.prompt_rows import left_padded
 from pipeline.models.base import LVLM, ModelInputError, StepLog
 
 

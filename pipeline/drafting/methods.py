@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 
 from PIL import Image
 
+from pipeline.models.families import FAMILIES
 from pipeline.registry import Registry
 
 if TYPE_CHECKING:
@@ -114,13 +115,13 @@ def splice(model: LVLM, ids: Sequence[int], pieces: Sequence[torch.Tensor | list
         parts.append(piece)
         start = pos + 1
     parts.append(list(ids[start:]))
+    parts = [part for part in parts if len(part)]
     embedded = [
         part.to(model.device, model.dtype) if isinstance(part, torch.Tensor)
         else model.embed_tokens(torch.tensor(part, dtype=torch.long))
         for part in parts
-        if len(part)
     ]
-    return torch.cat(embedded, dim=0)
+    return model.spliced(torch.cat(embedded, dim=0), parts)
 
 
 def newline_token_id(model: LVLM) -> int:
@@ -170,7 +171,8 @@ class Pooled(DraftingMethod, letter="P"):
     """P: image features average-pooled 2x2 over the patch grid (a quarter of the rows)."""
 
     name = "pooled"
-    refused_draft_kinds = ("llava_next",)
+    # families without one square patch grid per image to pool
+    refused_draft_kinds = tuple(kind for kind, family in FAMILIES.items() if not family.pooling)
 
     def embeddings(self, model, ids, images, captions):
         return splice(model, ids, model.image_features(images, pooled=True) if images else [])

@@ -101,6 +101,17 @@ class LVLM(ABC):
         fails runs it uncompiled instead and notes in `steps` how the step ran and why it fell
         back."""
 
+    def spliced(self, embeds: torch.Tensor, parts: Sequence[torch.Tensor | Sequence[int]]) -> torch.Tensor:
+        """`embeds`, the prompt row made of `parts` in order (image rows as `image_features`
+        returned them, or token ids): a model whose positions depend on them (M-RoPE) notes
+        the row's coordinates here, for `prompt_positions`."""
+        return embeds
+
+    def prompt_positions(self, embeds: torch.Tensor) -> torch.Tensor | None:
+        """A prompt row's position ids `[axes, L]` when they are not its plain indices (M-RoPE's
+        three coordinates of a row with images); None: positions are 0, 1, 2, ..."""
+        return None
+
     def state_tensors(self, cache: Cache) -> list[torch.Tensor]:
         """A recurrent model's state tensors in `cache`, layer by layer: what a rollback restores."""
         raise NotImplementedError(f"{self.name} keeps a KV cache, not a state")

@@ -2,8 +2,9 @@
 
 Each family names the transformers class that loads it; `pipeline.models.loading` builds the
 adapter (`pipeline.models.hf.HFLlava`), which asks the class's own `get_image_features` for
-each image's feature rows. A multimodal checkpoint of any other type is refused by name,
-never driven as a text-only model: its images would silently vanish from the prompt. A plain
+each image's feature rows (Qwen2.5-VL: `pipeline.models.qwen_vl.HFQwenVL`, which also places
+them at M-RoPE's three coordinates). A multimodal checkpoint of any other type is refused by
+name, never driven as a text-only model: its images would silently vanish from the prompt. A plain
 causal LM (`AutoModelForCausalLM`) is driven only when the grid marks its pair `text_only`.
 Torch-free, so grid files are checked against it before anything loads.
 """
@@ -30,6 +31,8 @@ FAMILIES: dict[str, Family] = {
                False, "llava-hf/llava-v1.6-vicuna-7b-hf"),
         Family("llava_onevision", "LLaVA-OneVision, any-resolution tiles",
                "LlavaOnevisionForConditionalGeneration", False, "llava-hf/llava-onevision-qwen2-0.5b-ov-hf"),
+        Family("qwen2_5_vl", "Qwen2.5-VL, dynamic resolution, M-RoPE", "Qwen2_5_VLForConditionalGeneration",
+               False, "Qwen/Qwen2.5-VL-3B-Instruct, Qwen/Qwen2.5-VL-7B-Instruct"),
     )
 }
 TEXT_ONLY = "text"  # the family name of a plain causal LM, allowed per pair with `text_only: true`

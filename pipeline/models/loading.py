@@ -16,9 +16,11 @@ from pipeline.models.families import (
     FAMILIES, RECURRENT_TYPES, UnsupportedFamily, check_family, drafts_only, is_recurrent_config,
 )
 from pipeline.models.hf import HFLlava, HFModel
+from pipeline.models.qwen_vl import HFQwenVL
 from pipeline.models.recurrent import RecurrentLlava, RecurrentLM, is_hybrid, is_recurrent, layer_kinds
 
 EMBEDDED_PREFIX = "embedded:"
+FAMILY_ADAPTERS = {"qwen2_5_vl": HFQwenVL}  # families driven by another adapter than `HFLlava`
 
 
 class ModelLoadError(RuntimeError):
@@ -58,8 +60,8 @@ def load_model(
         if family in FAMILIES:
             model = getattr(transformers, FAMILIES[family].model_class).from_pretrained(
                 name_or_dir, dtype=torch_dtype)
-            adapter: LVLM = (RecurrentLlava if recurrent else HFLlava)(
-                model.to(device), _processor(name_or_dir), name_or_dir)
+            adapter_class = RecurrentLlava if recurrent else FAMILY_ADAPTERS.get(family, HFLlava)
+            adapter: LVLM = adapter_class(model.to(device), _processor(name_or_dir), name_or_dir)
         else:
             model = AutoModelForCausalLM.from_pretrained(name_or_dir, dtype=torch_dtype)
             adapter = (RecurrentLM if recurrent else HFModel)(

@@ -2,7 +2,8 @@
 
 `python -m pipeline.models.tiny OUT_DIR` writes OUT_DIR/target, OUT_DIR/draft (LLaVA-1.5 class),
 OUT_DIR/next_target (LLaVA-NeXT class), and OUT_DIR/bigram_target with OUT_DIR/mamba_draft and
-OUT_DIR/mamba2_draft (LLaVA with a state-space language model, `pipeline.models.tiny_ssm`), all
+OUT_DIR/mamba2_draft (LLaVA with a state-space language model, `pipeline.models.tiny_ssm`), and
+OUT_DIR/qwen2_5_vl_target with OUT_DIR/qwen2_5_vl_draft (`pipeline.models.tiny_qwen`), all
 loadable by `from_pretrained`. The draft is the
 target with seeded noise on every weight, so it agrees with the target often but not always —
 the regime where speculative decoding has something to measure. `build_family_pair` writes a
@@ -14,7 +15,7 @@ import argparse
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, processors
 from transformers import (
     CLIPImageProcessorPil,
     CLIPVisionConfig,
@@ -32,33 +33,18 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from pipeline.models.tiny_common import SavedSeparately, trained_bpe
+from pipeline.models.tiny_qwen import QWEN_BUILDERS
+
 IMAGE_SIZE = 56  # 4x4 patches of 14 px: 16 image tokens, 4 after 2x2 pooling
 PATCH_SIZE = 14
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", "<image>"]
-_WORDS = (
-    "the a an image picture photo shows red blue green yellow circle square triangle cat dog man "
-    "woman street car tree sky table what is in this describe detail please explain why how many "
-    "user assistant question answer first second difference source target instruction story end "
-    "caption left right top bottom color shape small large there are and of on with to for it"
-).split()
 
 
 def build_tokenizer(vocab_size: int = 384) -> PreTrainedTokenizerFast:
     """A byte-level BPE trained on a fixed word list: deterministic, with BOS added and
     `<image>` as one special token, like LLaVA's tokenizer."""
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    corpus = [" ".join(_WORDS[i:] + _WORDS[:i]) + "\nUSER: ASSISTANT: 0123456789."
-              for i in range(len(_WORDS))]
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus, trainer)
-    return llava_tokenizer(tok)
+    return llava_tokenizer(trained_bpe(SPECIAL_TOKENS, vocab_size))
 
 
 def llava_tokenizer(tok: Tokenizer) -> PreTrainedTokenizerFast:
@@ -150,44 +136,42 @@ def build_llava_onevision(tokenizer: PreTrainedTokenizerFast,
                   image_grid_pinpoints=ANYRES_PINPOINTS)
 
 
-class _SavedSeparately:
-    """Image processor and tokenizer saved side by side: `LlavaOnevisionProcessor` also wants a
-    video processor, which needs torchvision (not installed here); loading falls back alike."""
-
-    def __init__(self, *parts) -> None:
-        self.parts = parts
-
-    def save_pretrained(self, path: Path) -> None:
-        for part in self.parts:
-            part.save_pretrained(path)
-
-
 def _llava_onevision_processor(tokenizer: PreTrainedTokenizerFast,
-                               model: LlavaOnevisionForConditionalGeneration) -> _SavedSeparately:
+                               model: LlavaOnevisionForConditionalGeneration) -> SavedSeparately:
     image_processor = LlavaOnevisionImageProcessorPil(
         size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
         image_grid_pinpoints=model.config.image_grid_pinpoints,
     )
-    return _SavedSeparately(image_processor, tokenizer)
+    return SavedSeparately(image_processor, tokenizer)
 
 
-FAMILY_BUILDERS = {  # model_type -> (model builder, processor builder)
-    "llava": (build_llava, lambda tokenizer, model: llava_processor(tokenizer)),
-    "llava_next": (build_llava_next, lambda tokenizer, model: _llava_next_processor(tokenizer, model)),
-    "llava_onevision": (build_llava_onevision, _llava_onevision_processor),
+FAMILY_BUILDERS = {  # model_type -> (tokenizer builder, model builder, processor builder)
+    "llava": (build_tokenizer, build_llava, lambda tokenizer, model: llava_processor(tokenizer)),
+    "llava_next": (build_tokenizer, build_llava_next,
+                   lambda tokenizer, model: _llava_next_processor(tokenizer, model)),
+    "llava_onevision": (build_tokenizer, build_llava_onevision, _llava_onevision_processor),
 }
 
 
-def build_family_pair(family: str, out_dir: str | Path, noise: float = 0.02) -> tuple[Path, Path]:
-    """A tiny target of `family` and its perturbed draft under `out_dir`; (target, draft) dirs."""
-    build_model, build_processor = FAMILY_BUILDERS[family]
-    tokenizer = build_tokenizer()
+def family_builders() -> dict:
+    """`FAMILY_BUILDERS` and the other families' (`pipeline.models.tiny_qwen`)."""
+    return {**FAMILY_BUILDERS, **QWEN_BUILDERS}
+
+
+TINY_FAMILIES = ("qwen2_5_vl",)  # families with a tiny pair among the `tiny:` models, `<family>_target`...
+
+
+def build_family_pair(family: str, out_dir: str | Path, noise: float = 0.02,
+                      names: tuple[str, str] = ("target", "draft")) -> tuple[Path, Path]:
+    """A tiny target of `family` and its perturbed draft under `out_dir` as `names`; their dirs."""
+    build_tokenizer_of, build_model, build_processor = family_builders()[family]
+    tokenizer = build_tokenizer_of()
     target = build_model(tokenizer, seed=0)
     out = Path(out_dir)
-    for name, model in (("target", target), ("draft", perturbed_copy(target, noise=noise, seed=1))):
+    for name, model in zip(names, (target, perturbed_copy(target, noise=noise, seed=1))):
         model.save_pretrained(out / name)
         build_processor(tokenizer, model).save_pretrained(out / name)
-    return out / "target", out / "draft"
+    return out / names[0], out / names[1]
 
 
 def perturbed_copy(model: LlavaForConditionalGeneration, noise: float,
@@ -235,9 +219,9 @@ def _llava_next_processor(tokenizer: PreTrainedTokenizerFast,
 
 
 def build_tiny_pair(out_dir: str | Path, noise: float = 0.02) -> tuple[Path, Path]:
-    """Write tiny target, draft, LLaVA-NeXT target, and the bigram target with the Mamba and
-    Mamba2 drafts that follow it (`pipeline.models.tiny_ssm`) under `out_dir`; return (target,
-    draft) dirs."""
+    """Write tiny target, draft, LLaVA-NeXT target, the bigram target with the Mamba and
+    Mamba2 drafts that follow it (`pipeline.models.tiny_ssm`), and a target and draft of each of
+    `TINY_FAMILIES` under `out_dir`; return (target, draft) dirs."""
     from pipeline.models.tiny_ssm import KINDS, build_ssm_draft, make_bigram_target
 
     out = Path(out_dir)
@@ -254,6 +238,8 @@ def build_tiny_pair(out_dir: str | Path, noise: float = 0.02) -> tuple[Path, Pat
     for name, model, processor in models:
         model.save_pretrained(out / name)
         processor.save_pretrained(out / name)
+    for family in TINY_FAMILIES:
+        build_family_pair(family, out, noise=noise, names=(f"{family}_target", f"{family}_draft"))
     return out / "target", out / "draft"
 
 
@@ -263,7 +249,8 @@ def main() -> None:
     parser.add_argument("--noise", type=float, default=0.02, help="relative weight noise of the draft")
     args = parser.parse_args()
     target, draft = build_tiny_pair(args.out_dir, noise=args.noise)
-    for name in ("target", "draft", "next_target", "bigram_target", "mamba_draft", "mamba2_draft"):
+    for name in ("target", "draft", "next_target", "bigram_target", "mamba_draft", "mamba2_draft",
+                 *(f"{family}_{role}" for family in TINY_FAMILIES for role in ("target", "draft"))):
         print(f"{name}={Path(args.out_dir) / name}")
 
 

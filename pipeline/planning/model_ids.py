@@ -9,22 +9,28 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pipeline.models.families import UnsupportedFamily, check_family, check_role, drafts_only
+from pipeline.models.families import FAMILIES, UnsupportedFamily, check_family, check_role, drafts_only
 from pipeline.names import did_you_mean
 from pipeline.planning.grid import TINY_PREFIX, GridError
 
-TINY_MODELS = ("target", "draft", "next_target", "bigram_target", "mamba_draft", "mamba2_draft")
+TINY_MODELS = ("target", "draft", "next_target", "bigram_target", "mamba_draft", "mamba2_draft",
+               "qwen2_5_vl_target", "qwen2_5_vl_draft")
 EMBEDDED_MODELS = ("embedded:target", "embedded:draft", "embedded:small_draft", "embedded:ssm_draft")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 # Hub ids whose model class is LLaVA-NeXT, recognised without downloading their config.
 NEXT_HUB_NAME = re.compile(r"llava-v1\.6|llava-next|llava_next", re.IGNORECASE)
+QWEN2_5_VL_HUB_NAME = re.compile(r"qwen2\.5-vl", re.IGNORECASE)
 HUB_TIMEOUT_S = 10.0  # a metadata request for a hub id's config, before Ray starts
 
 
 def model_kind(name: str) -> str:
-    """`llava_next` when the model is known to be LLaVA-NeXT without loading it, else `other`."""
+    """A model's `model_type` where it is known without loading it (a local config, a `tiny:`
+    name, a LLaVA-NeXT or Qwen2.5-VL hub id), else `other`."""
+    tiny = name[len(TINY_PREFIX):].rsplit("_", 1)[0] if name.startswith(TINY_PREFIX) else None
     if name == f"{TINY_PREFIX}next_target" or NEXT_HUB_NAME.search(name):
         return "llava_next"
+    if tiny in FAMILIES or QWEN2_5_VL_HUB_NAME.search(name):
+        return tiny or "qwen2_5_vl"
     return (_json_file(Path(name) / "config.json") or {}).get("model_type", "other")
 
 

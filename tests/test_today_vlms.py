@@ -1,0 +1,129 @@
+"""Qwen2.5-VL, on its tiny pair in the real transformers classes: greedy SD equals AR for chains,
+candidate trees and the bandit at batch 1 and 2 on both engines, in fp32 and fp16, with requests
+whose images differ in size (so in image rows and rope deltas) and a two-image prompt; replay
+equals live; P and a draft of another tokenizer are refused by name before anything loads; the
+family's smoke grid runs end to end through Ray. (Our AR equals transformers' own `generate` on
+one- and two-image prompts: `test_model_families`.)"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+
+from pipeline.data.sample import Sample
+from pipeline.decoding.config import DecodeConfig
+from pipeline.decoding.loop import autoregressive_decode, speculative_decode
+from pipeline.decoding.replay import replay
+from pipeline.decoding.traces import collect_traces
+from pipeline.drafting.policies import GridSearchPolicy
+from pipeline.models.loading import load_model
+from pipeline.planning.grid import GridError
+from pipeline.planning.grid_file import parse_grid
+from pipeline.planning.verify_entries import make_verify
+from pipeline.storage.store import read_results
+from tests.conftest import FixedCaptioner, solid
+from tests.test_end_to_end import run_smoke
+
+MAX_NEW = 20
+KINDS = {"chain": "chain", "candidates": "candidates", "bandit": {"kind": "bandit", "shapes": [[2, 2], [3, 1, 1, 1]]}}
+SAMPLES = [
+    Sample("toy", "test", 0, "first", "USER: <image>\nWhat is it? ASSISTANT: It", (solid((200, 30, 30), size=(84, 112)),)),
+    Sample("toy", "test", 1, "first", "USER: Source: <image> Target: <image> Explain the difference. ASSISTANT:",
+           (solid((30, 30, 200), size=(112, 56)), solid((30, 200, 30)))),
+]
+
+
+def config(kind: str, methods: str = "MT") -> DecodeConfig:
+    return DecodeConfig(methods, GridSearchPolicy(), gamma=4 if kind == "bandit" else 3, max_new_tokens=MAX_NEW,
+                        verify=make_verify(KINDS[kind]))
+
+
+@pytest.fixture(scope="module")
+def qwen_dirs(tiny_dirs):
+    return tiny_dirs["qwen2_5_vl_target"], tiny_dirs["qwen2_5_vl_draft"]
+
+
+def test_the_two_requests_differ_in_image_rows(qwen_dirs):
+    target = load_model(qwen_dirs[0])
+    rows = [[f.shape[0] for f in target.image_features(s.pixels())] for s in SAMPLES]
+    assert rows == [[12], [8, 4]]  # 84x112 px -> 4x3 merged rows, 112x56 -> 2x4, 56x56 -> 2x2
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_greedy_sd_is_ar_at_batch_1_and_2_on_both_engines(qwen_dirs, dtype):
+    """fp32: every output equals the request's AR alone; fp16: SD equals AR at the same batch
+    (half precision rounds differently at different batch widths)."""
+    target, draft = (load_model(d, dtype=dtype) for d in qwen_dirs)
+    for engine in ("static", "eager"):
+        alone = [autoregressive_decode(target, [s], max_new_tokens=MAX_NEW, engine=engine)[0].output_ids
+                 for s in SAMPLES]
+        pair = [r.output_ids for r in autoregressive_decode(target, SAMPLES, max_new_tokens=MAX_NEW, engine=engine)]
+        if dtype == "fp32":
+            assert pair == alone, engine
+        for kind in KINDS:
+            for batch, reference in ((SAMPLES[:1], alone[:1]), (SAMPLES, pair)):
+                records = speculative_decode(target, draft, batch, config(kind), FixedCaptioner(), engine=engine)
+                assert [r.output_ids for r in records] == reference, (kind, len(batch), engine)
+                assert all(sum(r.accepted_per_block) > 0 for r in records)  # the draft is close: blocks accept
+
+
+def test_replay_equals_live_in_fp64(qwen_dirs):
+    """fp64 rows: greedy replay from the target's traces gives live decoding's accepted counts,
+    bandit choices and output, block by block."""
+    target, draft = (load_model(d) for d in qwen_dirs)
+    for model in (target, draft):
+        model.model.double()
+        model.dtype = torch.float64
+    sample = SAMPLES[1]
+    traces = collect_traces(target, draft, sample, "MTC", FixedCaptioner(), max_new_tokens=MAX_NEW, engine="eager")
+    for kind in KINDS:
+        for methods in ("M", "MT", "MTC"):
+            run = config(kind, methods)
+            live = speculative_decode(target, draft, [sample], run, FixedCaptioner(), engine="eager")[0]
+            replayed = replay(traces, run)
+            assert (replayed.accepted_per_block, replayed.shape_per_block) == \
+                (live.accepted_per_block, live.shape_per_block), (kind, methods)
+            assert replayed.output_ids == live.output_ids
+
+
+def grid(target: str, draft: str, methods: str = "M") -> dict:
+    return {"name": "g", "datasets": ["embedded_vqa"], "methods": [methods], "pairs": [{"target": target, "draft": draft}]}
+
+
+def test_a_draft_of_another_tokenizer_is_refused_by_name_in_under_2_s(qwen_dirs, tiny_dirs):
+    started = time.perf_counter()
+    with pytest.raises(GridError, match="different tokenizers"):
+        parse_grid(grid(qwen_dirs[0], tiny_dirs["draft"]))
+    assert time.perf_counter() - started < 2.0
+    parse_grid(grid(qwen_dirs[0], qwen_dirs[1]))  # the family's own draft passes
+
+
+def test_pooled_drafting_is_refused_by_name_before_anything_loads(qwen_dirs):
+    for draft in (qwen_dirs[1], "tiny:qwen2_5_vl_draft", "Qwen/Qwen2.5-VL-3B-Instruct"):
+        with pytest.raises(GridError, match=r"pooled drafting \(P\) cannot run on a qwen2_5_vl draft"):
+            parse_grid(grid("tiny:qwen2_5_vl_target", draft, methods="MP"))
+
+
+@pytest.mark.slow
+def test_the_smoke_grid_of_todays_families_runs_through_ray(tmp_path):
+    stdout = run_smoke(tmp_path, grid="configs/today_vlms_smoke.yaml")
+    assert "# Run today_vlms_smoke: 22 rows, 0 failed" in stdout
+    assert "Lossless: 20/20 greedy speculative rows equal the target's own greedy output" in stdout
+    rows = read_results(tmp_path, "today_vlms_smoke")
+    assert set(rows["target"]) == {"tiny:qwen2_5_vl_target"} and rows["error"].isna().all()
+    speculative = rows[rows["methods"] != "AR"]
+    assert set(speculative["verify_kind"]) == {"chain", "candidates", "bandit"}
+    assert set(speculative["mode"]) == {"live", "replay"} and speculative["tau"].mean() > 1.5
+
+
+def test_the_pairs_a_user_would_run_read_without_loading_anything(monkeypatch):
+    from pathlib import Path
+
+    from pipeline.planning.grid_file import load_grid
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    spec = load_grid(Path(__file__).resolve().parents[1] / "configs" / "today_vlms.yaml")
+    assert {pair.target for pair in spec.pairs} == {"Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen2.5-VL-32B-Instruct"}
+    assert {pair.draft for pair in spec.pairs} == {"Qwen/Qwen2.5-VL-3B-Instruct"}

@@ -34,7 +34,8 @@ def tiny_dirs(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny_models")
     build_tiny_pair(out)
     return {name: str(out / name) for name in ("target", "draft", "next_target", "bigram_target", "mamba_draft",
-                                               "mamba2_draft", "qwen2_5_vl_target", "qwen2_5_vl_draft")}
+                                               "mamba2_draft", "qwen2_5_vl_target", "qwen2_5_vl_draft", "internvl_target",
+                                               "internvl_draft")}
 
 
 @pytest.fixture(scope="session")

@@ -43,6 +43,7 @@ def hf_greedy(model, sample: Sample, max_new: int) -> list[int]:
         ids += [token] * count
     batch = [list(sample.pixels())] if model.family == "llava_onevision" else list(sample.pixels())
     pixels = dict(model.processor.image_processor(batch, return_tensors="pt"))
+    pixels.pop("num_patches", None)  # InternVL's processor splits its tiles by it, and passes on none
     input_ids = torch.tensor([ids])
     if model.family == "qwen2_5_vl":  # its processor marks the image tokens, and M-RoPE needs the marks
         pixels["mm_token_type_ids"] = (input_ids == model.image_token_id).int()

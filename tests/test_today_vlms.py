@@ -1,24 +1,27 @@
-"""Qwen2.5-VL, on its tiny pair in the real transformers classes: greedy SD equals AR for chains,
-candidate trees and the bandit at batch 1 and 2 on both engines, in fp32 and fp16, with requests
-whose images differ in size (so in image rows and rope deltas) and a two-image prompt; replay
-equals live; P and a draft of another tokenizer are refused by name before anything loads; the
-family's smoke grid runs end to end through Ray. (Our AR equals transformers' own `generate` on
+"""Qwen2.5-VL and InternVL3, on their tiny pairs in the real transformers classes: greedy SD
+equals AR for chains, candidate trees and the bandit at batch 1 and 2 on both engines, in fp32
+and fp16 (fp16 ties measured), with requests whose images differ in size (so in image rows and
+rope deltas) and a two-image prompt; replay equals live; P and a draft of another tokenizer are
+refused by name before anything loads; the families' smoke grid runs end to end through Ray. (Our AR equals transformers' own `generate` on
 one- and two-image prompts: `test_model_families`.)"""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+import warnings
 
 import pytest
 import torch
 
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
+from pipeline.decoding.engine import prefilled_rows
+from pipeline.decoding.inputs import tokenize
 from pipeline.decoding.loop import autoregressive_decode, speculative_decode
 from pipeline.decoding.replay import replay
 from pipeline.decoding.traces import collect_traces
 from pipeline.drafting.policies import GridSearchPolicy
 from pipeline.models.loading import load_model
+from pipeline.models.tiny import TINY_FAMILIES
 from pipeline.planning.grid import GridError
 from pipeline.planning.grid_file import parse_grid
 from pipeline.planning.verify_entries import make_verify
@@ -40,22 +43,32 @@ def config(kind: str, methods: str = "MT") -> DecodeConfig:
                         verify=make_verify(KINDS[kind]))
 
 
-@pytest.fixture(scope="module")
-def qwen_dirs(tiny_dirs):
-    return tiny_dirs["qwen2_5_vl_target"], tiny_dirs["qwen2_5_vl_draft"]
+# each image's rows: Qwen2.5-VL 84x112 px -> 4x3 merged rows, 112x56 -> 2x4, 56x56 -> 2x2;
+# InternVL 4 rows per 56-px tile: 84x112 -> 2x2 tiles + thumbnail, 112x56 -> 2 + 1, 56x56 -> 1
+IMAGE_ROWS = {"qwen2_5_vl": [[12], [8, 4]], "internvl": [[20], [12, 4]]}
 
 
-def test_the_two_requests_differ_in_image_rows(qwen_dirs):
-    target = load_model(qwen_dirs[0])
+@pytest.fixture(scope="module", params=TINY_FAMILIES)
+def family_dirs(request, tiny_dirs):
+    """The family's tiny target and draft directories."""
+    return tiny_dirs[f"{request.param}_target"], tiny_dirs[f"{request.param}_draft"]
+
+
+def test_the_two_requests_differ_in_image_rows(family_dirs):
+    target = load_model(family_dirs[0])
     rows = [[f.shape[0] for f in target.image_features(s.pixels())] for s in SAMPLES]
-    assert rows == [[12], [8, 4]]  # 84x112 px -> 4x3 merged rows, 112x56 -> 2x4, 56x56 -> 2x2
+    assert rows == IMAGE_ROWS[target.family]
+
+
+FP16_TIE = 0.05  # top-two logit gap below which fp16 rounding may pick either (logits of size ~10 here)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
-def test_greedy_sd_is_ar_at_batch_1_and_2_on_both_engines(qwen_dirs, dtype):
-    """fp32: every output equals the request's AR alone; fp16: SD equals AR at the same batch
-    (half precision rounds differently at different batch widths)."""
-    target, draft = (load_model(d, dtype=dtype) for d in qwen_dirs)
+def test_greedy_sd_is_ar_at_batch_1_and_2_on_both_engines(family_dirs, dtype):
+    """fp32: every output equals the request's AR alone, exactly. fp16: SD equals AR at the same
+    batch (half precision rounds differently at different batch widths), except where the two
+    part at a measured tie of the target's two best tokens, which is reported, never hidden."""
+    target, draft = (load_model(d, dtype=dtype) for d in family_dirs)
     for engine in ("static", "eager"):
         alone = [autoregressive_decode(target, [s], max_new_tokens=MAX_NEW, engine=engine)[0].output_ids
                  for s in SAMPLES]
@@ -65,14 +78,32 @@ def test_greedy_sd_is_ar_at_batch_1_and_2_on_both_engines(qwen_dirs, dtype):
         for kind in KINDS:
             for batch, reference in ((SAMPLES[:1], alone[:1]), (SAMPLES, pair)):
                 records = speculative_decode(target, draft, batch, config(kind), FixedCaptioner(), engine=engine)
-                assert [r.output_ids for r in records] == reference, (kind, len(batch), engine)
+                for sample, record, expected in zip(batch, records, reference):
+                    if record.output_ids != expected:
+                        assert dtype == "fp16", (kind, len(batch), engine)
+                        gap, at = tie_gap(target, sample, expected, record.output_ids)
+                        assert gap < FP16_TIE, (kind, len(batch), engine, at, gap)
+                        warnings.warn(f"{target.family} fp16 {kind} batch {len(batch)} {engine}: parts from AR at "
+                                      f"token {at}, where the target's two best logits are {gap:.4f} apart")
                 assert all(sum(r.accepted_per_block) > 0 for r in records)  # the draft is close: blocks accept
 
 
-def test_replay_equals_live_in_fp64(qwen_dirs):
+def tie_gap(target, sample: Sample, reference: list[int], other: list[int]) -> tuple[float, int]:
+    """The gap between the target's two best logits where two greedy outputs part, and where,
+    measured on the request alone (eager rows: the prompt, then the common prefix)."""
+    at = next(i for i, (a, b) in enumerate(zip(reference, other)) if a != b)
+    rows, logits = prefilled_rows(target, [tokenize(target, sample)], "M", None, engine="eager",
+                                  capacity=at + 2, role="check", whole=True)
+    if at:
+        logits = rows.feed(reference[:at])
+    best = logits[0, -1].topk(2).values
+    return float(best[0] - best[1]), at
+
+
+def test_replay_equals_live_in_fp64(family_dirs):
     """fp64 rows: greedy replay from the target's traces gives live decoding's accepted counts,
     bandit choices and output, block by block."""
-    target, draft = (load_model(d) for d in qwen_dirs)
+    target, draft = (load_model(d) for d in family_dirs)
     for model in (target, draft):
         model.model.double()
         model.dtype = torch.float64
@@ -92,27 +123,30 @@ def grid(target: str, draft: str, methods: str = "M") -> dict:
     return {"name": "g", "datasets": ["embedded_vqa"], "methods": [methods], "pairs": [{"target": target, "draft": draft}]}
 
 
-def test_a_draft_of_another_tokenizer_is_refused_by_name_in_under_2_s(qwen_dirs, tiny_dirs):
+def test_a_draft_of_another_tokenizer_is_refused_by_name_in_under_2_s(family_dirs, tiny_dirs):
     started = time.perf_counter()
     with pytest.raises(GridError, match="different tokenizers"):
-        parse_grid(grid(qwen_dirs[0], tiny_dirs["draft"]))
+        parse_grid(grid(family_dirs[0], tiny_dirs["draft"]))
     assert time.perf_counter() - started < 2.0
-    parse_grid(grid(qwen_dirs[0], qwen_dirs[1]))  # the family's own draft passes
+    parse_grid(grid(family_dirs[0], family_dirs[1]))  # the family's own draft passes
 
 
-def test_pooled_drafting_is_refused_by_name_before_anything_loads(qwen_dirs):
-    for draft in (qwen_dirs[1], "tiny:qwen2_5_vl_draft", "Qwen/Qwen2.5-VL-3B-Instruct"):
-        with pytest.raises(GridError, match=r"pooled drafting \(P\) cannot run on a qwen2_5_vl draft"):
-            parse_grid(grid("tiny:qwen2_5_vl_target", draft, methods="MP"))
+def test_pooled_drafting_is_refused_by_name_before_anything_loads(family_dirs):
+    family = load_model(family_dirs[1]).family
+    hub = {"qwen2_5_vl": "Qwen/Qwen2.5-VL-3B-Instruct", "internvl": "OpenGVLab/InternVL3-1B-hf"}[family]
+    for draft in (family_dirs[1], f"tiny:{family}_draft", hub):
+        with pytest.raises(GridError, match=rf"pooled drafting \(P\) cannot run on a {family} draft"):
+            parse_grid(grid(f"tiny:{family}_target", draft, methods="MP"))
 
 
 @pytest.mark.slow
 def test_the_smoke_grid_of_todays_families_runs_through_ray(tmp_path):
     stdout = run_smoke(tmp_path, grid="configs/today_vlms_smoke.yaml")
-    assert "# Run today_vlms_smoke: 22 rows, 0 failed" in stdout
-    assert "Lossless: 20/20 greedy speculative rows equal the target's own greedy output" in stdout
+    assert "# Run today_vlms_smoke: 44 rows, 0 failed" in stdout
+    assert "Lossless: 40/40 greedy speculative rows equal the target's own greedy output" in stdout
     rows = read_results(tmp_path, "today_vlms_smoke")
-    assert set(rows["target"]) == {"tiny:qwen2_5_vl_target"} and rows["error"].isna().all()
+    assert set(rows["target"]) == {f"tiny:{family}_target" for family in TINY_FAMILIES}
+    assert rows["error"].isna().all()
     speculative = rows[rows["methods"] != "AR"]
     assert set(speculative["verify_kind"]) == {"chain", "candidates", "bandit"}
     assert set(speculative["mode"]) == {"live", "replay"} and speculative["tau"].mean() > 1.5
@@ -125,5 +159,6 @@ def test_the_pairs_a_user_would_run_read_without_loading_anything(monkeypatch):
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     spec = load_grid(Path(__file__).resolve().parents[1] / "configs" / "today_vlms.yaml")
-    assert {pair.target for pair in spec.pairs} == {"Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen2.5-VL-32B-Instruct"}
-    assert {pair.draft for pair in spec.pairs} == {"Qwen/Qwen2.5-VL-3B-Instruct"}
+    assert {pair.target for pair in spec.pairs} == {"Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen2.5-VL-32B-Instruct",
+                                                    "OpenGVLab/InternVL3-8B-hf", "OpenGVLab/InternVL3-38B-hf"}
+    assert {pair.draft for pair in spec.pairs} == {"Qwen/Qwen2.5-VL-3B-Instruct", "OpenGVLab/InternVL3-1B-hf"}

@@ -16,11 +16,13 @@ from pipeline.models.families import (
     FAMILIES, RECURRENT_TYPES, UnsupportedFamily, check_family, drafts_only, is_recurrent_config,
 )
 from pipeline.models.hf import HFLlava, HFModel
+from pipeline.models.internvl import HFInternVL
 from pipeline.models.qwen_vl import HFQwenVL
 from pipeline.models.recurrent import RecurrentLlava, RecurrentLM, is_hybrid, is_recurrent, layer_kinds
 
 EMBEDDED_PREFIX = "embedded:"
-FAMILY_ADAPTERS = {"qwen2_5_vl": HFQwenVL}  # families driven by another adapter than `HFLlava`
+# families driven by another adapter than `HFLlava`
+FAMILY_ADAPTERS = {"qwen2_5_vl": HFQwenVL, "internvl": HFInternVL}
 
 
 class ModelLoadError(RuntimeError):

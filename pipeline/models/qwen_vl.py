@@ -24,37 +24,21 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from transformers import PreTrainedModel
 
 from pipeline.models.base import ModelInputError
-from pipeline.models.embedded_parts.chat import to_chatml
-from pipeline.models.hf import HFModel
-
-IMAGE_IN_CHAT = "<|vision_start|><|image_pad|><|vision_end|>"  # one placeholder per image, as Qwen writes it
+from pipeline.models.chatml import HFChatModel
 
 
-class HFQwenVL(HFModel):
-    """A Qwen2.5-VL checkpoint through its own transformers class. Prompts in the pipeline's
-    `USER: ... ASSISTANT:` form are rendered as Qwen's ChatML (no default system message), each
-    `<image>` as `<|vision_start|><|image_pad|><|vision_end|>` with one `<|image_pad|>` that the
-    image's rows replace."""
+class HFQwenVL(HFChatModel):
+    """A Qwen2.5-VL checkpoint through its own transformers class, each `<image>` as
+    `<|vision_start|><|image_pad|><|vision_end|>` with one `<|image_pad|>` that the image's
+    rows replace."""
+
+    image_in_chat = "<|vision_start|><|image_pad|><|vision_end|>"
 
     def __init__(self, model: PreTrainedModel, processor, name: str) -> None:
-        super().__init__(model, processor.tokenizer, name)
-        self.processor = processor
-        self.family = model.config.model_type
-        self.image_token_id = model.config.image_token_id
+        super().__init__(model, processor, name)
         self.merge = model.config.vision_config.spatial_merge_size
         self._grids = WeakTensorKeyDictionary()  # an image's rows -> their (t, h, w) grid
         self._layouts = WeakTensorKeyDictionary()  # a spliced prompt row -> its [3, L] coordinates
-
-    def chat_text(self, prompt: str) -> str:
-        """The prompt as the text Qwen's processor would read (one `<|image_pad|>` per image)."""
-        try:
-            chat = to_chatml(prompt, started=True)
-        except ValueError as err:
-            raise ModelInputError(f"{self.name}: {err}") from None
-        return chat.replace("<image>", IMAGE_IN_CHAT)
-
-    def tokenize_prompt(self, text: str) -> list[int]:
-        return self.tokenizer(self.chat_text(text), add_special_tokens=False)["input_ids"]
 
     @torch.inference_mode()
     def image_features(self, images: Sequence[Image.Image], pooled: bool = False) -> list[torch.Tensor]:

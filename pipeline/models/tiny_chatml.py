@@ -1,0 +1,120 @@
+"""Tiny random-weight models of the ChatML families in their real transformers classes, for tests
+and the smoke grid: Qwen2.5-VL and InternVL3.
+
+- Qwen2.5-VL: a two-block vision tower (patch 14, 2x2 merge: a 56x56 image is 2x2 merged rows,
+  an 84x112 one 3x4) and a two-layer language model with M-RoPE (`mrope_section` over a 16-wide
+  head).
+- InternVL3: a two-layer InternViT-style tower on 56-pixel tiles (CLS dropped, pixel shuffle
+  0.5: 4 rows per tile; a 112x56 image is 2 tiles and a thumbnail) over a two-layer Qwen2.
+Each draft is its target with seeded noise on every weight, as for the LLaVA pairs
+(`pipeline.models.tiny`). Tokenizers are the tiny BPE with the family's ChatML and image special
+tokens. The full processors also want a video processor, which needs torchvision (not
+installed here): the image processor and the tokenizer are saved side by side, and loading
+uses them as the processor's two parts.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import (
+    GotOcr2ImageProcessorPil,
+    InternVLConfig,
+    InternVLForConditionalGeneration,
+    PreTrainedTokenizerFast,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2VLImageProcessorPil,
+)
+
+from pipeline.models.tiny_common import SavedSeparately, trained_bpe
+
+QWEN_SPECIAL_TOKENS = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
+                       "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+MERGE = 2  # 2x2 patches merged into one row of the language model's input
+PATCH = 14
+
+
+def qwen_tokenizer() -> PreTrainedTokenizerFast:
+    """The tiny BPE as a Qwen tokenizer: no BOS, `<|im_end|>` ends a turn and the answer."""
+    return PreTrainedTokenizerFast(tokenizer_object=trained_bpe(QWEN_SPECIAL_TOKENS), eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", unk_token="<unk>")
+
+
+def build_qwen2_5_vl(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen2_5_VLForConditionalGeneration:
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in QWEN_SPECIAL_TOKENS}
+    text = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                initializer_range=0.3,  # peaked next-token distributions, as the tiny LLaVAs
+                rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
+                bos_token_id=None, eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
+                tie_word_embeddings=False)
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=PATCH,
+                  spatial_merge_size=MERGE, temporal_patch_size=2, window_size=56, out_hidden_size=64,
+                  fullatt_block_indexes=[1])
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+                              video_token_id=ids["<|video_pad|>"],
+                              vision_start_token_id=ids["<|vision_start|>"],
+                              vision_end_token_id=ids["<|vision_end|>"])
+    torch.manual_seed(seed)
+    return _silenced(Qwen2_5_VLForConditionalGeneration(config).eval(), ids, "<|im_end|>")
+
+
+def _silenced(model, ids: dict[str, int], eos: str):
+    """Special tokens other than `eos` get a zero logit, below some random one, so a random model
+    never emits an image or turn token (a real one does not)."""
+    with torch.no_grad():
+        model.lm_head.weight[[i for token, i in ids.items() if token != eos]] = 0
+    return model
+
+
+def qwen_image_processor() -> Qwen2VLImageProcessorPil:
+    """Dynamic resolution between 4 and 16 merged rows per image, so the tiny images keep their
+    aspect: a 60x40 image is 2x3 rows, two images of different sizes different counts."""
+    unit = (PATCH * MERGE) ** 2
+    return Qwen2VLImageProcessorPil(min_pixels=4 * unit, max_pixels=16 * unit, patch_size=PATCH,
+                                    merge_size=MERGE, temporal_patch_size=2)
+
+
+def _saved_processor(tokenizer: PreTrainedTokenizerFast, model) -> SavedSeparately:
+    return SavedSeparately(qwen_image_processor(), tokenizer)
+
+
+
+INTERNVL_SPECIAL_TOKENS = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<img>", "</img>",
+                           "<IMG_CONTEXT>", "<video>"]
+INTERNVL_TILE = 56  # 4x4 patches of 14 px per tile, folded 2x2: 4 rows per tile
+
+
+def internvl_tokenizer() -> PreTrainedTokenizerFast:
+    """The tiny BPE as an InternVL tokenizer (its processor reads the image tokens' names from it)."""
+    names = {"start_image_token": "<img>", "end_image_token": "</img>",
+             "context_image_token": "<IMG_CONTEXT>", "video_token": "<video>"}
+    return PreTrainedTokenizerFast(tokenizer_object=trained_bpe(INTERNVL_SPECIAL_TOKENS),
+                                   eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token="<unk>",
+                                   extra_special_tokens=names)
+
+
+def build_internvl(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> InternVLForConditionalGeneration:
+    """InternVL3's class: an InternViT-style tower (CLS dropped, pixel shuffle 0.5) over a Qwen2 model."""
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in INTERNVL_SPECIAL_TOKENS}
+    vision = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                  image_size=[INTERNVL_TILE, INTERNVL_TILE], patch_size=[PATCH, PATCH])
+    text = dict(model_type="qwen2", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                max_position_embeddings=4096, initializer_range=0.3, bos_token_id=None,
+                eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"], tie_word_embeddings=False)
+    config = InternVLConfig(vision_config=vision, text_config=text, image_token_id=ids["<IMG_CONTEXT>"],
+                            image_seq_length=4, downsample_ratio=0.5, vision_feature_layer=-1,
+                            vision_feature_select_strategy="default", tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    return _silenced(InternVLForConditionalGeneration(config).eval(), ids, "<|im_end|>")
+
+
+def _internvl_processor(tokenizer: PreTrainedTokenizerFast, model) -> SavedSeparately:
+    """Tiles of 56 px, up to 4 per image plus the thumbnail (a 112x56 image: 2 tiles + 1)."""
+    image_processor = GotOcr2ImageProcessorPil(size={"height": INTERNVL_TILE, "width": INTERNVL_TILE},
+                                               crop_to_patches=True, min_patches=1, max_patches=4)
+    return SavedSeparately(image_processor, tokenizer)
+
+
+CHATML_BUILDERS = {"qwen2_5_vl": (qwen_tokenizer, build_qwen2_5_vl, _saved_processor),
+                   "internvl": (internvl_tokenizer, build_internvl, _internvl_processor)}

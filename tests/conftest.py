@@ -28,14 +28,14 @@ def one_thread():
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
     """Directories of the tiny models (`pipeline.models.tiny`: target, draft, LLaVA-NeXT target,
-    the bigram target and its Mamba / Mamba2 drafts), built once per session."""
+    the bigram target and its Mamba / Mamba2 drafts, a pair of each of `TINY_FAMILIES`), built
+    once per session."""
     from pipeline.models.tiny import build_tiny_pair
+    from pipeline.planning.model_ids import TINY_MODELS
 
     out = tmp_path_factory.mktemp("tiny_models")
     build_tiny_pair(out)
-    return {name: str(out / name) for name in ("target", "draft", "next_target", "bigram_target", "mamba_draft",
-                                               "mamba2_draft", "qwen2_5_vl_target", "qwen2_5_vl_draft", "internvl_target",
-                                               "internvl_draft")}
+    return {name: str(out / name) for name in TINY_MODELS}
 
 
 @pytest.fixture(scope="session")

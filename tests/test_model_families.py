@@ -45,7 +45,7 @@ def hf_greedy(model, sample: Sample, max_new: int) -> list[int]:
     pixels = dict(model.processor.image_processor(batch, return_tensors="pt"))
     pixels.pop("num_patches", None)  # InternVL's processor splits its tiles by it, and passes on none
     input_ids = torch.tensor([ids])
-    if model.family == "qwen2_5_vl":  # its processor marks the image tokens, and M-RoPE needs the marks
+    if model.family in ("qwen2_5_vl", "qwen3_vl"):  # their processors mark the image tokens; M-RoPE needs them
         pixels["mm_token_type_ids"] = (input_ids == model.image_token_id).int()
     out = model.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **pixels,
                                max_new_tokens=max_new, do_sample=False)

@@ -86,7 +86,7 @@ def prefilled_rows(
     cut = None if whole else -1
     for prompt in prompts:
         check_fits(model, len(prompt.ids) + capacity, prompt)  # before anything is embedded or allocated
-    embeds, positions = [], []
+    embeds, positions, extras = [], [], []
     with timer.phase(f"{role}_vision") if timer else nullcontext():
         for prompt in prompts:
             captions = None
@@ -98,9 +98,11 @@ def prefilled_rows(
             # with the image features spliced in
             check_fits(model, max(len(e) for e in mine) + 1 + capacity, prompt)
             positions += [_cut(model.prompt_positions(e), cut) for e in mine]
+            extras += [model.prompt_extras(e) for e in mine]
             embeds += [e[:cut] for e in mine]
     rows = new_rows(model, embeds, engine=engine, capacity=capacity, role=role, compiled=compiled,
-                    step_log=step_log, span=span, per_request=len(methods), positions=positions)
+                    step_log=step_log, span=span, per_request=len(methods), positions=positions,
+                    extras=extras)
     return rows, rows.prefill()
 
 
@@ -111,11 +113,12 @@ def _cut(positions: torch.Tensor | None, cut: int | None) -> torch.Tensor | None
 def new_rows(
     model: LVLM, prompts: list[torch.Tensor], *, engine: str, capacity: int, role: str,
     compiled: bool | None = None, step_log: StepLog | None = None, span: int | None = None,
-    per_request: int = 1, positions: list[torch.Tensor | None] | None = None,
+    per_request: int = 1, positions: list[torch.Tensor | None] | None = None, extras: list | None = None,
 ) -> Rows:
     """Rows of prompt embeddings `[L_i, hidden]` (not prefilled), `per_request` rows per request,
     of the kind the model needs: a state-space model's `StateRows` on any engine, else the
-    engine's kind of KV cache; `positions`: each prompt's `model.prompt_positions`."""
+    engine's kind of KV cache; `positions` and `extras`: each prompt's `model.prompt_positions`
+    and `model.prompt_extras`."""
     check_engine(engine)
     if model.recurrent:
         rows = StateRows(model, prompts, span=capacity if span is None else span, per_request=per_request,
@@ -124,7 +127,7 @@ def new_rows(
             rows.step_log.fallbacks.add(STATE_SPACE_UNCOMPILED)  # a row not compiled throughout says why
         return rows
     if engine == "eager":
-        return DynamicCacheRows(model, prompts, per_request, step_log, positions)
+        return DynamicCacheRows(model, prompts, per_request, step_log, positions, extras)
     compiled = compiles(model.device) if compiled is None else compiled
     return StaticCacheRows(model, prompts, capacity=capacity, compiled=compiled, role=role,
-                           per_request=per_request, step_log=step_log, positions=positions)
+                           per_request=per_request, step_log=step_log, positions=positions, extras=extras)

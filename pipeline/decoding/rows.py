@@ -87,7 +87,8 @@ class DynamicCacheRows:
     """
 
     def __init__(self, model: LVLM, prompts: list[torch.Tensor], per_request: int = 1,
-                 step_log: StepLog | None = None, positions: list[torch.Tensor | None] | None = None) -> None:
+                 step_log: StepLog | None = None, positions: list[torch.Tensor | None] | None = None,
+                 extras: list | None = None) -> None:
         self.model = model
         self.step_log = StepLog() if step_log is None else step_log
         self.rows, self.per_request = len(prompts), per_request
@@ -96,6 +97,7 @@ class DynamicCacheRows:
         self._padding = padding.to(model.device)  # [rows, width]: False where a row is padded
         # per row: the next position
         self._next_position = torch.tensor([p.shape[0] for p in prompts], device=model.device)
+        self._extras = extras if extras and any(e is not None for e in extras) else None  # `prompt_extras`
         self._prompt_positions = None  # [axes, rows, width]: prompts whose positions are not their indices
         if positions is not None and any(p is not None for p in positions):
             self._prompt_positions, deltas = padded_positions(prompts, positions, self.width)
@@ -119,7 +121,9 @@ class DynamicCacheRows:
         if positions is None:
             positions = (self._padding.long().cumsum(-1) - 1).clamp_min(0)
         mask = self._attention_mask(start=0, n=self.width)
-        logits = self._forward(mask, positions, keep=1, inputs_embeds=self._prompt_embeds, step=False)
+        extra = {} if self._extras is None else self.model.prefill_inputs(self._extras, self._padding)
+        logits = self._forward(mask, positions, keep=1, inputs_embeds=self._prompt_embeds, step=False,
+                               **extra)
         self._prompt_embeds = None  # the cache holds them now
         return logits
 

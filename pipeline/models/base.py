@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from PIL import Image
@@ -92,8 +92,10 @@ class LVLM(ABC):
         compiled: bool = False,
         steps: StepLog | None = None,
         hidden: bool = False,
+        **prefill: Any,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """One forward of the language model over new positions, extending `cache`.
+        """One forward of the language model over new positions, extending `cache`; `prefill`:
+        the prompt rows' `prefill_inputs`, at the prefill only.
         Returns fp32 logits for the last `keep` positions: `[batch, keep, vocab]`, and with
         `hidden` also the states the LM head read there `[batch, keep, hidden]` (a plain
         forward). `compiled` asks for the compiled forward (static-shape decode steps over a
@@ -111,6 +113,17 @@ class LVLM(ABC):
         """A prompt row's position ids `[axes, L]` when they are not its plain indices (M-RoPE's
         three coordinates of a row with images); None: positions are 0, 1, 2, ..."""
         return None
+
+    def prompt_extras(self, embeds: torch.Tensor) -> Any:
+        """What else a prompt row's prefill needs besides its embeddings and positions, noted in
+        `spliced` (Qwen3-VL: its image rows' DeepStack features and where they sit); None for most."""
+        return None
+
+    def prefill_inputs(self, extras: Sequence[Any], padding: torch.Tensor) -> dict[str, Any]:
+        """Extra inputs of the prefill forward over rows whose `prompt_extras` are `extras`, left-padded
+        as `padding` (`[rows, width]`, False at padding) says; each row may be cut short of the
+        row it was spliced as (the last prompt token is fed later)."""
+        return {}
 
     def state_tensors(self, cache: Cache) -> list[torch.Tensor]:
         """A recurrent model's state tensors in `cache`, layer by layer: what a rollback restores."""

@@ -33,6 +33,9 @@ FAMILIES: dict[str, Family] = {
                "LlavaOnevisionForConditionalGeneration", False, "llava-hf/llava-onevision-qwen2-0.5b-ov-hf"),
         Family("qwen2_5_vl", "Qwen2.5-VL, dynamic resolution, M-RoPE", "Qwen2_5_VLForConditionalGeneration",
                False, "Qwen/Qwen2.5-VL-3B-Instruct, Qwen/Qwen2.5-VL-7B-Instruct"),
+        Family("qwen3_vl", "Qwen3-VL, dynamic resolution, M-RoPE, DeepStack",
+               "Qwen3VLForConditionalGeneration", False,
+               "Qwen/Qwen3-VL-2B-Instruct, Qwen/Qwen3-VL-8B-Instruct"),
         Family("internvl", "InternVL3, tiles folded by pixel shuffle", "InternVLForConditionalGeneration",
                False, "OpenGVLab/InternVL3-1B-hf, OpenGVLab/InternVL3-8B-hf"),
     )

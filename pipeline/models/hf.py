@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -99,6 +99,7 @@ class HFModel(LVLM):
         compiled: bool = False,
         steps: StepLog | None = None,
         hidden: bool = False,
+        **prefill: Any,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         ids = None if input_ids is None else input_ids.to(self.device)
         mask, positions = attention_mask.to(self.device), position_ids.to(self.device)
@@ -111,7 +112,7 @@ class HFModel(LVLM):
             return self._compiled_step(cache, keep, ids, mask, positions,
                                        StepLog() if steps is None else steps)
         return self._forward(cache, keep, False, input_ids=ids, inputs_embeds=inputs_embeds,
-                             attention_mask=mask, position_ids=positions)
+                             attention_mask=mask, position_ids=positions, **prefill)
 
     def _compiled_step(self, cache: StaticCache, keep: int, ids: torch.Tensor, mask: torch.Tensor,
                        positions: torch.Tensor, steps: StepLog) -> torch.Tensor:

@@ -17,12 +17,12 @@ from pipeline.models.families import (
 )
 from pipeline.models.hf import HFLlava, HFModel
 from pipeline.models.internvl import HFInternVL
-from pipeline.models.qwen_vl import HFQwenVL
+from pipeline.models.qwen_vl import HFQwen3VL, HFQwenVL
 from pipeline.models.recurrent import RecurrentLlava, RecurrentLM, is_hybrid, is_recurrent, layer_kinds
 
 EMBEDDED_PREFIX = "embedded:"
 # families driven by another adapter than `HFLlava`
-FAMILY_ADAPTERS = {"qwen2_5_vl": HFQwenVL, "internvl": HFInternVL}
+FAMILY_ADAPTERS = {"qwen2_5_vl": HFQwenVL, "qwen3_vl": HFQwen3VL, "internvl": HFInternVL}
 
 
 class ModelLoadError(RuntimeError):

@@ -1,4 +1,5 @@
-"""The adapter for Qwen2.5-VL: dynamic-resolution images and M-RoPE positions.
+"""The adapters for Qwen2.5-VL and Qwen3-VL: dynamic-resolution images and M-RoPE positions
+(and Qwen3-VL's DeepStack features, `HFQwen3VL`).
 
 Qwen2.5-VL gives every input position three rotary coordinates (time, height, width). Text
 tokens have the same value on all three; an image's rows, a `t x h x w` grid of merged patches,
@@ -16,7 +17,8 @@ some other way gets a clear error, never 1-D positions over an image.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
 from PIL import Image
@@ -48,13 +50,15 @@ class HFQwenVL(HFChatModel):
             return []
         pixels = self.processor.image_processor(list(images), return_tensors="pt")
         grids = pixels["image_grid_thw"]
-        pixel_values = pixels["pixel_values"].to(self.device, self.dtype)
-        out = self.model.model.get_image_features(pixel_values=pixel_values,
-                                                  image_grid_thw=grids.to(self.device))
-        features = list(out.pooler_output)
+        features = self._image_rows(pixels["pixel_values"].to(self.device, self.dtype), grids.to(self.device))
         for rows, (t, h, w) in zip(features, grids.tolist()):
             self._grids[rows] = (t, h // self.merge, w // self.merge)
         return features
+
+    def _image_rows(self, pixel_values: torch.Tensor, grids: torch.Tensor) -> list[torch.Tensor]:
+        """Each image's rows from the class's own `get_image_features`."""
+        out = self.model.model.get_image_features(pixel_values=pixel_values, image_grid_thw=grids)
+        return list(out.pooler_output)
 
     def spliced(self, embeds: torch.Tensor, parts: Sequence[torch.Tensor | Sequence[int]]) -> torch.Tensor:
         axes, start = [], 0
@@ -80,3 +84,68 @@ def grid_positions(t: int, h: int, w: int) -> torch.Tensor:
     """`[3, t*h*w]` coordinates of an image's rows (row-major over the grid), from 0."""
     grid = torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij")
     return torch.stack(grid).reshape(3, -1)
+
+
+class HFQwen3VL(HFQwenVL):
+    """A Qwen3-VL checkpoint: Qwen2.5-VL's prompts and M-RoPE positions (interleaved over the
+    head, which the model's rotary embedding does), plus DeepStack. The vision tower also hands
+    out features of some of its middle layers, one set per image row, and the language model
+    adds set k to the image rows' hidden states after its decoder layer k. A prefill that only
+    splices the final features would silently drop them, so the prefill here runs the language
+    model with the image rows' mask and DeepStack features of every prompt row, as the class's
+    own forward does."""
+
+    def __init__(self, model: PreTrainedModel, processor, name: str) -> None:
+        super().__init__(model, processor, name)
+        self._deepstack = WeakTensorKeyDictionary()  # an image's rows -> their DeepStack features per layer
+        self._extras = WeakTensorKeyDictionary()  # a spliced prompt row -> its `DeepStackRow`
+
+    def _image_rows(self, pixel_values: torch.Tensor, grids: torch.Tensor) -> list[torch.Tensor]:
+        out = self.model.model.get_image_features(pixel_values=pixel_values, image_grid_thw=grids)
+        features = list(out.pooler_output)
+        for i, rows in enumerate(features):
+            self._deepstack[rows] = [layer[i] for layer in out.deepstack_features]
+        return features
+
+    def spliced(self, embeds: torch.Tensor, parts: Sequence[torch.Tensor | Sequence[int]]) -> torch.Tensor:
+        embeds = super().spliced(embeds, parts)
+        images = [part for part in parts if isinstance(part, torch.Tensor)]
+        if images:
+            visual = torch.cat([torch.full((len(part),), isinstance(part, torch.Tensor)) for part in parts])
+            layers = zip(*(self._deepstack[rows] for rows in images))
+            self._extras[embeds] = DeepStackRow(visual, [torch.cat(layer) for layer in layers])
+        return embeds
+
+    def prompt_extras(self, embeds: torch.Tensor) -> DeepStackRow | None:
+        return self._extras.get(embeds)
+
+    def prefill_inputs(self, extras: Sequence[DeepStackRow | None], padding: torch.Tensor) -> dict[str, Any]:
+        """The image rows of every prompt row as one `[rows, width]` mask, and each DeepStack
+        layer's features of those rows in the mask's (row-major) order."""
+        width = padding.shape[1]
+        mask = torch.zeros(padding.shape, dtype=torch.bool)
+        layers: list[list[torch.Tensor]] = []
+        for row, (length, extra) in enumerate(zip(padding.sum(-1).tolist(), extras)):
+            if extra is None:
+                continue
+            mask[row, width - length:] = extra.visual[:length]
+            layers.append([features[: int(extra.visual[:length].sum())] for features in extra.layers])
+        if not layers:
+            return {}
+        return {"visual_pos_masks": mask.to(self.device),
+                "deepstack_visual_embeds": [torch.cat(layer) for layer in zip(*layers)]}
+
+    def _forward(self, cache, keep: int, compiled: bool, **inputs) -> torch.Tensor:
+        if "visual_pos_masks" not in inputs:
+            return super()._forward(cache, keep, compiled, **inputs)
+        hidden = self.model.model.language_model(**inputs, cache=cache, use_cache=True).last_hidden_state
+        return self.model.lm_head(hidden[:, -keep:]).float()
+
+
+@dataclass
+class DeepStackRow:
+    """A prompt row's image rows (`visual`, `[L]` bool) and their DeepStack features, one
+    `[image rows, hidden]` tensor per layer that receives them."""
+
+    visual: torch.Tensor
+    layers: list[torch.Tensor]

@@ -160,7 +160,7 @@ def family_builders() -> dict:
 
 
 # families with a tiny pair among the `tiny:` models: `<family>_target` and `<family>_draft`
-TINY_FAMILIES = ("qwen2_5_vl", "internvl")
+TINY_FAMILIES = ("qwen2_5_vl", "qwen3_vl", "internvl")
 
 
 def build_family_pair(family: str, out_dir: str | Path, noise: float = 0.02,

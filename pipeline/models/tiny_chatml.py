@@ -1,9 +1,13 @@
 """Tiny random-weight models of the ChatML families in their real transformers classes, for tests
-and the smoke grid: Qwen2.5-VL and InternVL3.
+and the smoke grid: Qwen2.5-VL, Qwen3-VL and InternVL3.
 
 - Qwen2.5-VL: a two-block vision tower (patch 14, 2x2 merge: a 56x56 image is 2x2 merged rows,
   an 84x112 one 3x4) and a two-layer language model with M-RoPE (`mrope_section` over a 16-wide
   head).
+- Qwen3-VL: the same with 16-px patches (32-px merged rows), interleaved M-RoPE, three decoder
+  layers, and DeepStack features from both vision blocks added after the first two, grown so
+  that a prompt path that drops them decodes differently (without them, our AR and transformers'
+  `generate` part on the per-family test prompts).
 - InternVL3: a two-layer InternViT-style tower on 56-pixel tiles (CLS dropped, pixel shuffle
   0.5: 4 rows per tile; a 112x56 image is 2 tiles and a thumbnail) over a two-layer Qwen2.
 Each draft is its target with seeded noise on every weight, as for the LLaVA pairs
@@ -23,6 +27,8 @@ from transformers import (
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
     Qwen2VLImageProcessorPil,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
 )
 
 from pipeline.models.tiny_common import SavedSeparately, trained_bpe
@@ -31,6 +37,8 @@ QWEN_SPECIAL_TOKENS = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "
                        "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 MERGE = 2  # 2x2 patches merged into one row of the language model's input
 PATCH = 14
+QWEN3_PATCH = 16
+DEEPSTACK_GAIN = 100.0  # DeepStack features 100x their random size (checked: dropping them changes outputs)
 
 
 def qwen_tokenizer() -> PreTrainedTokenizerFast:
@@ -66,16 +74,41 @@ def _silenced(model, ids: dict[str, int], eos: str):
     return model
 
 
-def qwen_image_processor() -> Qwen2VLImageProcessorPil:
+def build_qwen3_vl(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen3VLForConditionalGeneration:
+    """Qwen3-VL's class: 16-px patches merged 2x2 (32-px rows), DeepStack features from both
+    vision blocks added after the first two of three decoder layers, interleaved M-RoPE."""
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in QWEN_SPECIAL_TOKENS}
+    text = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+                initializer_range=0.3, rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3],
+                                                        "mrope_interleaved": True, "rope_theta": 10000.0},
+                bos_token_id=None, eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
+                tie_word_embeddings=False)
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=QWEN3_PATCH,
+                  spatial_merge_size=MERGE, temporal_patch_size=2, out_hidden_size=64,
+                  num_position_embeddings=64, deepstack_visual_indexes=[0, 1])
+    config = Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+                           video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+                           vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = Qwen3VLForConditionalGeneration(config).eval()
+    visual = model.model.visual
+    with torch.no_grad():  # random DeepStack features barely move a random model: grown, a prompt
+        for merger in visual.deepstack_merger_list:  # path that drops them decodes otherwise
+            merger.linear_fc2.weight.mul_(DEEPSTACK_GAIN)
+    return _silenced(model, ids, "<|im_end|>")
+
+
+def qwen_image_processor(patch: int = PATCH) -> Qwen2VLImageProcessorPil:
     """Dynamic resolution between 4 and 16 merged rows per image, so the tiny images keep their
     aspect: a 60x40 image is 2x3 rows, two images of different sizes different counts."""
-    unit = (PATCH * MERGE) ** 2
-    return Qwen2VLImageProcessorPil(min_pixels=4 * unit, max_pixels=16 * unit, patch_size=PATCH,
+    unit = (patch * MERGE) ** 2
+    return Qwen2VLImageProcessorPil(min_pixels=4 * unit, max_pixels=16 * unit, patch_size=patch,
                                     merge_size=MERGE, temporal_patch_size=2)
 
 
 def _saved_processor(tokenizer: PreTrainedTokenizerFast, model) -> SavedSeparately:
-    return SavedSeparately(qwen_image_processor(), tokenizer)
+    return SavedSeparately(qwen_image_processor(model.config.vision_config.patch_size), tokenizer)
 
 
 
@@ -117,4 +150,5 @@ def _internvl_processor(tokenizer: PreTrainedTokenizerFast, model) -> SavedSepar
 
 
 CHATML_BUILDERS = {"qwen2_5_vl": (qwen_tokenizer, build_qwen2_5_vl, _saved_processor),
+                   "qwen3_vl": (qwen_tokenizer, build_qwen3_vl, _saved_processor),
                    "internvl": (internvl_tokenizer, build_internvl, _internvl_processor)}

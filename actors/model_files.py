@@ -22,10 +22,10 @@ def tiny_dir() -> Path:
     reuses models an older one built."""
     import pipeline.models.tiny as builder
     import pipeline.models.tiny_common as common
-    import pipeline.models.tiny_chatml as chatml_builder
+    import pipeline.models.tiny_families as families_builder
     import pipeline.models.tiny_ssm as ssm_builder
 
-    modules = (builder, common, ssm_builder, chatml_builder)
+    modules = (builder, common, ssm_builder, families_builder)
     sources = b"".join(Path(module.__file__).read_bytes() for module in modules)
     version = hashlib.sha256(sources).hexdigest()[:10]
     default = Path.home() / ".cache" / "tabed" / f"tiny-{version}"

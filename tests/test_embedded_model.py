@@ -11,7 +11,7 @@ from pipeline.decoding.loop import autoregressive_decode, speculative_decode
 from pipeline.decoding.rows import DynamicCacheRows
 from pipeline.drafting.methods import method_embeddings
 from pipeline.models.base import ModelInputError
-from pipeline.models.embedded_parts.chat import to_chatml
+from pipeline.models.chat_formats import to_chatml
 from pipeline.models.embedded_parts.easyvqa import COLORS, SHAPES, load_split
 from pipeline.models.embedded_parts.quant import BITS, GROUP, fake_quantize
 from pipeline.models.loading import load_target_and_drafts

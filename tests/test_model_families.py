@@ -47,6 +47,9 @@ def hf_greedy(model, sample: Sample, max_new: int) -> list[int]:
     input_ids = torch.tensor([ids])
     if model.family in ("qwen2_5_vl", "qwen3_vl"):  # their processors mark the image tokens; M-RoPE needs them
         pixels["mm_token_type_ids"] = (input_ids == model.image_token_id).int()
+    if model.family == "gemma3":  # its processor marks them too: they attend to each other both ways
+        pixels["token_type_ids"] = (input_ids == model.image_token_id).long()
+    pixels.pop("num_crops", None)  # Gemma 3's pan-and-scan crop counts (none here), not a model input
     out = model.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **pixels,
                                max_new_tokens=max_new, do_sample=False)
     return out[0, len(ids):].tolist()

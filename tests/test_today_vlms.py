@@ -1,4 +1,4 @@
-"""Qwen2.5-VL, Qwen3-VL and InternVL3, on their tiny pairs in the real transformers classes: greedy SD
+"""Qwen2.5-VL, Qwen3-VL, InternVL3 and Gemma 3, on their tiny pairs in the real transformers classes: greedy SD
 equals AR for chains, candidate trees and the bandit at batch 1 and 2 on both engines, in fp32
 and fp16 (fp16 ties measured), with requests whose images differ in size (so in image rows and
 rope deltas) and a two-image prompt; replay equals live; P and a draft of another tokenizer are
@@ -43,9 +43,10 @@ def config(kind: str, methods: str = "MT") -> DecodeConfig:
                         verify=make_verify(KINDS[kind]))
 
 
-# each image's rows: Qwen2.5-VL 84x112 px -> 4x3 merged rows, 112x56 -> 2x4, 56x56 -> 2x2;
+# each image's rows: Qwen2.5-VL and Qwen3-VL 84x112 px -> 4x3 merged rows, 112x56 -> 2x4, 56x56 -> 2x2;
 # InternVL 4 rows per 56-px tile: 84x112 -> 2x2 tiles + thumbnail, 112x56 -> 2 + 1, 56x56 -> 1
-IMAGE_ROWS = {"qwen2_5_vl": [[12], [8, 4]], "qwen3_vl": [[12], [8, 4]], "internvl": [[20], [12, 4]]}
+IMAGE_ROWS = {"qwen2_5_vl": [[12], [8, 4]], "qwen3_vl": [[12], [8, 4]], "internvl": [[20], [12, 4]],
+              "gemma3": [[4], [4, 4]]}  # Gemma 3: every image 4 rows (its pooled grid), at any size
 
 
 @pytest.fixture(scope="module", params=TINY_FAMILIES)
@@ -134,7 +135,7 @@ def test_a_draft_of_another_tokenizer_is_refused_by_name_in_under_2_s(family_dir
 def test_pooled_drafting_is_refused_by_name_before_anything_loads(family_dirs):
     family = load_model(family_dirs[1]).family
     hub = {"qwen2_5_vl": "Qwen/Qwen2.5-VL-3B-Instruct", "qwen3_vl": "Qwen/Qwen3-VL-2B-Instruct",
-           "internvl": "OpenGVLab/InternVL3-1B-hf"}[family]
+           "internvl": "OpenGVLab/InternVL3-1B-hf", "gemma3": "google/gemma-3-4b-it"}[family]
     for draft in (family_dirs[1], f"tiny:{family}_draft", hub):
         with pytest.raises(GridError, match=rf"pooled drafting \(P\) cannot run on a {family} draft"):
             parse_grid(grid(f"tiny:{family}_target", draft, methods="MP"))
@@ -143,8 +144,8 @@ def test_pooled_drafting_is_refused_by_name_before_anything_loads(family_dirs):
 @pytest.mark.slow
 def test_the_smoke_grid_of_todays_families_runs_through_ray(tmp_path):
     stdout = run_smoke(tmp_path, grid="configs/today_vlms_smoke.yaml")
-    assert "# Run today_vlms_smoke: 66 rows, 0 failed" in stdout
-    assert "Lossless: 60/60 greedy speculative rows equal the target's own greedy output" in stdout
+    assert "# Run today_vlms_smoke: 88 rows, 0 failed" in stdout
+    assert "Lossless: 80/80 greedy speculative rows equal the target's own greedy output" in stdout
     rows = read_results(tmp_path, "today_vlms_smoke")
     assert set(rows["target"]) == {f"tiny:{family}_target" for family in TINY_FAMILIES}
     assert rows["error"].isna().all()
@@ -162,6 +163,7 @@ def test_the_pairs_a_user_would_run_read_without_loading_anything(monkeypatch):
     spec = load_grid(Path(__file__).resolve().parents[1] / "configs" / "today_vlms.yaml")
     assert {pair.target for pair in spec.pairs} == {
         "Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen2.5-VL-32B-Instruct", "Qwen/Qwen3-VL-8B-Instruct",
-        "Qwen/Qwen3-VL-32B-Instruct", "OpenGVLab/InternVL3-8B-hf", "OpenGVLab/InternVL3-38B-hf"}
+        "Qwen/Qwen3-VL-32B-Instruct", "OpenGVLab/InternVL3-8B-hf", "OpenGVLab/InternVL3-38B-hf",
+        "google/gemma-3-27b-it"}
     assert {pair.draft for pair in spec.pairs} == {"Qwen/Qwen2.5-VL-3B-Instruct", "Qwen/Qwen3-VL-2B-Instruct",
-                                                   "OpenGVLab/InternVL3-1B-hf"}
+                                                   "OpenGVLab/InternVL3-1B-hf", "google/gemma-3-4b-it"}

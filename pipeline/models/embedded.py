@@ -11,7 +11,7 @@ small_draft = a 7M-parameter Llama distilled from the target, with its own proje
            about a twentieth of the target's step on a CPU (it proposes from ~9k tokens);
 ssm_draft = its state-space sibling: a 6.8M-parameter Mamba2 distilled the same way
            (pipeline/assets/embedded/ssm_draft), driven as a recurrent draft (models/recurrent).
-Prompts in the pipeline's LLaVA format are rendered in SmolLM2's ChatML (embedded_parts/chat).
+Prompts in the pipeline's LLaVA format are rendered in SmolLM2's ChatML (`pipeline.models.chat_formats`).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from pipeline.models.base import ModelInputError
 from pipeline.models.dtypes import resolve_dtype
 from pipeline.models.embedded_parts.captioner import EmbeddedCaptioner, ShapeHeads
-from pipeline.models.embedded_parts.chat import to_chatml
+from pipeline.models.chat_formats import to_chatml
 from pipeline.models.embedded_parts.language import IMAGE_TOKEN, load_language_model, load_tokenizer
 from pipeline.models.embedded_parts.projector import Projector
 from pipeline.models.embedded_parts.quant import quantize_weights

@@ -38,6 +38,8 @@ FAMILIES: dict[str, Family] = {
                "Qwen/Qwen3-VL-2B-Instruct, Qwen/Qwen3-VL-8B-Instruct"),
         Family("internvl", "InternVL3, tiles folded by pixel shuffle", "InternVLForConditionalGeneration",
                False, "OpenGVLab/InternVL3-1B-hf, OpenGVLab/InternVL3-8B-hf"),
+        Family("gemma3", "Gemma 3, sliding-window layers, bidirectional image attention",
+               "Gemma3ForConditionalGeneration", False, "google/gemma-3-4b-it, google/gemma-3-27b-it"),
     )
 }
 TEXT_ONLY = "text"  # the family name of a plain causal LM, allowed per pair with `text_only: true`

@@ -40,6 +40,7 @@ class HFModel(LVLM):
         self.dtype = model.dtype
         self.image_token_id = None
         self._static_caches: dict[tuple[int, int, str], StaticCache] = {}
+        self.cache_config = model.config  # what static caches are built from (its layer kinds and sizes)
         self._step_graphs = StepGraphs()
         self.step_compile = STEP_COMPILE  # how decode steps compile (a test swaps in a failing backend)
         self._failed_steps: dict[tuple[int, ...], str] = {}  # step shape -> why its compiled path failed
@@ -61,7 +62,7 @@ class HFModel(LVLM):
             if len(self._static_caches) >= POOLED_CACHES:
                 evicted = self._static_caches.pop(next(iter(self._static_caches)))  # the least recently used
                 self._step_graphs.forget(evicted)
-            cache = StaticCache(config=self.model.config, max_cache_len=slots)
+            cache = StaticCache(config=self.cache_config, max_cache_len=slots)
         else:
             cache.reset()
         self._static_caches[key] = cache

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from pipeline.models.base import ModelInputError
-from pipeline.models.chatml import HFChatModel
+from pipeline.models.chat_models import HFChatModel
 
 
 class HFInternVL(HFChatModel):

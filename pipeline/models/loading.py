@@ -15,6 +15,7 @@ from pipeline.models.dtypes import resolve_dtype
 from pipeline.models.families import (
     FAMILIES, RECURRENT_TYPES, UnsupportedFamily, check_family, drafts_only, is_recurrent_config,
 )
+from pipeline.models.gemma3 import HFGemma3
 from pipeline.models.hf import HFLlava, HFModel
 from pipeline.models.internvl import HFInternVL
 from pipeline.models.qwen_vl import HFQwen3VL, HFQwenVL
@@ -22,7 +23,7 @@ from pipeline.models.recurrent import RecurrentLlava, RecurrentLM, is_hybrid, is
 
 EMBEDDED_PREFIX = "embedded:"
 # families driven by another adapter than `HFLlava`
-FAMILY_ADAPTERS = {"qwen2_5_vl": HFQwenVL, "qwen3_vl": HFQwen3VL, "internvl": HFInternVL}
+FAMILY_ADAPTERS = {"qwen2_5_vl": HFQwenVL, "qwen3_vl": HFQwen3VL, "internvl": HFInternVL, "gemma3": HFGemma3}
 
 
 class ModelLoadError(RuntimeError):

@@ -26,7 +26,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from transformers import PreTrainedModel
 
 from pipeline.models.base import ModelInputError
-from pipeline.models.chatml import HFChatModel
+from pipeline.models.chat_models import HFChatModel
 
 
 class HFQwenVL(HFChatModel):

@@ -3,8 +3,8 @@
 `python -m pipeline.models.tiny OUT_DIR` writes OUT_DIR/target, OUT_DIR/draft (LLaVA-1.5 class),
 OUT_DIR/next_target (LLaVA-NeXT class), and OUT_DIR/bigram_target with OUT_DIR/mamba_draft and
 OUT_DIR/mamba2_draft (LLaVA with a state-space language model, `pipeline.models.tiny_ssm`), and
-OUT_DIR/<family>_target with OUT_DIR/<family>_draft for Qwen2.5-VL and InternVL3
-(`pipeline.models.tiny_chatml`), all
+OUT_DIR/<family>_target with OUT_DIR/<family>_draft for Qwen2.5-VL, Qwen3-VL, InternVL3 and
+Gemma 3 (`pipeline.models.tiny_families`), all
 loadable by `from_pretrained`. The draft is the
 target with seeded noise on every weight, so it agrees with the target often but not always —
 the regime where speculative decoding has something to measure. `build_family_pair` writes a
@@ -35,7 +35,7 @@ from transformers import (
 )
 
 from pipeline.models.tiny_common import SavedSeparately, trained_bpe
-from pipeline.models.tiny_chatml import CHATML_BUILDERS
+from pipeline.models.tiny_families import CHAT_FAMILY_BUILDERS
 
 IMAGE_SIZE = 56  # 4x4 patches of 14 px: 16 image tokens, 4 after 2x2 pooling
 PATCH_SIZE = 14
@@ -155,12 +155,12 @@ FAMILY_BUILDERS = {  # model_type -> (tokenizer builder, model builder, processo
 
 
 def family_builders() -> dict:
-    """`FAMILY_BUILDERS` and the other families' (`pipeline.models.tiny_chatml`)."""
-    return {**FAMILY_BUILDERS, **CHATML_BUILDERS}
+    """`FAMILY_BUILDERS` and the other families' (`pipeline.models.tiny_families`)."""
+    return {**FAMILY_BUILDERS, **CHAT_FAMILY_BUILDERS}
 
 
 # families with a tiny pair among the `tiny:` models: `<family>_target` and `<family>_draft`
-TINY_FAMILIES = ("qwen2_5_vl", "qwen3_vl", "internvl")
+TINY_FAMILIES = ("qwen2_5_vl", "qwen3_vl", "internvl", "gemma3")
 
 
 def build_family_pair(family: str, out_dir: str | Path, noise: float = 0.02,

@@ -14,7 +14,7 @@ from pipeline.names import did_you_mean
 from pipeline.planning.grid import TINY_PREFIX, GridError
 
 TINY_MODELS = ("target", "draft", "next_target", "bigram_target", "mamba_draft", "mamba2_draft",
-               *(f"{family}_{role}" for family in ("qwen2_5_vl", "qwen3_vl", "internvl")
+               *(f"{family}_{role}" for family in ("qwen2_5_vl", "qwen3_vl", "internvl", "gemma3")
                  for role in ("target", "draft")))  # pipeline.models.tiny.TINY_FAMILIES
 EMBEDDED_MODELS = ("embedded:target", "embedded:draft", "embedded:small_draft", "embedded:ssm_draft")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -23,13 +23,14 @@ NEXT_HUB_NAME = re.compile(r"llava-v1\.6|llava-next|llava_next", re.IGNORECASE)
 # Hub ids of families that cannot run pooled drafting (P), recognised without their config.
 FAMILY_HUB_NAMES = {"qwen2_5_vl": re.compile(r"qwen2\.5-vl", re.IGNORECASE),
                     "qwen3_vl": re.compile(r"qwen3-vl", re.IGNORECASE),
-                    "internvl": re.compile(r"internvl", re.IGNORECASE)}
+                    "internvl": re.compile(r"internvl", re.IGNORECASE),
+                    "gemma3": re.compile(r"gemma-3", re.IGNORECASE)}
 HUB_TIMEOUT_S = 10.0  # a metadata request for a hub id's config, before Ray starts
 
 
 def model_kind(name: str) -> str:
     """A model's `model_type` where it is known without loading it (a local config, a `tiny:`
-    name, a LLaVA-NeXT, Qwen2.5-VL, Qwen3-VL or InternVL hub id), else `other`."""
+    name, a LLaVA-NeXT, Qwen2.5-VL, Qwen3-VL, InternVL or Gemma 3 hub id), else `other`."""
     tiny = name[len(TINY_PREFIX):].rsplit("_", 1)[0] if name.startswith(TINY_PREFIX) else None
     if name == f"{TINY_PREFIX}next_target" or NEXT_HUB_NAME.search(name):
         return "llava_next"

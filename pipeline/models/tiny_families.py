@@ -1,5 +1,5 @@
 """Tiny random-weight models of the ChatML families in their real transformers classes, for tests
-and the smoke grid: Qwen2.5-VL, Qwen3-VL and InternVL3.
+and the smoke grid: Qwen2.5-VL, Qwen3-VL, InternVL3 and Gemma 3.
 
 - Qwen2.5-VL: a two-block vision tower (patch 14, 2x2 merge: a 56x56 image is 2x2 merged rows,
   an 84x112 one 3x4) and a two-layer language model with M-RoPE (`mrope_section` over a 16-wide
@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import torch
 from transformers import (
+    Gemma3Config,
+    Gemma3ForConditionalGeneration,
+    Gemma3ImageProcessorPil,
     GotOcr2ImageProcessorPil,
     InternVLConfig,
     InternVLForConditionalGeneration,
@@ -149,6 +152,49 @@ def _internvl_processor(tokenizer: PreTrainedTokenizerFast, model) -> SavedSepar
     return SavedSeparately(image_processor, tokenizer)
 
 
-CHATML_BUILDERS = {"qwen2_5_vl": (qwen_tokenizer, build_qwen2_5_vl, _saved_processor),
-                   "qwen3_vl": (qwen_tokenizer, build_qwen3_vl, _saved_processor),
-                   "internvl": (internvl_tokenizer, build_internvl, _internvl_processor)}
+
+
+GEMMA_SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>",
+                        "<start_of_image>", "<end_of_image>", "<image_soft_token>"]
+GEMMA_WINDOW = 8  # positions a sliding layer sees: far fewer than a prompt, so the window matters
+
+
+def gemma_tokenizer() -> PreTrainedTokenizerFast:
+    """The tiny BPE as a Gemma 3 tokenizer: `<end_of_turn>` ends the answer."""
+    names = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+             "image_token": "<image_soft_token>"}
+    return PreTrainedTokenizerFast(tokenizer_object=trained_bpe(GEMMA_SPECIAL_TOKENS), bos_token="<bos>",
+                                   eos_token="<end_of_turn>", pad_token="<pad>", unk_token="<unk>",
+                                   extra_special_tokens=names)
+
+
+def build_gemma3(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Gemma3ForConditionalGeneration:
+    """Gemma 3's class: two sliding-window layers (window 8) and a full one, a SigLIP tower on
+    56-px images (4x4 patches) pooled to 2x2 = 4 rows per image."""
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in GEMMA_SPECIAL_TOKENS}
+    text = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+                sliding_window=GEMMA_WINDOW,
+                layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                max_position_embeddings=4096, initializer_range=0.3, pad_token_id=ids["<pad>"],
+                eos_token_id=ids["<end_of_turn>"], bos_token_id=ids["<bos>"], tie_word_embeddings=False)
+    vision = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64,
+                  num_hidden_layers=2, num_attention_heads=2, image_size=56, patch_size=PATCH,
+                  vision_use_head=False)
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                          boi_token_index=ids["<start_of_image>"], eoi_token_index=ids["<end_of_image>"],
+                          image_token_index=ids["<image_soft_token>"], tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    return _silenced(Gemma3ForConditionalGeneration(config).eval(), ids, "<end_of_turn>")
+
+
+def _gemma_processor(tokenizer: PreTrainedTokenizerFast, model) -> SavedSeparately:
+    return SavedSeparately(Gemma3ImageProcessorPil(size={"height": 56, "width": 56}), tokenizer)
+
+
+CHAT_FAMILY_BUILDERS = {  # model_type -> (tokenizer builder, model builder, processor builder)
+    "qwen2_5_vl": (qwen_tokenizer, build_qwen2_5_vl, _saved_processor),
+    "qwen3_vl": (qwen_tokenizer, build_qwen3_vl, _saved_processor),
+    "internvl": (internvl_tokenizer, build_internvl, _internvl_processor),
+    "gemma3": (gemma_tokenizer, build_gemma3, _gemma_processor),
+}

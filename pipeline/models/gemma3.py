@@ -1,0 +1,116 @@
+"""The adapter for Gemma 3: sliding-window attention layers and bidirectional attention among an
+image's tokens.
+
+Most of Gemma 3's layers attend only to the last `sliding_window` positions; transformers gives
+them a cache that keeps only those. A rollback (rejected proposals) or a token tree would then
+need slots the window has already dropped. Here every layer keeps a full cache: the engine's
+own (a `DynamicCache` of full layers, or a `StaticCache` built from `cache_config`, a copy of
+the config with every layer full), and the window is applied by
+the mask alone, per layer kind. The engine builds one causal mask over the cache; `_forward`
+hands the model a mask per layer kind, as transformers does for it (`full_attention`,
+`sliding_attention`):
+
+- sliding layers see, of the keys the causal mask shows a query, the last `sliding_window`: the
+  keys a query sees are always positions 0, 1, ..., its own, in slot order (a row's kept tokens
+  sit in order behind its prompt; a tree node sees its ancestors), so counting them from the
+  query back is counting positions;
+- at the prefill, an image's tokens also see each other, later ones included (the family's
+  bidirectional image attention), in every layer: the later ones are within the window by
+  construction.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from PIL import Image
+from torch.utils.weak import WeakTensorKeyDictionary
+from transformers import Cache, PreTrainedModel
+
+from pipeline.models.base import ModelInputError
+from pipeline.models.chat_formats import to_gemma
+from pipeline.models.chat_models import HFChatModel
+
+
+class HFGemma3(HFChatModel):
+    """A Gemma 3 checkpoint (`Gemma3ForConditionalGeneration`), prompted in Gemma's turns, each
+    `<image>` as `<start_of_image>` with one `<image_soft_token>` that the image's rows replace."""
+
+    render = staticmethod(to_gemma)
+    image_in_chat = "\n\n<start_of_image><image_soft_token><end_of_image>\n\n"
+
+    def __init__(self, model: PreTrainedModel, processor, name: str) -> None:
+        super().__init__(model, processor, name)
+        text = model.config.get_text_config()
+        self.window = text.sliding_window
+        self.layer_kinds = set(text.layer_types)
+        self.cache_config = copy.deepcopy(text)  # every layer a full static cache: the window is the mask's
+        self.cache_config.layer_types = ["full_attention"] * len(text.layer_types)
+        self.cache_config.sliding_window = None
+        self._blocks = WeakTensorKeyDictionary()  # a spliced prompt row -> its image blocks
+
+    @torch.inference_mode()
+    def image_features(self, images: Sequence[Image.Image], pooled: bool = False) -> list[torch.Tensor]:
+        if pooled:
+            raise ModelInputError(f"{self.name}: pooled drafting (P) is not supported on {self.family}")
+        if not images:
+            return []
+        pixels = self.processor.image_processor(list(images), return_tensors="pt")
+        out = self.model.model.get_image_features(pixels["pixel_values"].to(self.device, self.dtype))
+        return list(out.pooler_output)
+
+    def spliced(self, embeds: torch.Tensor, parts: Sequence[torch.Tensor | Sequence[int]]) -> torch.Tensor:
+        blocks, image = [], 0
+        for part in parts:
+            is_image = isinstance(part, torch.Tensor)
+            blocks.append(torch.full((len(part),), image if is_image else -1))
+            image += is_image
+        if image:
+            self._blocks[embeds] = ImageBlocks(torch.cat(blocks))
+        return embeds
+
+    def prompt_extras(self, embeds: torch.Tensor) -> ImageBlocks | None:
+        return self._blocks.get(embeds)
+
+    def prefill_inputs(self, extras: Sequence[ImageBlocks | None], padding: torch.Tensor) -> dict[str, Any]:
+        """Each prompt slot's image block (-1: text or padding) as one `[rows, width]`."""
+        width = padding.shape[1]
+        blocks = torch.full(padding.shape, -1, dtype=torch.long)
+        for row, (length, extra) in enumerate(zip(padding.sum(-1).tolist(), extras)):
+            if extra is not None:
+                blocks[row, width - length:] = extra.blocks[:length]
+        return {"image_blocks": blocks.to(self.device)}
+
+    def _forward(self, cache: Cache, keep: int, compiled: bool, **inputs) -> torch.Tensor:
+        blocks = inputs.pop("image_blocks", None)
+        inputs["attention_mask"] = self._layer_masks(inputs["attention_mask"], blocks)
+        return super()._forward(cache, keep, compiled, **inputs)
+
+    def _layer_masks(self, mask: torch.Tensor, blocks: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """The engine's causal additive mask `[rows, 1, queries, keys]` as one mask per layer
+        kind; `blocks` (the prefill's image blocks, over its first keys) lets an image's tokens
+        see each other."""
+        seen = mask == 0
+        blocked = torch.finfo(mask.dtype).min
+        later = (seen.flip(-1).cumsum(-1).flip(-1) - 1)  # keys the query sees after this one
+        windowed = seen & (later < self.window)
+        if blocks is not None:  # the prefill: queries and its first keys are the prompt slots
+            width = blocks.shape[1]
+            same = (blocks[:, :, None] == blocks[:, None, :]) & (blocks[:, :, None] >= 0)
+            ahead = torch.ones(width, width, dtype=torch.bool, device=same.device).triu(1)
+            image = torch.zeros_like(seen)
+            image[:, 0, :, :width] = same
+            seen = seen | image
+            image[:, 0, :, :width] &= ahead  # earlier keys of the image: the window applies to them
+            windowed = windowed | image
+        return {"full_attention": torch.zeros_like(mask).masked_fill_(~seen, blocked),
+                "sliding_attention": torch.zeros_like(mask).masked_fill_(~windowed, blocked)}
+
+
+@dataclass
+class ImageBlocks:
+    """A prompt row's image blocks: per position, the index of the image it belongs to, -1 for text."""
+
+    blocks: torch.Tensor

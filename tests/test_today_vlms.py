@@ -1,13 +1,16 @@
-"""Qwen2.5-VL, Qwen3-VL, InternVL3 and Gemma 3, on their tiny pairs in the real transformers classes: greedy SD
-equals AR for chains, candidate trees and the bandit at batch 1 and 2 on both engines, in fp32
-and fp16 (fp16 ties measured), with requests whose images differ in size (so in image rows and
-rope deltas) and a two-image prompt; replay equals live; P and a draft of another tokenizer are
-refused by name before anything loads; the families' smoke grid runs end to end through Ray. (Our AR equals transformers' own `generate` on
-one- and two-image prompts: `test_model_families`.)"""
+"""Qwen2.5-VL, Qwen3-VL, InternVL3 and Gemma 3 on their tiny pairs in the real transformers
+classes: greedy SD equals AR for chains, candidate trees and the bandit at batch 1 and 2 on both
+engines, in fp32 and fp16 (fp16 ties measured), with requests whose images differ in size (so
+in image rows and rope deltas) and a two-image prompt; a sampled request draws what it draws
+alone; replay equals live; P runs where an image is one grid and, like a draft of another
+tokenizer, is refused by name before anything loads where not; the families' smoke grid runs
+end to end through Ray. (Our AR equals transformers' own `generate` on one- and two-image
+prompts: `test_model_families`.)"""
 from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -20,6 +23,7 @@ from pipeline.decoding.loop import autoregressive_decode, speculative_decode
 from pipeline.decoding.replay import replay
 from pipeline.decoding.traces import collect_traces
 from pipeline.drafting.policies import GridSearchPolicy
+from pipeline.models.families import FAMILIES
 from pipeline.models.loading import load_model
 from pipeline.models.tiny import TINY_FAMILIES
 from pipeline.planning.grid import GridError
@@ -89,6 +93,20 @@ def test_greedy_sd_is_ar_at_batch_1_and_2_on_both_engines(family_dirs, dtype):
                 assert all(sum(r.accepted_per_block) > 0 for r in records)  # the draft is close: blocks accept
 
 
+def test_a_sampled_request_draws_what_it_draws_alone(family_dirs):
+    """Speculative sampling (temperature 1) on chains and candidate trees: each request of a
+    batch of two draws exactly the tokens it draws alone (its own seeded stream), on both engines."""
+    target, draft = (load_model(d) for d in family_dirs)
+    for kind in ("chain", "candidates"):
+        sampled = replace(config(kind), temperature=1.0, seed=11)
+        for engine in ("static", "eager"):
+            alone = [speculative_decode(target, draft, [s], sampled, FixedCaptioner(), engine=engine)[0].output_ids
+                     for s in SAMPLES]
+            both = speculative_decode(target, draft, SAMPLES, sampled, FixedCaptioner(), engine=engine)
+            assert [r.output_ids for r in both] == alone, (kind, engine)
+            assert all(len(ids) > 0 for ids in alone)
+
+
 def tie_gap(target, sample: Sample, reference: list[int], other: list[int]) -> tuple[float, int]:
     """The gap between the target's two best logits where two greedy outputs part, and where,
     measured on the request alone (eager rows: the prompt, then the common prefix)."""
@@ -132,13 +150,25 @@ def test_a_draft_of_another_tokenizer_is_refused_by_name_in_under_2_s(family_dir
     parse_grid(grid(family_dirs[0], family_dirs[1]))  # the family's own draft passes
 
 
-def test_pooled_drafting_is_refused_by_name_before_anything_loads(family_dirs):
-    family = load_model(family_dirs[1]).family
+def test_pooled_drafting_runs_where_an_image_is_one_grid_and_is_refused_by_name_where_not(family_dirs):
+    """P pools Qwen-VL's merged patch grid and Gemma 3's token grid 2x2; InternVL's tiles are
+    refused when the grid is read, before anything loads."""
+    draft = load_model(family_dirs[1])
+    family = draft.family
     hub = {"qwen2_5_vl": "Qwen/Qwen2.5-VL-3B-Instruct", "qwen3_vl": "Qwen/Qwen3-VL-2B-Instruct",
            "internvl": "OpenGVLab/InternVL3-1B-hf", "gemma3": "google/gemma-3-4b-it"}[family]
-    for draft in (family_dirs[1], f"tiny:{family}_draft", hub):
-        with pytest.raises(GridError, match=rf"pooled drafting \(P\) cannot run on a {family} draft"):
-            parse_grid(grid(f"tiny:{family}_target", draft, methods="MP"))
+    for name in (family_dirs[1], f"tiny:{family}_draft", hub):
+        if FAMILIES[family].pooling:
+            parse_grid(grid(f"tiny:{family}_target", name, methods="MP"))
+        else:
+            with pytest.raises(GridError, match=rf"pooled drafting \(P\) cannot run on a {family} draft"):
+                parse_grid(grid(f"tiny:{family}_target", name, methods="MP"))
+    if FAMILIES[family].pooling:
+        full, pooled = (draft.image_features(SAMPLES[0].pixels(), pooled=p)[0] for p in (False, True))
+        height, width = (2, 2) if family == "gemma3" else (4, 3)  # 84x112 px: 4x3 merged rows; Gemma 2x2
+        assert pooled.shape[0] == (height + 1) // 2 * ((width + 1) // 2)
+        corner = full.reshape(height, width, -1)[:2, :2].mean((0, 1))
+        assert torch.allclose(pooled[0], corner, atol=1e-5)
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ class Family:
     model_type: str
     title: str
     model_class: str  # a transformers class name, imported when a model loads
-    pooling: bool  # drafting method P: a single square patch grid to pool
+    pooling: bool  # drafting method P: one patch grid per image to pool
     examples: str  # hub ids of this family
 
 
@@ -32,14 +32,14 @@ FAMILIES: dict[str, Family] = {
         Family("llava_onevision", "LLaVA-OneVision, any-resolution tiles",
                "LlavaOnevisionForConditionalGeneration", False, "llava-hf/llava-onevision-qwen2-0.5b-ov-hf"),
         Family("qwen2_5_vl", "Qwen2.5-VL, dynamic resolution, M-RoPE", "Qwen2_5_VLForConditionalGeneration",
-               False, "Qwen/Qwen2.5-VL-3B-Instruct, Qwen/Qwen2.5-VL-7B-Instruct"),
+               True, "Qwen/Qwen2.5-VL-3B-Instruct, Qwen/Qwen2.5-VL-7B-Instruct"),
         Family("qwen3_vl", "Qwen3-VL, dynamic resolution, M-RoPE, DeepStack",
-               "Qwen3VLForConditionalGeneration", False,
+               "Qwen3VLForConditionalGeneration", True,
                "Qwen/Qwen3-VL-2B-Instruct, Qwen/Qwen3-VL-8B-Instruct"),
         Family("internvl", "InternVL3, tiles folded by pixel shuffle", "InternVLForConditionalGeneration",
                False, "OpenGVLab/InternVL3-1B-hf, OpenGVLab/InternVL3-8B-hf"),
         Family("gemma3", "Gemma 3, sliding-window layers, bidirectional image attention",
-               "Gemma3ForConditionalGeneration", False, "google/gemma-3-4b-it, google/gemma-3-27b-it"),
+               "Gemma3ForConditionalGeneration", True, "google/gemma-3-4b-it, google/gemma-3-27b-it"),
     )
 }
 TEXT_ONLY = "text"  # the family name of a plain causal LM, allowed per pair with `text_only: true`

@@ -21,6 +21,7 @@ hands the model a mask per layer kind, as transformers does for it (`full_attent
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -29,9 +30,9 @@ from PIL import Image
 from torch.utils.weak import WeakTensorKeyDictionary
 from transformers import Cache, PreTrainedModel
 
-from pipeline.models.base import ModelInputError
 from pipeline.models.chat_formats import to_gemma
 from pipeline.models.chat_models import HFChatModel
+from pipeline.models.grids import pooled_grid
 
 
 class HFGemma3(HFChatModel):
@@ -51,15 +52,23 @@ class HFGemma3(HFChatModel):
         self.cache_config.sliding_window = None
         self._blocks = WeakTensorKeyDictionary()  # a spliced prompt row -> its image blocks
 
+    @property
+    def supports_pooling(self) -> bool:
+        return True
+
     @torch.inference_mode()
     def image_features(self, images: Sequence[Image.Image], pooled: bool = False) -> list[torch.Tensor]:
-        if pooled:
-            raise ModelInputError(f"{self.name}: pooled drafting (P) is not supported on {self.family}")
+        """Each image's rows (its patch grid pooled to `mm_tokens_per_image`, a square);
+        `pooled` (method P): that square averaged 2x2 again."""
         if not images:
             return []
         pixels = self.processor.image_processor(list(images), return_tensors="pt")
         out = self.model.model.get_image_features(pixels["pixel_values"].to(self.device, self.dtype))
-        return list(out.pooler_output)
+        rows = list(out.pooler_output)
+        if pooled:
+            side = math.isqrt(rows[0].shape[0])
+            rows = [pooled_grid(image, (1, side, side))[0] for image in rows]
+        return rows
 
     def spliced(self, embeds: torch.Tensor, parts: Sequence[torch.Tensor | Sequence[int]]) -> torch.Tensor:
         blocks, image = [], 0

@@ -27,6 +27,7 @@ from transformers import PreTrainedModel
 
 from pipeline.models.base import ModelInputError
 from pipeline.models.chat_models import HFChatModel
+from pipeline.models.grids import grid_positions, pooled_grid
 
 
 class HFQwenVL(HFChatModel):
@@ -40,25 +41,39 @@ class HFQwenVL(HFChatModel):
         super().__init__(model, processor, name)
         self.merge = model.config.vision_config.spatial_merge_size
         self._grids = WeakTensorKeyDictionary()  # an image's rows -> their (t, h, w) grid
+        self._deepstack = WeakTensorKeyDictionary()  # an image's rows -> their DeepStack features per layer
         self._layouts = WeakTensorKeyDictionary()  # a spliced prompt row -> its [3, L] coordinates
+
+    @property
+    def supports_pooling(self) -> bool:
+        return True
 
     @torch.inference_mode()
     def image_features(self, images: Sequence[Image.Image], pooled: bool = False) -> list[torch.Tensor]:
-        if pooled:
-            raise ModelInputError(f"{self.name}: pooled drafting (P) is not supported on {self.family}")
+        """Each image's rows; `pooled` (method P): its merged patch grid averaged 2x2."""
         if not images:
             return []
         pixels = self.processor.image_processor(list(images), return_tensors="pt")
         grids = pixels["image_grid_thw"]
-        features = self._image_rows(pixels["pixel_values"].to(self.device, self.dtype), grids.to(self.device))
-        for rows, (t, h, w) in zip(features, grids.tolist()):
-            self._grids[rows] = (t, h // self.merge, w // self.merge)
-        return features
+        pixel_values = pixels["pixel_values"].to(self.device, self.dtype)
+        made = []
+        images_rows = self._image_rows(pixel_values, grids.to(self.device))
+        for (rows, layers), (t, h, w) in zip(images_rows, grids.tolist()):
+            grid = (t, h // self.merge, w // self.merge)
+            if pooled:
+                layers = [pooled_grid(features, grid)[0] for features in layers]
+                rows, grid = pooled_grid(rows, grid)
+            self._grids[rows] = grid
+            self._deepstack[rows] = layers
+            made.append(rows)
+        return made
 
-    def _image_rows(self, pixel_values: torch.Tensor, grids: torch.Tensor) -> list[torch.Tensor]:
-        """Each image's rows from the class's own `get_image_features`."""
+    def _image_rows(self, pixel_values: torch.Tensor,
+                    grids: torch.Tensor) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+        """Each image's rows from the class's own `get_image_features`, with the features the
+        language model adds to them inside (Qwen3-VL's DeepStack; none for Qwen2.5-VL)."""
         out = self.model.model.get_image_features(pixel_values=pixel_values, image_grid_thw=grids)
-        return list(out.pooler_output)
+        return [(rows, []) for rows in out.pooler_output]
 
     def spliced(self, embeds: torch.Tensor, parts: Sequence[torch.Tensor | Sequence[int]]) -> torch.Tensor:
         axes, start = [], 0
@@ -80,10 +95,6 @@ class HFQwenVL(HFChatModel):
         return self._layouts.get(embeds)
 
 
-def grid_positions(t: int, h: int, w: int) -> torch.Tensor:
-    """`[3, t*h*w]` coordinates of an image's rows (row-major over the grid), from 0."""
-    grid = torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij")
-    return torch.stack(grid).reshape(3, -1)
 
 
 class HFQwen3VL(HFQwenVL):
@@ -97,15 +108,13 @@ class HFQwen3VL(HFQwenVL):
 
     def __init__(self, model: PreTrainedModel, processor, name: str) -> None:
         super().__init__(model, processor, name)
-        self._deepstack = WeakTensorKeyDictionary()  # an image's rows -> their DeepStack features per layer
         self._extras = WeakTensorKeyDictionary()  # a spliced prompt row -> its `DeepStackRow`
 
-    def _image_rows(self, pixel_values: torch.Tensor, grids: torch.Tensor) -> list[torch.Tensor]:
+    def _image_rows(self, pixel_values: torch.Tensor,
+                    grids: torch.Tensor) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
         out = self.model.model.get_image_features(pixel_values=pixel_values, image_grid_thw=grids)
-        features = list(out.pooler_output)
-        for i, rows in enumerate(features):
-            self._deepstack[rows] = [layer[i] for layer in out.deepstack_features]
-        return features
+        deepstack = out.deepstack_features
+        return [(rows, [layer[i] for layer in deepstack]) for i, rows in enumerate(out.pooler_output)]
 
     def spliced(self, embeds: torch.Tensor, parts: Sequence[torch.Tensor | Sequence[int]]) -> torch.Tensor:
         embeds = super().spliced(embeds, parts)

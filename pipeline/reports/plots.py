@@ -78,9 +78,10 @@ def pair_label(target: str, draft: str, dtype: str) -> str:
 
 def panel_label(pair: tuple[str, str, str], pairs: list[tuple[str, str, str]]) -> str:
     """A panel's pair, short: `<- draft (dtype)` when every panel has one target (the
-    suptitle names it), so titles of neighbouring panels never run into each other."""
+    suptitle names it), else the target above it, so labels of neighbouring panels never run
+    into each other."""
     target, draft, dtype = pair
-    return f"<- {draft} ({dtype})" if len({p[0] for p in pairs}) == 1 else pair_label(*pair)
+    return f"<- {draft} ({dtype})" if len({p[0] for p in pairs}) == 1 else f"{target}\n<- {draft} ({dtype})"
 
 
 def suptitle_target(pairs: list[tuple[str, str, str]]) -> str:

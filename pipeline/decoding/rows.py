@@ -9,7 +9,10 @@ keeps its own accepted prefix, since requests accept their own number of proposa
   `[base, fed)`), slots from `base + skip_r` on (`skip_r` leading fillers: a request with fewer
   pending tokens than the widest is right-aligned, so the block's last token sits at one slot);
 - a token's position is the row's prompt length plus its index in that sequence, so the gap
-  `[kept_r, base + skip_r)` is invisible and costs nothing but masked keys;
+  `[kept_r, base + skip_r)` is invisible and costs nothing but masked keys; a model whose prompt
+  positions are not plain indices (M-RoPE's three coordinates per token) gives each prompt row's
+  own, which the prefill reads, and every later position adds the row's delta
+  (`pipeline.decoding.prompt_rows`);
 - `feed_tree` feeds tokens that see only their ancestors among the tree fed since `begin_tree`,
   at positions root + depth (a token tree verified, or a draft tree level, in one forward);
 - `settle(keep, order)` moves each row's kept block tokens (in block order, or an accepted

@@ -171,7 +171,7 @@ class Pooled(DraftingMethod, letter="P"):
     """P: image features average-pooled 2x2 over the patch grid (a quarter of the rows)."""
 
     name = "pooled"
-    # families without one square patch grid per image to pool
+    # families without one patch grid per image to pool (tiles: LLaVA-NeXT, OneVision, InternVL)
     refused_draft_kinds = tuple(kind for kind, family in FAMILIES.items() if not family.pooling)
 
     def embeddings(self, model, ids, images, captions):

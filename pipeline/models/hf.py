@@ -1,5 +1,5 @@
 """Adapters for transformers models: LLaVA-1.5, LLaVA-NeXT, LLaVA-OneVision and plain causal LMs
-(Qwen2.5-VL's builds on `HFModel`: `pipeline.models.qwen_vl`).
+(the Qwen-VL, InternVL3 and Gemma 3 adapters build on `HFModel`: `pipeline.models.chat_models`).
 
 They call the library's own classes and caches; image features come from the model's own
 `get_image_features`, except pooling (method P), which needs the patch grid before the

@@ -171,6 +171,30 @@ def test_pooled_drafting_runs_where_an_image_is_one_grid_and_is_refused_by_name_
         assert torch.allclose(pooled[0], corner, atol=1e-5)
 
 
+def test_a_text_only_gemma3_draft_drafts_t_and_c_for_its_target(tiny_dirs):
+    """`gemma3_text` (like gemma-3-1b-it) in a pair marked text_only: T, C and TC at batch 1 and
+    2 on both engines give AR's output; M is refused by name when the grid is read, and so is
+    the pair when it does not say text_only."""
+    target = load_model(tiny_dirs["gemma3_target"])
+    draft = load_model(tiny_dirs["gemma3_text_draft"], allow_text=True)
+    for engine in ("static", "eager"):
+        alone = [autoregressive_decode(target, [s], max_new_tokens=MAX_NEW, engine=engine)[0].output_ids
+                 for s in SAMPLES]
+        for methods, kind in (("T", "chain"), ("C", "chain"), ("TC", "candidates")):
+            for batch in (SAMPLES[:1], SAMPLES):
+                records = speculative_decode(target, draft, batch, config(kind, methods), FixedCaptioner(),
+                                             engine=engine)
+                assert [r.output_ids for r in records] == alone[: len(batch)], (methods, len(batch), engine)
+                assert all(sum(r.accepted_per_block) > 0 for r in records)
+    pair = {"target": tiny_dirs["gemma3_target"], "draft": tiny_dirs["gemma3_text_draft"]}
+    spec = {"name": "g", "datasets": ["embedded_vqa"], "pairs": [pair | {"text_only": True}]}
+    parse_grid(spec | {"methods": ["T"]})
+    with pytest.raises(GridError, match=r"multimodal drafting \(M\) cannot run on a gemma3_text draft"):
+        parse_grid(spec | {"methods": ["MT"]})
+    with pytest.raises(GridError, match="text-only model; mark its pair `text_only: true`"):
+        parse_grid(spec | {"methods": ["T"], "pairs": [pair]})
+
+
 @pytest.mark.slow
 def test_the_smoke_grid_of_todays_families_runs_through_ray(tmp_path):
     stdout = run_smoke(tmp_path, grid="configs/today_vlms_smoke.yaml")
@@ -197,3 +221,5 @@ def test_the_pairs_a_user_would_run_read_without_loading_anything(monkeypatch):
         "google/gemma-3-27b-it"}
     assert {pair.draft for pair in spec.pairs} == {"Qwen/Qwen2.5-VL-3B-Instruct", "Qwen/Qwen3-VL-2B-Instruct",
                                                    "OpenGVLab/InternVL3-1B-hf", "google/gemma-3-4b-it"}
+    text_draft = load_grid(Path(__file__).resolve().parents[1] / "configs" / "today_vlms_text_draft.yaml")
+    assert text_draft.text_only == text_draft.pairs and text_draft.pairs[0].draft == "google/gemma-3-1b-it"

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 
 from PIL import Image
 
-from pipeline.models.families import FAMILIES
+from pipeline.models.families import FAMILIES, TEXT_DRAFTS
 from pipeline.registry import Registry
 
 if TYPE_CHECKING:
@@ -138,6 +138,7 @@ class Multimodal(DraftingMethod, letter="M"):
     """M: the draft sees the image features, like the target."""
 
     name = "multimodal"
+    refused_draft_kinds = tuple(TEXT_DRAFTS)  # text-only drafts: no image features
 
     def embeddings(self, model, ids, images, captions):
         return splice(model, ids, model.image_features(images) if images else [])
@@ -171,8 +172,9 @@ class Pooled(DraftingMethod, letter="P"):
     """P: image features average-pooled 2x2 over the patch grid (a quarter of the rows)."""
 
     name = "pooled"
-    # families without one patch grid per image to pool (tiles: LLaVA-NeXT, OneVision, InternVL)
-    refused_draft_kinds = tuple(kind for kind, family in FAMILIES.items() if not family.pooling)
+    # families without one patch grid per image to pool (tiles: LLaVA-NeXT, OneVision, InternVL),
+    # and text-only drafts
+    refused_draft_kinds = (*(kind for kind, family in FAMILIES.items() if not family.pooling), *TEXT_DRAFTS)
 
     def embeddings(self, model, ids, images, captions):
         return splice(model, ids, model.image_features(images, pooled=True) if images else [])

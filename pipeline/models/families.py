@@ -43,6 +43,10 @@ FAMILIES: dict[str, Family] = {
     )
 }
 TEXT_ONLY = "text"  # the family name of a plain causal LM, allowed per pair with `text_only: true`
+# Text-only checkpoints of a multimodal family (model type -> the family): in a pair marked
+# `text_only: true` they draft with the methods that need no image features (T, C), in the
+# family's prompt format (`pipeline.models.gemma3.HFGemma3Text`).
+TEXT_DRAFTS = {"gemma3_text": "gemma3"}
 # State-space language models (`pipeline.models.recurrent`): drafts only, alone (text drafting)
 # or as the language model of a LLaVA checkpoint (image drafting too).
 RECURRENT_TYPES = {"mamba": "Mamba", "mamba2": "Mamba2"}

@@ -28,28 +28,66 @@ from typing import Any, Sequence
 import torch
 from PIL import Image
 from torch.utils.weak import WeakTensorKeyDictionary
-from transformers import Cache, PreTrainedModel
+from transformers import Cache, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from pipeline.models.base import ModelInputError
 from pipeline.models.chat_formats import to_gemma
 from pipeline.models.chat_models import HFChatModel
 from pipeline.models.grids import pooled_grid
+from pipeline.models.hf import HFModel
+
+GEMMA_IMAGE = "\n\n<start_of_image><image_soft_token><end_of_image>\n\n"  # one placeholder per image
 
 
-class HFGemma3(HFChatModel):
+class SlidingWindowMasks:
+    """Full caches and per-layer-kind masks for a model with sliding-window layers (module
+    docstring); mixed into an `HFModel` subclass, which calls `_full_caches` once built."""
+
+    window: int
+    cache_config: PretrainedConfig
+
+    def _full_caches(self, text: PretrainedConfig) -> None:
+        self.window = text.sliding_window
+        self.cache_config = copy.deepcopy(text)  # every layer a full static cache: the window is the mask's
+        self.cache_config.layer_types = ["full_attention"] * len(text.layer_types)
+        self.cache_config.sliding_window = None
+
+    def _forward(self, cache: Cache, keep: int, compiled: bool, **inputs) -> torch.Tensor:
+        blocks = inputs.pop("image_blocks", None)
+        inputs["attention_mask"] = self._layer_masks(inputs["attention_mask"], blocks)
+        return super()._forward(cache, keep, compiled, **inputs)
+
+    def _layer_masks(self, mask: torch.Tensor, blocks: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """The engine's causal additive mask `[rows, 1, queries, keys]` as one mask per layer
+        kind; `blocks` (the prefill's image blocks, over its first keys) lets an image's tokens
+        see each other."""
+        seen = mask == 0
+        blocked = torch.finfo(mask.dtype).min
+        later = (seen.flip(-1).cumsum(-1).flip(-1) - 1)  # keys the query sees after this one
+        windowed = seen & (later < self.window)
+        if blocks is not None:  # the prefill: queries and its first keys are the prompt slots
+            width = blocks.shape[1]
+            same = (blocks[:, :, None] == blocks[:, None, :]) & (blocks[:, :, None] >= 0)
+            ahead = torch.ones(width, width, dtype=torch.bool, device=same.device).triu(1)
+            image = torch.zeros_like(seen)
+            image[:, 0, :, :width] = same
+            seen = seen | image
+            image[:, 0, :, :width] &= ahead  # earlier keys of the image: the window applies to them
+            windowed = windowed | image
+        return {"full_attention": torch.zeros_like(mask).masked_fill_(~seen, blocked),
+                "sliding_attention": torch.zeros_like(mask).masked_fill_(~windowed, blocked)}
+
+
+class HFGemma3(SlidingWindowMasks, HFChatModel):
     """A Gemma 3 checkpoint (`Gemma3ForConditionalGeneration`), prompted in Gemma's turns, each
     `<image>` as `<start_of_image>` with one `<image_soft_token>` that the image's rows replace."""
 
     render = staticmethod(to_gemma)
-    image_in_chat = "\n\n<start_of_image><image_soft_token><end_of_image>\n\n"
+    image_in_chat = GEMMA_IMAGE
 
     def __init__(self, model: PreTrainedModel, processor, name: str) -> None:
         super().__init__(model, processor, name)
-        text = model.config.get_text_config()
-        self.window = text.sliding_window
-        self.layer_kinds = set(text.layer_types)
-        self.cache_config = copy.deepcopy(text)  # every layer a full static cache: the window is the mask's
-        self.cache_config.layer_types = ["full_attention"] * len(text.layer_types)
-        self.cache_config.sliding_window = None
+        self._full_caches(model.config.get_text_config())
         self._blocks = WeakTensorKeyDictionary()  # a spliced prompt row -> its image blocks
 
     @property
@@ -92,30 +130,25 @@ class HFGemma3(HFChatModel):
                 blocks[row, width - length:] = extra.blocks[:length]
         return {"image_blocks": blocks.to(self.device)}
 
-    def _forward(self, cache: Cache, keep: int, compiled: bool, **inputs) -> torch.Tensor:
-        blocks = inputs.pop("image_blocks", None)
-        inputs["attention_mask"] = self._layer_masks(inputs["attention_mask"], blocks)
-        return super()._forward(cache, keep, compiled, **inputs)
 
-    def _layer_masks(self, mask: torch.Tensor, blocks: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        """The engine's causal additive mask `[rows, 1, queries, keys]` as one mask per layer
-        kind; `blocks` (the prefill's image blocks, over its first keys) lets an image's tokens
-        see each other."""
-        seen = mask == 0
-        blocked = torch.finfo(mask.dtype).min
-        later = (seen.flip(-1).cumsum(-1).flip(-1) - 1)  # keys the query sees after this one
-        windowed = seen & (later < self.window)
-        if blocks is not None:  # the prefill: queries and its first keys are the prompt slots
-            width = blocks.shape[1]
-            same = (blocks[:, :, None] == blocks[:, None, :]) & (blocks[:, :, None] >= 0)
-            ahead = torch.ones(width, width, dtype=torch.bool, device=same.device).triu(1)
-            image = torch.zeros_like(seen)
-            image[:, 0, :, :width] = same
-            seen = seen | image
-            image[:, 0, :, :width] &= ahead  # earlier keys of the image: the window applies to them
-            windowed = windowed | image
-        return {"full_attention": torch.zeros_like(mask).masked_fill_(~seen, blocked),
-                "sliding_attention": torch.zeros_like(mask).masked_fill_(~windowed, blocked)}
+class HFGemma3Text(SlidingWindowMasks, HFChatModel):
+    """A text-only Gemma 3 checkpoint (`gemma-3-1b-it`, model type `gemma3_text`) drafting for a
+    Gemma 3 target with the methods that need no image features (T, C): the same turns and
+    image markers as the target, sliding-window layers alike."""
+
+    render = staticmethod(to_gemma)
+    image_in_chat = GEMMA_IMAGE
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str) -> None:
+        HFModel.__init__(self, model, tokenizer, name)  # no processor: no images
+        self.processor = None
+        self.family = model.config.model_type
+        self.image_token_id = tokenizer.convert_tokens_to_ids("<image_soft_token>")
+        self._full_caches(model.config)
+
+    def image_features(self, images: Sequence[Image.Image], pooled: bool = False) -> list[torch.Tensor]:
+        raise ModelInputError(f"{self.name} is a text-only Gemma 3 model: it drafts with T or C, not with "
+                              "image features")
 
 
 @dataclass

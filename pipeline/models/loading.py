@@ -15,7 +15,7 @@ from pipeline.models.dtypes import resolve_dtype
 from pipeline.models.families import (
     FAMILIES, RECURRENT_TYPES, UnsupportedFamily, check_family, drafts_only, is_recurrent_config,
 )
-from pipeline.models.gemma3 import HFGemma3
+from pipeline.models.gemma3 import HFGemma3, HFGemma3Text
 from pipeline.models.hf import HFLlava, HFModel
 from pipeline.models.internvl import HFInternVL
 from pipeline.models.qwen_vl import HFQwen3VL, HFQwenVL
@@ -24,6 +24,7 @@ from pipeline.models.recurrent import RecurrentLlava, RecurrentLM, is_hybrid, is
 EMBEDDED_PREFIX = "embedded:"
 # families driven by another adapter than `HFLlava`
 FAMILY_ADAPTERS = {"qwen2_5_vl": HFQwenVL, "qwen3_vl": HFQwen3VL, "internvl": HFInternVL, "gemma3": HFGemma3}
+TEXT_ADAPTERS = {"gemma3_text": HFGemma3Text}  # text-only drafts in their family's prompt format
 
 
 class ModelLoadError(RuntimeError):
@@ -67,8 +68,8 @@ def load_model(
             adapter: LVLM = adapter_class(model.to(device), _processor(name_or_dir), name_or_dir)
         else:
             model = AutoModelForCausalLM.from_pretrained(name_or_dir, dtype=torch_dtype)
-            adapter = (RecurrentLM if recurrent else HFModel)(
-                model.to(device), AutoTokenizer.from_pretrained(name_or_dir), name_or_dir)
+            adapter_class = RecurrentLM if recurrent else TEXT_ADAPTERS.get(config.model_type, HFModel)
+            adapter = adapter_class(model.to(device), AutoTokenizer.from_pretrained(name_or_dir), name_or_dir)
     except torch.OutOfMemoryError as err:
         raise ModelLoadError(f"model {name_or_dir!r} does not fit on {device} in {dtype}: {err}") from err
     return adapter

@@ -4,7 +4,7 @@
 OUT_DIR/next_target (LLaVA-NeXT class), and OUT_DIR/bigram_target with OUT_DIR/mamba_draft and
 OUT_DIR/mamba2_draft (LLaVA with a state-space language model, `pipeline.models.tiny_ssm`), and
 OUT_DIR/<family>_target with OUT_DIR/<family>_draft for Qwen2.5-VL, Qwen3-VL, InternVL3 and
-Gemma 3 (`pipeline.models.tiny_families`), all
+Gemma 3, and OUT_DIR/gemma3_text_draft, a text-only Gemma 3 (`pipeline.models.tiny_families`), all
 loadable by `from_pretrained`. The draft is the
 target with seeded noise on every weight, so it agrees with the target often but not always —
 the regime where speculative decoding has something to measure. `build_family_pair` writes a
@@ -35,7 +35,7 @@ from transformers import (
 )
 
 from pipeline.models.tiny_common import SavedSeparately, trained_bpe
-from pipeline.models.tiny_families import CHAT_FAMILY_BUILDERS
+from pipeline.models.tiny_families import CHAT_FAMILY_BUILDERS, build_gemma3_text_draft
 
 IMAGE_SIZE = 56  # 4x4 patches of 14 px: 16 image tokens, 4 after 2x2 pooling
 PATCH_SIZE = 14
@@ -242,6 +242,7 @@ def build_tiny_pair(out_dir: str | Path, noise: float = 0.02) -> tuple[Path, Pat
         processor.save_pretrained(out / name)
     for family in TINY_FAMILIES:
         build_family_pair(family, out, noise=noise, names=(f"{family}_target", f"{family}_draft"))
+    build_gemma3_text_draft(out / "gemma3_target", out / "gemma3_text_draft", noise=noise)
     return out / "target", out / "draft"
 
 
@@ -252,7 +253,8 @@ def main() -> None:
     args = parser.parse_args()
     target, draft = build_tiny_pair(args.out_dir, noise=args.noise)
     for name in ("target", "draft", "next_target", "bigram_target", "mamba_draft", "mamba2_draft",
-                 *(f"{family}_{role}" for family in TINY_FAMILIES for role in ("target", "draft"))):
+                 *(f"{family}_{role}" for family in TINY_FAMILIES for role in ("target", "draft")),
+                 "gemma3_text_draft"):
         print(f"{name}={Path(args.out_dir) / name}")
 
 

@@ -18,9 +18,12 @@ uses them as the processor's two parts.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from transformers import (
     Gemma3Config,
+    Gemma3ForCausalLM,
     Gemma3ForConditionalGeneration,
     Gemma3ImageProcessorPil,
     GotOcr2ImageProcessorPil,
@@ -198,3 +201,18 @@ CHAT_FAMILY_BUILDERS = {  # model_type -> (tokenizer builder, model builder, pro
     "internvl": (internvl_tokenizer, build_internvl, _internvl_processor),
     "gemma3": (gemma_tokenizer, build_gemma3, _gemma_processor),
 }
+
+
+def build_gemma3_text_draft(target_dir: Path, out_dir: Path, noise: float = 0.02, seed: int = 2) -> None:
+    """A text-only Gemma 3 (`Gemma3ForCausalLM`, like `gemma-3-1b-it`) made of the tiny target's
+    language model with seeded noise, and the target's tokenizer: it drafts T and C for it."""
+    target = Gemma3ForConditionalGeneration.from_pretrained(target_dir)
+    draft = Gemma3ForCausalLM(target.config.text_config).eval()
+    draft.model.load_state_dict(target.model.language_model.state_dict())
+    draft.lm_head.load_state_dict(target.lm_head.state_dict())
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in draft.parameters():
+            param.add_(torch.randn(param.shape, generator=gen) * param.std() * noise)
+    draft.save_pretrained(out_dir)
+    PreTrainedTokenizerFast.from_pretrained(target_dir).save_pretrained(out_dir)

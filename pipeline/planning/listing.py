@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from pipeline.decoding.verify_kinds import VERIFY_KINDS
 from pipeline.drafting.methods import METHODS
 from pipeline.drafting.policies import POLICIES
-from pipeline.models.families import FAMILIES, RECURRENT_TYPES, TEXT_ONLY
+from pipeline.models.families import FAMILIES, TEXT_DRAFTS, RECURRENT_TYPES, TEXT_ONLY
 from pipeline.planning.grid import GridSpec
 from pipeline.planning.model_ids import TINY_MODELS
 
@@ -50,6 +50,9 @@ def listing(kind: str, spec: GridSpec | None = None) -> list[str]:
                 for f in FAMILIES.values()] + [
             f"{TEXT_ONLY:<16} a plain causal LM (AutoModelForCausalLM), only for pairs marked "
             "text_only: true",
+            *(f"{kind:<16} a text-only {family} checkpoint drafting T and C for a {family} target in its "
+              "prompt format (pairs marked text_only: true; e.g. google/gemma-3-1b-it)"
+              for kind, family in TEXT_DRAFTS.items()),
             f"{'/'.join(RECURRENT_TYPES):<16} state-space drafts (drafts only): Mamba(2)ForCausalLM for "
             "text drafting (T, C; pairs marked text_only: true), or the language model of a LLaVA "
             "checkpoint (every method)",

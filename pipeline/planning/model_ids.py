@@ -9,21 +9,26 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pipeline.models.families import FAMILIES, UnsupportedFamily, check_family, check_role, drafts_only
+from pipeline.models.families import (
+    FAMILIES, TEXT_DRAFTS, UnsupportedFamily, check_family, check_role, drafts_only,
+)
 from pipeline.names import did_you_mean
 from pipeline.planning.grid import TINY_PREFIX, GridError
 
 TINY_MODELS = ("target", "draft", "next_target", "bigram_target", "mamba_draft", "mamba2_draft",
                *(f"{family}_{role}" for family in ("qwen2_5_vl", "qwen3_vl", "internvl", "gemma3")
-                 for role in ("target", "draft")))  # pipeline.models.tiny.TINY_FAMILIES
+                 for role in ("target", "draft")),  # pipeline.models.tiny.TINY_FAMILIES
+               "gemma3_text_draft")
 EMBEDDED_MODELS = ("embedded:target", "embedded:draft", "embedded:small_draft", "embedded:ssm_draft")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 # Hub ids whose model class is LLaVA-NeXT, recognised without downloading their config.
 NEXT_HUB_NAME = re.compile(r"llava-v1\.6|llava-next|llava_next", re.IGNORECASE)
-# Hub ids of families that cannot run pooled drafting (P), recognised without their config.
+# Hub ids of families whose drafting methods are limited (P; M for text-only drafts),
+# recognised without their config.
 FAMILY_HUB_NAMES = {"qwen2_5_vl": re.compile(r"qwen2\.5-vl", re.IGNORECASE),
                     "qwen3_vl": re.compile(r"qwen3-vl", re.IGNORECASE),
                     "internvl": re.compile(r"internvl", re.IGNORECASE),
+                    "gemma3_text": re.compile(r"gemma-3-(1b|270m)", re.IGNORECASE),  # before gemma3
                     "gemma3": re.compile(r"gemma-3", re.IGNORECASE)}
 HUB_TIMEOUT_S = 10.0  # a metadata request for a hub id's config, before Ray starts
 
@@ -34,7 +39,7 @@ def model_kind(name: str) -> str:
     tiny = name[len(TINY_PREFIX):].rsplit("_", 1)[0] if name.startswith(TINY_PREFIX) else None
     if name == f"{TINY_PREFIX}next_target" or NEXT_HUB_NAME.search(name):
         return "llava_next"
-    if tiny in FAMILIES:
+    if tiny in FAMILIES or tiny in TEXT_DRAFTS:
         return tiny
     for family, hub_name in FAMILY_HUB_NAMES.items():
         if hub_name.search(name):

@@ -97,7 +97,10 @@ def test_the_embedded_grid_plans_the_configurations_its_earlier_run_wrote():
 def test_a_sample_of_the_embedded_grid_keeps_its_rows():
     """One first-turn sample (replayed) under every configuration of the small and the
     state-space draft, computed as a worker computes it: the same outputs, accepted counts,
-    weights and bandit shapes as before, row for row."""
+    weights and bandit shapes as before, row for row. The inverse-error policy's weights are
+    continuous, and their last bits differ between CPUs (an AVX512 EPYC gives other ones than
+    the machine that wrote the run): those rows are compared exactly but for their weights,
+    which must agree to 1e-5 (they are stored to 6 decimals)."""
     from dataclasses import replace
 
     from pipeline.drafting.captioner import load_captioner
@@ -118,6 +121,14 @@ def test_a_sample_of_the_embedded_grid_keeps_its_rows():
     assert len(records) == len(shard.items) == 2 + 2 * 20  # an AR row per pair, 20 configurations per draft
     for key, (config, sample_id) in zip(shard.keys, shard.items):
         r = records[(config, sample_id)]
+        where = (config.decode.method_label, config.decode.verify.label, config.pair.draft)
         assert r.error is None
+        if key in EMBEDDED_ROWS["continuous_rows"]:  # inverse-error weights: their last bits are the CPU's
+            expected = EMBEDDED_ROWS["continuous_rows"][key]
+            assert (r.output_ids, r.accepted_per_block, r.shape_per_block) == \
+                (expected["output_ids"], expected["accepted_per_block"], expected["shape_per_block"]), where
+            weights = [w for block in r.weights_per_block for w in block]
+            assert weights == pytest.approx([w for block in expected["weights_per_block"] for w in block], abs=1e-5)
+            continue
         assert row_digest(r.output_ids, r.accepted_per_block, r.weights_per_block, r.shape_per_block) == \
-            EMBEDDED_ROWS["rows"][key], (config.decode.method_label, config.decode.verify.label, config.pair.draft)
+            EMBEDDED_ROWS["rows"][key], where

@@ -47,6 +47,9 @@ TEXT_ONLY = "text"  # the family name of a plain causal LM, allowed per pair wit
 # `text_only: true` they draft with the methods that need no image features (T, C), in the
 # family's prompt format (`pipeline.models.gemma3.HFGemma3Text`).
 TEXT_DRAFTS = {"gemma3_text": "gemma3"}
+# families with a tiny pair among the `tiny:` models (`pipeline.models.tiny`): `<family>_target`
+# and `<family>_draft`
+TINY_FAMILIES = ("qwen2_5_vl", "qwen3_vl", "internvl", "gemma3")
 # State-space language models (`pipeline.models.recurrent`): drafts only, alone (text drafting)
 # or as the language model of a LLaVA checkpoint (image drafting too).
 RECURRENT_TYPES = {"mamba": "Mamba", "mamba2": "Mamba2"}

@@ -34,7 +34,10 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from pipeline.models.tiny_common import SavedSeparately, trained_bpe
+from pipeline.models.families import TINY_FAMILIES
+from pipeline.models.tiny_common import (
+    SavedSeparately, perturbed_copy, silence_special_tokens, trained_bpe,
+)
 from pipeline.models.tiny_families import CHAT_FAMILY_BUILDERS, build_gemma3_text_draft
 
 IMAGE_SIZE = 56  # 4x4 patches of 14 px: 16 image tokens, 4 after 2x2 pooling
@@ -92,17 +95,6 @@ def _vision_config() -> CLIPVisionConfig:
     )
 
 
-def _silence_special_tokens(model, tokenizer: PreTrainedTokenizerFast):
-    """Zero the output rows of special tokens other than EOS: their logit is then 0 while some
-    of the hundreds of random logits is almost surely larger, so a random model never emits
-    `<image>` (which a real LLaVA never does either, and transformers' assisted generation
-    cannot handle as a candidate)."""
-    silent = [tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS if t != tokenizer.eos_token]
-    with torch.no_grad():
-        model.lm_head.weight[silent] = 0
-    return model
-
-
 ANYRES_PINPOINTS = [[IMAGE_SIZE, IMAGE_SIZE], [IMAGE_SIZE, 2 * IMAGE_SIZE], [2 * IMAGE_SIZE, IMAGE_SIZE]]
 
 
@@ -119,7 +111,7 @@ def _build(config_class, model_class, tokenizer: PreTrainedTokenizerFast, seed: 
         vision_feature_select_strategy="default",
         **family_fields,
     )
-    return _silence_special_tokens(model_class(config).eval(), tokenizer)
+    return silence_special_tokens(model_class(config).eval(), tokenizer, SPECIAL_TOKENS)
 
 
 def build_llava(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlavaForConditionalGeneration:
@@ -159,10 +151,6 @@ def family_builders() -> dict:
     return {**FAMILY_BUILDERS, **CHAT_FAMILY_BUILDERS}
 
 
-# families with a tiny pair among the `tiny:` models: `<family>_target` and `<family>_draft`
-TINY_FAMILIES = ("qwen2_5_vl", "qwen3_vl", "internvl", "gemma3")
-
-
 def build_family_pair(family: str, out_dir: str | Path, noise: float = 0.02,
                       names: tuple[str, str] = ("target", "draft")) -> tuple[Path, Path]:
     """A tiny target of `family` and its perturbed draft under `out_dir` as `names`; their dirs."""
@@ -174,19 +162,6 @@ def build_family_pair(family: str, out_dir: str | Path, noise: float = 0.02,
         model.save_pretrained(out / name)
         build_processor(tokenizer, model).save_pretrained(out / name)
     return out / names[0], out / names[1]
-
-
-def perturbed_copy(model: LlavaForConditionalGeneration, noise: float,
-                   seed: int) -> LlavaForConditionalGeneration:
-    """The same model with Gaussian noise (relative to each tensor's std) on every weight."""
-    copy = type(model)(model.config).eval()
-    copy.load_state_dict(model.state_dict())
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in copy.parameters():
-            scale = param.std() if param.numel() > 1 else param.abs()
-            param.add_(torch.randn(param.shape, generator=gen) * scale * noise)
-    return copy
 
 
 def llava_processor(

@@ -1,10 +1,13 @@
 """What the tiny models of every family share: the word list their BPE tokenizers are trained
-on (deterministic), and saving a processor's parts side by side."""
+on (deterministic), silenced special tokens, the draft as a noisy copy of its target, and saving
+a processor's parts side by side."""
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 _WORDS = (
     "the a an image picture photo shows red blue green yellow circle square triangle cat dog man "
@@ -29,6 +32,30 @@ def trained_bpe(special_tokens: list[str], vocab_size: int = 384) -> Tokenizer:
     )
     tok.train_from_iterator(corpus, trainer)
     return tok
+
+
+def silence_special_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast,
+                           special_tokens: list[str]) -> PreTrainedModel:
+    """Zero the output rows of special tokens other than EOS: their logit is then 0 while some
+    of the hundreds of random logits is almost surely larger, so a random model never emits an
+    image or turn token (which a real one never does either, and transformers' assisted
+    generation cannot handle as a candidate)."""
+    silent = [tokenizer.convert_tokens_to_ids(t) for t in special_tokens if t != tokenizer.eos_token]
+    with torch.no_grad():
+        model.lm_head.weight[silent] = 0
+    return model
+
+
+def perturbed_copy(model: PreTrainedModel, noise: float, seed: int) -> PreTrainedModel:
+    """The same model with Gaussian noise (relative to each tensor's std) on every weight."""
+    copy = type(model)(model.config).eval()
+    copy.load_state_dict(model.state_dict())
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in copy.parameters():
+            scale = param.std() if param.numel() > 1 else param.abs()
+            param.add_(torch.randn(param.shape, generator=gen) * scale * noise)
+    return copy
 
 
 class SavedSeparately:

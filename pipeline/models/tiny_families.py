@@ -37,7 +37,9 @@ from transformers import (
     Qwen3VLForConditionalGeneration,
 )
 
-from pipeline.models.tiny_common import SavedSeparately, trained_bpe
+from pipeline.models.tiny_common import (
+    SavedSeparately, perturbed_copy, silence_special_tokens, trained_bpe,
+)
 
 QWEN_SPECIAL_TOKENS = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
                        "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
@@ -69,15 +71,8 @@ def build_qwen2_5_vl(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen2
                               vision_start_token_id=ids["<|vision_start|>"],
                               vision_end_token_id=ids["<|vision_end|>"])
     torch.manual_seed(seed)
-    return _silenced(Qwen2_5_VLForConditionalGeneration(config).eval(), ids, "<|im_end|>")
-
-
-def _silenced(model, ids: dict[str, int], eos: str):
-    """Special tokens other than `eos` get a zero logit, below some random one, so a random model
-    never emits an image or turn token (a real one does not)."""
-    with torch.no_grad():
-        model.lm_head.weight[[i for token, i in ids.items() if token != eos]] = 0
-    return model
+    return silence_special_tokens(Qwen2_5_VLForConditionalGeneration(config).eval(), tokenizer,
+                                  QWEN_SPECIAL_TOKENS)
 
 
 def build_qwen3_vl(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen3VLForConditionalGeneration:
@@ -102,7 +97,7 @@ def build_qwen3_vl(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen3VL
     with torch.no_grad():  # random DeepStack features barely move a random model: grown, a prompt
         for merger in visual.deepstack_merger_list:  # path that drops them decodes otherwise
             merger.linear_fc2.weight.mul_(DEEPSTACK_GAIN)
-    return _silenced(model, ids, "<|im_end|>")
+    return silence_special_tokens(model, tokenizer, QWEN_SPECIAL_TOKENS)
 
 
 def qwen_image_processor(patch: int = PATCH) -> Qwen2VLImageProcessorPil:
@@ -145,7 +140,8 @@ def build_internvl(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> InternV
                             image_seq_length=4, downsample_ratio=0.5, vision_feature_layer=-1,
                             vision_feature_select_strategy="default", tie_word_embeddings=False)
     torch.manual_seed(seed)
-    return _silenced(InternVLForConditionalGeneration(config).eval(), ids, "<|im_end|>")
+    return silence_special_tokens(InternVLForConditionalGeneration(config).eval(), tokenizer,
+                                  INTERNVL_SPECIAL_TOKENS)
 
 
 def _internvl_processor(tokenizer: PreTrainedTokenizerFast, model) -> SavedSeparately:
@@ -188,7 +184,8 @@ def build_gemma3(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Gemma3For
                           boi_token_index=ids["<start_of_image>"], eoi_token_index=ids["<end_of_image>"],
                           image_token_index=ids["<image_soft_token>"], tie_word_embeddings=False)
     torch.manual_seed(seed)
-    return _silenced(Gemma3ForConditionalGeneration(config).eval(), ids, "<end_of_turn>")
+    return silence_special_tokens(Gemma3ForConditionalGeneration(config).eval(), tokenizer,
+                                  GEMMA_SPECIAL_TOKENS)
 
 
 def _gemma_processor(tokenizer: PreTrainedTokenizerFast, model) -> SavedSeparately:
@@ -210,9 +207,5 @@ def build_gemma3_text_draft(target_dir: Path, out_dir: Path, noise: float = 0.02
     draft = Gemma3ForCausalLM(target.config.text_config).eval()
     draft.model.load_state_dict(target.model.language_model.state_dict())
     draft.lm_head.load_state_dict(target.lm_head.state_dict())
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in draft.parameters():
-            param.add_(torch.randn(param.shape, generator=gen) * param.std() * noise)
-    draft.save_pretrained(out_dir)
+    perturbed_copy(draft, noise=noise, seed=seed).save_pretrained(out_dir)
     PreTrainedTokenizerFast.from_pretrained(target_dir).save_pretrained(out_dir)

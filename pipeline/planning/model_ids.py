@@ -10,22 +10,20 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.models.families import (
-    FAMILIES, TEXT_DRAFTS, UnsupportedFamily, check_family, check_role, drafts_only,
+    FAMILIES, TEXT_DRAFTS, TINY_FAMILIES, UnsupportedFamily, check_family, check_role, drafts_only,
 )
 from pipeline.names import did_you_mean
 from pipeline.planning.grid import TINY_PREFIX, GridError
 
 TINY_MODELS = ("target", "draft", "next_target", "bigram_target", "mamba_draft", "mamba2_draft",
-               *(f"{family}_{role}" for family in ("qwen2_5_vl", "qwen3_vl", "internvl", "gemma3")
-                 for role in ("target", "draft")),  # pipeline.models.tiny.TINY_FAMILIES
+               *(f"{family}_{role}" for family in TINY_FAMILIES for role in ("target", "draft")),
                "gemma3_text_draft")
 EMBEDDED_MODELS = ("embedded:target", "embedded:draft", "embedded:small_draft", "embedded:ssm_draft")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
-# Hub ids whose model class is LLaVA-NeXT, recognised without downloading their config.
-NEXT_HUB_NAME = re.compile(r"llava-v1\.6|llava-next|llava_next", re.IGNORECASE)
 # Hub ids of families whose drafting methods are limited (P; M for text-only drafts),
-# recognised without their config.
-FAMILY_HUB_NAMES = {"qwen2_5_vl": re.compile(r"qwen2\.5-vl", re.IGNORECASE),
+# recognised without their config; the first that matches names the family.
+FAMILY_HUB_NAMES = {"llava_next": re.compile(r"llava-v1\.6|llava-next|llava_next", re.IGNORECASE),
+                    "qwen2_5_vl": re.compile(r"qwen2\.5-vl", re.IGNORECASE),
                     "qwen3_vl": re.compile(r"qwen3-vl", re.IGNORECASE),
                     "internvl": re.compile(r"internvl", re.IGNORECASE),
                     "gemma3_text": re.compile(r"gemma-3-(1b|270m)", re.IGNORECASE),  # before gemma3
@@ -37,7 +35,7 @@ def model_kind(name: str) -> str:
     """A model's `model_type` where it is known without loading it (a local config, a `tiny:`
     name, a LLaVA-NeXT, Qwen2.5-VL, Qwen3-VL, InternVL or Gemma 3 hub id), else `other`."""
     tiny = name[len(TINY_PREFIX):].rsplit("_", 1)[0] if name.startswith(TINY_PREFIX) else None
-    if name == f"{TINY_PREFIX}next_target" or NEXT_HUB_NAME.search(name):
+    if name == f"{TINY_PREFIX}next_target":
         return "llava_next"
     if tiny in FAMILIES or tiny in TEXT_DRAFTS:
         return tiny

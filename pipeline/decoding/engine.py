@@ -94,12 +94,13 @@ def prefilled_rows(
                 if captioner is None:
                     raise ModelInputError(f"caption drafting in {methods!r} needs a captioner")
                 captions = [captioner.caption(image) for image in prompt.images]
-            mine = [method_embeddings(model, m, prompt.ids, prompt.images, captions) for m in methods]
+            spliced = [method_embeddings(model, m, prompt.ids, prompt.images, captions) for m in methods]
+            mine = [e[:cut] for e in spliced]
             # with the image features spliced in
             check_fits(model, max(len(e) for e in mine) + 1 + capacity, prompt)
-            positions += [_cut(model.prompt_positions(e), cut) for e in mine]
-            extras += [model.prompt_extras(e) for e in mine]
-            embeds += [e[:cut] for e in mine]
+            positions += [_cut(model.prompt_positions(e), cut) for e in spliced]
+            extras += [model.prompt_extras(e) for e in spliced]  # noted on the rows as spliced, whole
+            embeds += mine
     rows = new_rows(model, embeds, engine=engine, capacity=capacity, role=role, compiled=compiled,
                     step_log=step_log, span=span, per_request=len(methods), positions=positions,
                     extras=extras)

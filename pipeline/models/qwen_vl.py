@@ -95,8 +95,6 @@ class HFQwenVL(HFChatModel):
         return self._layouts.get(embeds)
 
 
-
-
 class HFQwen3VL(HFQwenVL):
     """A Qwen3-VL checkpoint: Qwen2.5-VL's prompts and M-RoPE positions (interleaved over the
     head, which the model's rotary embedding does), plus DeepStack. The vision tower also hands

@@ -95,6 +95,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--recalibrate", action="store_true",
                         help="measure latency ratios again even when the run added no rows "
                              "(grids with calibrate: true)")
+    parser.add_argument("--no-compact", dest="compact", action="store_false",
+                        help="leave the run's shard files as written instead of merging them once the "
+                             "grid has finished (see jobs/compact.py)")
     return parser.parse_args(argv)
 
 
@@ -256,7 +259,9 @@ def run_locked(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -
 
 
 def run_and_report(runner: "GridRunner", spec: GridSpec, args: argparse.Namespace) -> None:
-    """The rows, then the latency calibration (grids with `calibrate: true`), then the report."""
+    """The rows, then the latency calibration (grids with `calibrate: true`), then the run's
+    files compacted (a finished paper-scale run leaves tens of thousands of small files, which
+    every later read pays for), then the report."""
     from actors.calibration import calibrate_pairs, grid_shapes, pairs_to_measure
     from pipeline.reports.summary import write_summary
     from pipeline.reports.report_rows import read_report_rows
@@ -278,6 +283,8 @@ def run_and_report(runner: "GridRunner", spec: GridSpec, args: argparse.Namespac
             calibrate_pairs(pairs, args.out, shapes=shapes, repeats=spec.calibrate_repeats,
                             rounds=spec.calibrate_rounds, ray_tasks=True)
         phases["calibration"] = time.monotonic() - started
+    if args.compact:
+        phases["compaction"] = compact_finished(args.out, runner.run_name)
     started = time.monotonic()
     summary = write_summary(args.out, runner.run_name, read_report_rows(args.out, runner.run_name))
     phases["report"] = time.monotonic() - started
@@ -288,6 +295,27 @@ def run_and_report(runner: "GridRunner", spec: GridSpec, args: argparse.Namespac
     phases = {"start-up": total - sum(phases.values()), **phases}
     print("time: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in phases.items())
           + f"; {total:.0f} s in all", flush=True)
+
+
+def compact_finished(out: str, run: str) -> float:
+    """Merge the finished run's files (`jobs/compact.py`) and return the seconds taken. A disk
+    too full to hold the merged files leaves the run as it was, every row once: the job goes
+    on to its report and says so."""
+    from pipeline.storage.atomic import UNWRITABLE
+    from pipeline.storage.compaction import compact_run
+
+    started = time.monotonic()
+    try:
+        done = compact_run(out, run)  # under the lock this driver holds: nested, one lock
+    except OSError as err:
+        if err.errno not in UNWRITABLE:
+            raise
+        print(f"run {run} not compacted: {UNWRITABLE[err.errno]}; it reads as before (every row once); "
+              f"`python jobs/compact.py {out} --run {run}` merges its files later", file=sys.stderr)
+        return time.monotonic() - started
+    print(f"compacted run {run}: {done.files_before} files -> {done.files_after}, {done.rows} rows, "
+          f"{done.seconds:.1f} s (--no-compact leaves them as written)")
+    return done.seconds
 
 
 if __name__ == "__main__":

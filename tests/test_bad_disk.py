@@ -29,11 +29,12 @@ GRID = {"name": "g", "datasets": ["embedded_vqa", "embedded_describe"], "methods
         "pairs": [{"target": "tiny:target", "draft": "tiny:draft"}], "max_new_tokens": 6, "shard_size": 1}
 
 
-def job(out: Path, grid: Path, *, patch: str = "", wait: bool = True) -> subprocess.CompletedProcess | subprocess.Popen:
+def job(out: Path, grid: Path, *extra: str, patch: str = "",
+        wait: bool = True) -> subprocess.CompletedProcess | subprocess.Popen:
     """jobs/full_grid.py as a user runs it, with `patch` (Python) run first in its process."""
     env = {**os.environ, "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0"}
     code = f"import sys, runpy\n{patch}\nsys.argv = ['full_grid.py', *sys.argv[1:]]\nrunpy.run_path('jobs/full_grid.py', run_name='__main__')\n"
-    command = [sys.executable, "-c", code, "--grid", str(grid), "--out", str(out)]
+    command = [sys.executable, "-c", code, "--grid", str(grid), "--out", str(out), *extra]
     if not wait:
         return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -63,7 +64,7 @@ def test_a_full_disk_ends_in_one_line_and_unreadable_shards_are_recomputed(tmp_p
     assert len(lines) == 1 and "rerun the same command" in lines[0] and "Traceback" not in stopped.stderr, lines
     assert not (run_dir(out, "g") / ".lock").exists() and not list(out.rglob(".*.tmp"))
 
-    done = job(out, grid)  # the rerun completes: this is the undisturbed run
+    done = job(out, grid, "--no-compact")  # the rerun completes: the undisturbed run, a file per shard
     assert done.returncode == 0, done.stderr[-3000:]
     reference = rows_of(out)
     assert len(reference) == 2 * 3 * 2 and reference["key"].is_unique  # 2 datasets x 3 samples x (AR, M)

@@ -34,6 +34,10 @@ def test_full_grid_job_writes_results_tables_and_plots(smoke_results):
     out, stdout = smoke_results
     assert "## Headline" in stdout and "best chain" in stdout and "Lossless:" in stdout
     assert "time: start-up" in stdout and "calibration" in stdout.split("time: ")[-1]
+    assert "compacted run smoke:" in stdout and "compaction" in stdout.split("time: ")[-1]
+    folders = {path.parent for path in (out / "run=smoke").rglob("part-*.parquet")}
+    files = [path.name for folder in folders for path in folder.glob("part-*.parquet")]
+    assert len(files) == len(folders) > 1 and all(name.startswith("part-compacted-") for name in files)
     report = out / "_report-smoke"
     for name in ("summary.md", "tau.csv", "categories.csv", "speedup.csv", "lossless.csv", "tau.png", "weights.png"):
         assert (report / name).stat().st_size > 0, name

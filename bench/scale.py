@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
+from functools import reduce
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,8 +32,10 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from pipeline.storage.compaction import MERGED_PREFIX, TARGET_BYTES  # noqa: E402
 from pipeline.storage.manifest import manifest_path, read_manifest  # noqa: E402
-from pipeline.storage.store import read_table, run_names, write_shards  # noqa: E402
+from pipeline.storage.schema import FILE_SCHEMA, PARTITIONS  # noqa: E402
+from pipeline.storage.store import file_table, read_table, run_names, shard_path, write_shards  # noqa: E402
 
 # {code}: the checkout whose jobs are measured (`--code`: an older commit's worktree measures before)
 NOTEBOOK = ("import json, os, sys; os.chdir({code!r}); os.environ['TABED_RESULTS'] = {out!r}; "
@@ -58,15 +61,21 @@ def copied(template: pa.Table, copy: int) -> pa.Table:
         .append_column("key", changed["key"]).append_column("shard", changed["shard"])
 
 
-def make_run(template_out: Path, run: str, out: Path, rows: int) -> None:
-    """Write about `rows` rows into `out` (a fresh folder) from the template run."""
+def make_run(template_out: Path, run: str, out: Path, rows: int, compacted: bool = False) -> None:
+    """Write about `rows` rows into `out` (a fresh folder) from the template run: a file per shard
+    and partition as a run writes them, or (`compacted`) each partition's copies straight into
+    merged files as a compaction leaves them (ten million rows as small files would take hours
+    to write and as long again to compact)."""
     template = read_table(template_out, run)
     copies = max(1, round(rows / template.num_rows))
-    groups = [template.filter(pc.equal(template["shard"], shard)) for shard in
-              pc.unique(template["shard"]).to_pylist()]
-    for copy in range(copies):
-        for group in groups:
-            write_shards(out, copied(group, copy))  # as a run writes them: a file per shard and partition
+    if compacted:
+        write_compacted(out, template, copies)
+    else:
+        groups = [template.filter(pc.equal(template["shard"], shard)) for shard in
+                  pc.unique(template["shard"]).to_pylist()]
+        for copy in range(copies):
+            for group in groups:
+                write_shards(out, copied(group, copy))
     manifest = read_manifest(template_out, run) or {"grids": []}
     for grid in manifest["grids"]:
         for unit in grid.get("units", []):
@@ -75,6 +84,26 @@ def make_run(template_out: Path, run: str, out: Path, rows: int) -> None:
     manifest_path(out, run).write_text(json.dumps(manifest))
     if (template_out / "_calibration").is_dir():
         shutil.copytree(template_out / "_calibration", out / "_calibration")
+
+
+def write_compacted(out: Path, template: pa.Table, copies: int) -> None:
+    """Each partition's rows, copied `copies` times, into merged files as `jobs/compact.py`
+    writes them: row groups of about `TARGET_BYTES` in memory, a new file once one reaches
+    `TARGET_BYTES` on disk."""
+    for values in {tuple(row.values()) for row in template.select(list(PARTITIONS)).to_pylist()}:
+        mask = reduce(pc.and_, [pc.equal(template[name], value) for name, value in zip(PARTITIONS, values)])
+        part, folder = template.filter(mask), shard_path(out, *values, "x").parent
+        folder.mkdir(parents=True, exist_ok=True)
+        copy = 0
+        while copy < copies:
+            with open(folder / f"{MERGED_PREFIX}{copy:016x}.parquet", "wb") as sink, \
+                    pq.ParquetWriter(sink, FILE_SCHEMA) as writer:
+                while copy < copies and sink.tell() < TARGET_BYTES:
+                    buffered, size = [], 0
+                    while copy < copies and size < TARGET_BYTES:
+                        buffered.append(file_table(copied(part, copy)))
+                        size, copy = size + buffered[-1].nbytes, copy + 1
+                    writer.write_table(pa.concat_tables(buffered))
 
 
 def measured(argv: list[str]) -> tuple[float, float, str]:
@@ -104,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--code", default=str(ROOT),
                         help="the checkout whose jobs are measured, e.g. a worktree of an older commit "
                              "(default: this one)")
+    parser.add_argument("--compacted", action="store_true",
+                        help="write the run as a finished run leaves it once compacted: a few large files "
+                             "per partition (the way to make ten million rows in minutes)")
     parser.add_argument("--reuse", action="store_true",
                         help="measure the run already under --work (made by an earlier call) as it is")
     args = parser.parse_args(argv)
@@ -121,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     if not (args.reuse and out.is_dir()):
         shutil.rmtree(out, ignore_errors=True)
-        make_run(template, run, out, args.rows)
+        make_run(template, run, out, args.rows, args.compacted)
         lines.append(f"make_s={time.perf_counter() - start:.1f}")
     files = list(out.rglob("part-*.parquet"))
     rows = sum(pq.read_metadata(p).num_rows for p in files)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipeline.reports.pooling import accepted_sums, block_lengths, present
+from pipeline.reports.pooling import flat_values, list_lengths, present, row_sums
 from pipeline.reports.report import VARYING, configuration_labels, method_order
 
 CONFIG = ["target", "draft", "dtype", "turn", "method_label"]
@@ -33,13 +33,12 @@ def _shape_depths(shapes: object, chosen: object, blocks: int) -> np.ndarray | N
     return None
 
 
-def _blocks(rows: pd.DataFrame) -> tuple[list, np.ndarray, np.ndarray]:
-    """(each row's accepted counts, its number of blocks, its depth per block where the grid's
-    gamma sets it: 0 where the row's blocks have their own depths, `_bandit_depths`)."""
-    accepted = rows["accepted_per_block"].tolist()
-    lengths = block_lengths(accepted)
-    gammas = np.fromiter((int(g) if n else 0 for g, n in zip(rows["gamma"], lengths)), int, len(accepted))
-    return accepted, lengths, gammas
+def _blocks(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(each row's number of blocks, its depth per block where the grid's gamma sets it: 0
+    where the row's blocks have their own depths, `_bandit_depths`)."""
+    lengths = list_lengths(rows["accepted_per_block"])
+    gammas = np.fromiter((int(g) if n else 0 for g, n in zip(rows["gamma"], lengths)), int, len(lengths))
+    return lengths, gammas
 
 
 def _bandit_depths(rows: pd.DataFrame, lengths: np.ndarray) -> dict[int, np.ndarray]:
@@ -47,18 +46,19 @@ def _bandit_depths(rows: pd.DataFrame, lengths: np.ndarray) -> dict[int, np.ndar
     chosen shape per block."""
     if "verify_shapes" not in rows or "shape_per_block" not in rows:
         return {}
-    chosen = zip(rows["verify_shapes"], rows["shape_per_block"], lengths)
-    return {i: depths for i, (shapes, picks, n) in enumerate(chosen)
-            if n and (depths := _shape_depths(shapes, picks, n)) is not None}
+    recorded = np.flatnonzero((list_lengths(rows["shape_per_block"]) == lengths) & (lengths > 0))
+    chosen = zip(recorded, rows["verify_shapes"].iloc[recorded], rows["shape_per_block"].iloc[recorded])
+    return {i: depths for i, shapes, picks in chosen
+            if (depths := _shape_depths(shapes, picks, lengths[i])) is not None}
 
 
 def blocks_of(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Every block of `rows`, flattened: (its row's position in `rows`, accepted drafts, drafted
     positions, whether it is its row's last block). Arrays, not a loop per block: a paper-scale
     run has tens of millions of blocks."""
-    accepted, lengths, gammas = _blocks(rows)
+    lengths, gammas = _blocks(rows)
     ends = np.cumsum(lengths)
-    flat = np.concatenate(accepted).astype(int) if lengths.sum() else np.zeros(0, int)
+    flat = flat_values(rows["accepted_per_block"]).astype(int)
     depths = np.repeat(gammas, lengths)
     for i, by_shape in _bandit_depths(rows, lengths).items():
         depths[ends[i] - lengths[i]:ends[i]] = by_shape
@@ -86,7 +86,7 @@ def position_matrix(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 def speculative_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """Speculative rows, each labelled by its configuration (method, tree and every grid field
     its label's rows differ in: `configuration_labels`), so no line pools two of them."""
-    blocks = block_lengths(rows["accepted_per_block"].tolist())
+    blocks = list_lengths(rows["accepted_per_block"])
     read = present(rows, READ)  # the copy holds what the tables read
     ok = rows.loc[(rows["error"].isna() & rows["gamma"].notna()).to_numpy() & (blocks > 0), read]
     return ok.assign(method_label=configuration_labels(ok, CONFIG[:-1]))
@@ -95,11 +95,11 @@ def speculative_rows(rows: pd.DataFrame) -> pd.DataFrame:
 def block_counts(rows: pd.DataFrame) -> pd.DataFrame:
     """`rows` with each one's accepted drafts, blocks and drafted positions: what pooled tau and
     the acceptance rate sum."""
-    accepted, lengths, gammas = _blocks(rows)
+    lengths, gammas = _blocks(rows)
     drafted = gammas * lengths
     for i, by_shape in _bandit_depths(rows, lengths).items():
         drafted[i] = by_shape.sum()
-    return rows.assign(accepted=accepted_sums(accepted, lengths), blocks=lengths, drafted=drafted)
+    return rows.assign(accepted=row_sums(rows["accepted_per_block"]), blocks=lengths, drafted=drafted)
 
 
 def per_position_table(rows: pd.DataFrame) -> pd.DataFrame:

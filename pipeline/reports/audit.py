@@ -17,12 +17,17 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from pipeline.reports.pooling import present
 from pipeline.reports.report import batch_of
 
 REFERENCE_KEYS = ["target", "draft", "dtype", "engine", "batch", "sample_id", "turn", "max_new_tokens"]
 GROUP_KEYS = ["target", "draft", "dtype", "engine"]
 # what else makes two rows one configuration (besides batch): a sampled row's batch-1 reference
 CONFIG_KEYS = ["methods", "policy", "verify", "gamma", "temperature", "seed"]
+SHOWN = REFERENCE_KEYS + ["method_label", "verify", "first_divergence", "divergent_tokens"]  # a differing row
+# what the audit reads of a row: its keys, its output, and where `read_ids` finds its ids (key, partition)
+READ = [*REFERENCE_KEYS, *CONFIG_KEYS, "error", "method_label", "key", "run", "dataset", "output_ids",
+        "output_digest"]
 BF16_NOTE = (
     "Rows below 100% in bf16 are expected: the target scores gamma + 1 proposed tokens in one "
     "forward, which rounds differently from the one-token steps of its own greedy decoding, so "
@@ -138,10 +143,9 @@ def audit(rows: pd.DataFrame, read_ids: IdsReader | None = None) -> tuple[pd.Dat
     `read_ids` reads the ids of the rows that differ where `rows` hold digests alone."""
     if "output_ids" not in rows and read_ids is None:
         raise ValueError("rows read with output digests need read_ids to say where outputs differ")
-    audited = with_lossless_column(rows, read_ids)
+    audited = with_lossless_column(rows[present(rows, READ)], read_ids)  # a lean copy: millions of rows
     differ = audited[audited["matches_ar"] == False]  # noqa: E712  (object column: True, False or None)
-    shown = REFERENCE_KEYS + ["method_label", "verify", "first_divergence", "divergent_tokens"]
-    differ = differ[[column for column in shown if column in differ]]  # hand-made rows may lack the labels
+    differ = differ[[column for column in SHOWN if column in differ]]  # hand-made rows may lack the labels
     audited = audited[audited["matches_ar"].notna()]
     if audited.empty:
         return pd.DataFrame(columns=GROUP_KEYS + ["rows", "equal to AR", "rate %"]), differ

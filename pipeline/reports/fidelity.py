@@ -33,7 +33,7 @@ def fidelity_rows(rows: pd.DataFrame) -> pd.DataFrame:
                 & rows["error"].isna()]
     checked, identical, dtau = [], [], []
     for accepted, replayed in zip(live["accepted_per_block"], live["replay_accepted_per_block"]):
-        has_replay = replayed is not None and not (isinstance(replayed, float) and pd.isna(replayed))
+        has_replay = hasattr(replayed, "__len__")  # not None, NaN or pd.NA (a null Arrow list)
         checked.append(has_replay)
         identical.append(has_replay and list(accepted) == list(replayed))
         dtau.append(abs(_tau(list(accepted)) - _tau(list(replayed))) if has_replay else float("nan"))

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 BLOCKS = ["accepted_per_block", "blocks"]  # what pooled tau reads of a row
 
 
 def pooled_tau(group: pd.DataFrame) -> float:
     """Pooled tau of one group of rows (NaN for a group without blocks)."""
-    lists = group["accepted_per_block"].tolist()
-    accepted = int(np.concatenate(lists).sum()) if lists else 0  # one sum, not one per row
+    accepted = int(row_sums(group["accepted_per_block"]).sum())
     blocks = group["blocks"].sum()
     return float("nan") if blocks == 0 else 1.0 + accepted / blocks
 
@@ -20,25 +21,43 @@ def pooled_taus(rows: pd.DataFrame, keys: list[str], sort: bool = False) -> pd.S
     """`pooled_tau` of each group of `rows` by `keys` (in order of appearance, or sorted), from
     each row's sum of accepted proposals: no frame per group, which over a million rows copied
     them all."""
-    lists = rows["accepted_per_block"].tolist()
-    sums = accepted_sums(lists, block_lengths(lists))
+    sums = row_sums(rows["accepted_per_block"])
     summed = rows[keys].assign(accepted=sums, blocks=rows["blocks"]).groupby(keys, sort=sort).sum()
     return (1.0 + summed["accepted"] / summed["blocks"]).where(summed["blocks"] != 0)
 
 
-def block_lengths(lists: list) -> np.ndarray:
-    """Each row's number of blocks, from its accepted counts (0 where an error row has none)."""
-    return np.fromiter((len(a) if hasattr(a, "__len__") else 0 for a in lists), int, len(lists))
+def list_lengths(values: pd.Series) -> np.ndarray:
+    """Each row's list length (0 for a null, as an error row's blocks), of a list column held as
+    Arrow lists (`report_rows`: a per-block list as Python objects took 250 bytes a row) or as
+    Python lists (a frame read whole)."""
+    if isinstance(values.dtype, pd.ArrowDtype):
+        return pc.fill_null(pc.list_value_length(_arrow(values)), 0).to_numpy().astype(np.int64)
+    lists = values.tolist()
+    return np.fromiter((len(a) if hasattr(a, "__len__") else 0 for a in lists), np.int64, len(lists))
 
 
-def accepted_sums(lists: list, lengths: np.ndarray) -> np.ndarray:
-    """Each row's accepted proposals summed (`lengths`: `block_lengths`), from the flat counts:
-    no array per block beside them."""
-    sums, filled = np.zeros(len(lists), np.int64), lengths > 0
+def flat_values(values: pd.Series) -> np.ndarray:
+    """Every row's list values one after another (`list_lengths` says whose), in the column's own
+    integer type: one array, never a Python list per row."""
+    if isinstance(values.dtype, pd.ArrowDtype):
+        return np.asarray(pc.list_flatten(_arrow(values)))
+    lists = values.tolist()
+    filled = [np.asarray(a) for a in lists if hasattr(a, "__len__") and len(a)]
+    return np.concatenate(filled) if filled else np.zeros(0, np.int64)
+
+
+def row_sums(values: pd.Series) -> np.ndarray:
+    """Each row's list summed (0 for an empty or null list), as int64."""
+    lengths, sums = list_lengths(values), np.zeros(len(values), np.int64)
+    filled = lengths > 0
     if filled.any():
-        flat = np.concatenate([lists[i] for i in np.flatnonzero(filled)]).astype(np.int64)
-        sums[filled] = np.add.reduceat(flat, np.cumsum(lengths[filled]) - lengths[filled])
+        starts = (np.cumsum(lengths) - lengths)[filled]
+        sums[filled] = np.add.reduceat(flat_values(values), starts, dtype=np.int64)
     return sums
+
+
+def _arrow(values: pd.Series) -> pa.ChunkedArray:
+    return pa.chunked_array(values.array.__arrow_array__())
 
 
 def present(rows: pd.DataFrame, columns: list[str]) -> list[str]:

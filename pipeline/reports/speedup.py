@@ -12,7 +12,7 @@ import pandas as pd
 from pipeline.planning.verify_entries import verify_of_row
 from pipeline.reports.noise import noise_parts, noise_text, ratio_spreads, rows_load
 from pipeline.reports.marks import Marks
-from pipeline.reports.pooling import pooled_tau
+from pipeline.reports.pooling import pooled_tau, row_sums
 from pipeline.reports.report import gamma_shown, method_order, wall_times, with_dashes, with_tree_labels
 from pipeline.reports.time_split import time_split_text
 from pipeline.storage.calibration_store import Calibrations
@@ -203,7 +203,7 @@ def shapes_used(rows: pd.DataFrame,
         return [(shapes[0], max(1, int(rows["blocks"].sum())))]
     counts = [0] * len(shapes)
     for arms in rows["shape_per_block"]:
-        for arm in [] if arms is None else arms:
+        for arm in arms if hasattr(arms, "__len__") else []:  # None or pd.NA where none was recorded
             counts[int(arm)] += 1
     return [(shape, n) for shape, n in zip(shapes, counts) if n] or [(shapes[0], 1)]
 
@@ -217,7 +217,7 @@ def energy_per_token(rows: pd.DataFrame) -> dict[str, float]:
     if rows.empty or "energy_j" not in rows or rows["energy_j"].isna().any():
         return dict.fromkeys(ENERGY, float("nan"))
     energy = rows["energy_j"]
-    accepted = sum(sum(blocks) for blocks in rows["accepted_per_block"])
+    accepted = int(row_sums(rows["accepted_per_block"]).sum())
     return {"J/token": energy.sum() / rows["new_tokens"].sum(),
             "J/accepted": energy.sum() / accepted if accepted else float("nan")}
 

@@ -192,7 +192,7 @@ def _read_files(out: str | Path, files: list[Path], columns: list[str] | None,
     if not parts:
         empty = SCHEMA.empty_table() if columns is None else SCHEMA.empty_table().select(columns)
         return empty if each is None else each(empty)
-    return pa.concat_tables(parts)
+    return pa.concat_tables(parts, promote_options="permissive")  # parts `each` made of different types
 
 
 def _rows_in(dataset: ds.FileSystemDataset) -> int:

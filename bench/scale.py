@@ -46,7 +46,8 @@ NOTEBOOK = ("import json, os, sys; os.chdir({code!r}); os.environ['TABED_RESULTS
 STEPS = {
     "summarize": ["{code}/jobs/summarize.py", "{out}", "--run", "{run}"],
     "resume_plan": ["-c", "import sys; sys.path.insert(0, {code!r}); from pipeline.storage.store import "
-                          "written_rows; print(len(written_rows({out!r}, {run!r}, {turns!r})), 'rows read')"],
+                          "written_rows; rows = written_rows({out!r}, {run!r}, {turns!r}); "
+                          "print(sum(1 for _ in rows), 'rows read')"],
     "notebook": ["-c", NOTEBOOK],  # its first two code cells: its first table, then one target's rows
     "compact": ["{code}/jobs/compact.py", "{out}", "--run", "{run}"],
 }

@@ -4,6 +4,7 @@ file-system step leaving a run that reads and resumes with each key once, the ru
 respected, and a resume afterwards computing nothing."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -205,3 +206,27 @@ def test_readers_follow_a_journal_only_once_its_merged_file_is_there(tmp_path, m
     left = ["part-compacted-x.parquet"] if merged else [p.name for p in sources]
     assert sorted(os.listdir(folder)) == left
     assert rows(tmp_path, "r").equals(before)
+
+
+def test_the_job_compacts_a_finished_run_and_a_full_disk_leaves_it_as_it_was(tmp_path, monkeypatch, capsys):
+    """`jobs/full_grid.py` compacts a run once its grid has finished; a disk too full for the
+    merged file ends in one line and leaves every row once, and the job goes on to its report."""
+    import jobs.full_grid as full_grid
+    import pipeline.storage.compaction as compaction
+
+    small_run(tmp_path, shards=4)
+    before = rows(tmp_path, "r")
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(compaction, "fill", full)
+        full_grid.compact_finished(str(tmp_path), "r")
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "run r not compacted: no space left on the disk" in line and "jobs/compact.py" in line
+    assert len(shard_files(tmp_path, "r")) == 4 and rows(tmp_path, "r").equals(before)
+
+    full_grid.compact_finished(str(tmp_path), "r")
+    assert "compacted run r: 4 files -> 1" in capsys.readouterr().out
+    assert len(shard_files(tmp_path, "r")) == 1 and rows(tmp_path, "r").equals(before)

@@ -16,8 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.names import did_you_mean  # noqa: E402
-from pipeline.storage.atomic import UNWRITABLE  # noqa: E402
-from pipeline.storage.compaction import compact_run  # noqa: E402
+from pipeline.storage.compaction import compact_unless_full  # noqa: E402
 from pipeline.storage.run_lock import RunLocked  # noqa: E402
 from pipeline.storage.store import run_names  # noqa: E402
 
@@ -42,24 +41,20 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for run in [args.run] if args.run is not None else runs:
         try:
-            done = compact_run(args.out, run, int(args.target_mb * 10**6))
+            done, line = compact_unless_full(args.out, run, int(args.target_mb * 10**6))
         except RunLocked as err:
             print(f"not compacted: {err}", file=sys.stderr)
             failed = True
             continue
-        except OSError as err:
-            if err.errno not in UNWRITABLE:
-                raise
-            print(f"stopped: {UNWRITABLE[err.errno]}: could not write {err.filename or args.out}; the run "
-                  "reads as before (every row once); once it can be written, run this again", file=sys.stderr)
+        if done is None:
+            print(line, file=sys.stderr)
             return 1
         if done.recovered:
             print(f"run {run}: settled {done.recovered} interrupted compaction(s) first")
         for path in done.unreadable:
             print(f"left as it is: {path} is not a readable Parquet file (a run of its grid moves it aside "
                   "and computes its rows again)", file=sys.stderr)
-        print(f"run {run}: {done.files_before} files -> {done.files_after}, {done.rows} rows, "
-              f"{done.bytes_before / 1e6:.1f} MB -> {done.bytes_after / 1e6:.1f} MB, {done.seconds:.1f} s")
+        print(line)
     return 1 if failed else 0
 
 

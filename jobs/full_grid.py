@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING, Callable, NoReturn
 
 STARTED = time.monotonic()  # the phases' line at the end counts from here
 
-# `ray job submit` runs this file from the uploaded working directory: import the project
-# from there (not from wherever it happens to be installed on the head node).
+# `ray job submit` runs this from its uploaded working directory: import the project from there.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.planning.grid import GridError, GridSpec  # noqa: E402  (light: no Ray, no transformers)
@@ -96,8 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="measure latency ratios again even when the run added no rows "
                              "(grids with calibrate: true)")
     parser.add_argument("--no-compact", dest="compact", action="store_false",
-                        help="leave the run's shard files as written instead of merging them once the "
-                             "grid has finished (see jobs/compact.py)")
+                        help="leave the shard files as written (default: merged once the grid finishes)")
     return parser.parse_args(argv)
 
 
@@ -259,20 +257,18 @@ def run_locked(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -
 
 
 def run_and_report(runner: "GridRunner", spec: GridSpec, args: argparse.Namespace) -> None:
-    """The rows, then the latency calibration (grids with `calibrate: true`), then the run's
-    files compacted (a finished paper-scale run leaves tens of thousands of small files, which
-    every later read pays for), then the report."""
+    """The rows, the latency calibration (grids with `calibrate: true`), the run's files merged
+    (a paper-scale run leaves tens of thousands, which every later read pays for), the report."""
     from actors.calibration import calibrate_pairs, grid_shapes, pairs_to_measure
-    from pipeline.reports.summary import write_summary
     from pipeline.reports.report_rows import read_report_rows
+    from pipeline.reports.summary import write_summary
+    from pipeline.storage.compaction import compact_unless_full
     from pipeline.storage.store import report_dir
 
     report = runner.run()
-    print(
-        f"run {runner.run_name}: {report.rows_written} rows written in {report.shards_written} shards, "
-        f"{report.rows_skipped} already present, {report.rows_recomputed} computed again, "
-        f"{report.redispatched} re-dispatched, {report.seconds:.1f} s -> {Path(args.out).resolve()}"
-    )
+    print(f"run {runner.run_name}: {report.rows_written} rows written in {report.shards_written} shards, "
+          f"{report.rows_skipped} already present, {report.rows_recomputed} computed again, "
+          f"{report.redispatched} re-dispatched, {report.seconds:.1f} s -> {Path(args.out).resolve()}")
     phases = {"decoding": report.seconds}
     if spec.calibrate:
         started = time.monotonic()
@@ -283,8 +279,11 @@ def run_and_report(runner: "GridRunner", spec: GridSpec, args: argparse.Namespac
             calibrate_pairs(pairs, args.out, shapes=shapes, repeats=spec.calibrate_repeats,
                             rounds=spec.calibrate_rounds, ray_tasks=True)
         phases["calibration"] = time.monotonic() - started
-    if args.compact:
-        phases["compaction"] = compact_finished(args.out, runner.run_name)
+    if args.compact:  # under the lock this driver holds: nested, one lock
+        started = time.monotonic()
+        done, line = compact_unless_full(args.out, runner.run_name)
+        print(line, file=sys.stdout if done else sys.stderr)
+        phases["compaction"] = time.monotonic() - started
     started = time.monotonic()
     summary = write_summary(args.out, runner.run_name, read_report_rows(args.out, runner.run_name))
     phases["report"] = time.monotonic() - started
@@ -295,27 +294,6 @@ def run_and_report(runner: "GridRunner", spec: GridSpec, args: argparse.Namespac
     phases = {"start-up": total - sum(phases.values()), **phases}
     print("time: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in phases.items())
           + f"; {total:.0f} s in all", flush=True)
-
-
-def compact_finished(out: str, run: str) -> float:
-    """Merge the finished run's files (`jobs/compact.py`) and return the seconds taken. A disk
-    too full to hold the merged files leaves the run as it was, every row once: the job goes
-    on to its report and says so."""
-    from pipeline.storage.atomic import UNWRITABLE
-    from pipeline.storage.compaction import compact_run
-
-    started = time.monotonic()
-    try:
-        done = compact_run(out, run)  # under the lock this driver holds: nested, one lock
-    except OSError as err:
-        if err.errno not in UNWRITABLE:
-            raise
-        print(f"run {run} not compacted: {UNWRITABLE[err.errno]}; it reads as before (every row once); "
-              f"`python jobs/compact.py {out} --run {run}` merges its files later", file=sys.stderr)
-        return time.monotonic() - started
-    print(f"compacted run {run}: {done.files_before} files -> {done.files_after}, {done.rows} rows, "
-          f"{done.seconds:.1f} s (--no-compact leaves them as written)")
-    return done.seconds
 
 
 if __name__ == "__main__":

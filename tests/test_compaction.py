@@ -208,10 +208,10 @@ def test_readers_follow_a_journal_only_once_its_merged_file_is_there(tmp_path, m
     assert rows(tmp_path, "r").equals(before)
 
 
-def test_the_job_compacts_a_finished_run_and_a_full_disk_leaves_it_as_it_was(tmp_path, monkeypatch, capsys):
-    """`jobs/full_grid.py` compacts a run once its grid has finished; a disk too full for the
-    merged file ends in one line and leaves every row once, and the job goes on to its report."""
-    import jobs.full_grid as full_grid
+def test_the_job_compacts_a_finished_run_and_a_full_disk_leaves_it_as_it_was(tmp_path, monkeypatch):
+    """`jobs/full_grid.py` compacts a run once its grid has finished (`compact_unless_full`); a
+    disk too full for the merged file ends in one line and leaves every row once, and the job
+    goes on to its report."""
     import pipeline.storage.compaction as compaction
 
     small_run(tmp_path, shards=4)
@@ -222,11 +222,11 @@ def test_the_job_compacts_a_finished_run_and_a_full_disk_leaves_it_as_it_was(tmp
 
     with monkeypatch.context() as patched:
         patched.setattr(compaction, "fill", full)
-        full_grid.compact_finished(str(tmp_path), "r")
-    (line,) = capsys.readouterr().err.strip().splitlines()
-    assert "run r not compacted: no space left on the disk" in line and "jobs/compact.py" in line
+        done, line = compaction.compact_unless_full(tmp_path, "r")
+    assert done is None and "run r not compacted: no space left on the disk" in line
+    assert "jobs/compact.py" in line and "\n" not in line
     assert len(shard_files(tmp_path, "r")) == 4 and rows(tmp_path, "r").equals(before)
 
-    full_grid.compact_finished(str(tmp_path), "r")
-    assert "compacted run r: 4 files -> 1" in capsys.readouterr().out
+    done, line = compaction.compact_unless_full(tmp_path, "r")
+    assert done.files_after == 1 and line.startswith("compacted run r: 4 files -> 1, 8 rows")
     assert len(shard_files(tmp_path, "r")) == 1 and rows(tmp_path, "r").equals(before)

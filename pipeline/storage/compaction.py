@@ -32,7 +32,7 @@ from typing import BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.storage.atomic import fill, fsync_folder, temporary, write_atomically
+from pipeline.storage.atomic import UNWRITABLE, fill, fsync_folder, temporary, write_atomically
 from pipeline.storage.run_lock import run_lock
 from pipeline.storage.schema import FILE_SCHEMA
 from pipeline.storage.store import (
@@ -57,6 +57,10 @@ class Compaction:
     seconds: float = 0.0
     recovered: int = 0  # journals of an earlier, killed compaction settled first
     unreadable: list[Path] = field(default_factory=list)  # left as they are
+
+    def summary(self, run: str) -> str:
+        return (f"compacted run {run}: {self.files_before} files -> {self.files_after}, {self.rows} rows, "
+                f"{self.bytes_before / 1e6:.1f} MB -> {self.bytes_after / 1e6:.1f} MB, {self.seconds:.1f} s")
 
 
 def compact_run(out: str | Path, run: str, target_bytes: int = TARGET_BYTES) -> Compaction:
@@ -86,6 +90,21 @@ def compact_run(out: str | Path, run: str, target_bytes: int = TARGET_BYTES) -> 
         done.files_after, done.bytes_after = len(after), sum(p.stat().st_size for p in after)
     done.seconds = time.monotonic() - start
     return done
+
+
+def compact_unless_full(out: str | Path, run: str, target_bytes: int = TARGET_BYTES
+                        ) -> tuple[Compaction | None, str]:
+    """`compact_run` and its summary line; or, where a full or read-only disk stopped it, None
+    and a line saying so: the run is left as it was, every row read once."""
+    try:
+        done = compact_run(out, run, target_bytes)
+    except OSError as err:
+        if err.errno not in UNWRITABLE:
+            raise
+        return None, (f"run {run} not compacted: {UNWRITABLE[err.errno]}: could not write "
+                      f"{err.filename or out}; it reads as before (every row once); once the disk can be "
+                      f"written, `python jobs/compact.py {out} --run {run}` merges its files")
+    return done, done.summary(run)
 
 
 def _merge(files: list[Path], target_bytes: int) -> list[Path]:

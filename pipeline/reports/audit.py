@@ -26,7 +26,7 @@ GROUP_KEYS = ["target", "draft", "dtype", "engine"]
 CONFIG_KEYS = ["methods", "policy", "verify", "gamma", "temperature", "seed"]
 SHOWN = REFERENCE_KEYS + ["method_label", "verify", "first_divergence", "divergent_tokens"]  # a differing row
 # what the audit reads of a row: its keys, its output, and where `read_ids` finds its ids (key, partition)
-READ = [*REFERENCE_KEYS, *CONFIG_KEYS, "error", "method_label", "key", "run", "dataset", "output_ids",
+READ = [*REFERENCE_KEYS, *CONFIG_KEYS, "error", "method_label", "key", "dataset", "output_ids",
         "output_digest"]
 BF16_NOTE = (
     "Rows below 100% in bf16 are expected: the target scores gamma + 1 proposed tokens in one "

@@ -162,16 +162,17 @@ def _measured_on_ray(groups: dict[tuple[str, str], tuple[str, ...]], shapes: Sha
 def rewrite_reports(out: str, pairs: list[tuple[str, str, str]]) -> list[Path]:
     """Write again the report of every run under OUT holding rows of a pair just calibrated:
     its speedup tables draw on the calibration."""
+    from pipeline.reports.report_inputs import read_inputs
     from pipeline.reports.summary import write_summary
-    from pipeline.reports.report_rows import read_report_rows
     from pipeline.storage.store import report_dir, run_names
 
     written = []
     for run in run_names(out):
-        rows = read_report_rows(out, run)
-        if any(((rows["target"] == t) & (rows["draft"] == d) & (rows["dtype"] == dt)).any()
+        inputs = read_inputs(out, run)  # one partition folder at a time
+        cells = inputs.cells
+        if any(((cells["target"] == t) & (cells["draft"] == d) & (cells["dtype"] == dt)).any()
                for t, d, dt in pairs):
-            write_summary(out, run, rows)
+            write_summary(out, run, inputs)
             written.append(report_dir(out, run))
             print(f"report rewritten with the new calibration: {written[-1] / 'summary.md'}", flush=True)
     return written

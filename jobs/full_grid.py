@@ -260,7 +260,7 @@ def run_and_report(runner: "GridRunner", spec: GridSpec, args: argparse.Namespac
     """The rows, the latency calibration (grids with `calibrate: true`), the run's files merged
     (a paper-scale run leaves tens of thousands, which every later read pays for), the report."""
     from actors.calibration import calibrate_pairs, grid_shapes, pairs_to_measure
-    from pipeline.reports.report_rows import read_report_rows
+    from pipeline.reports.report_inputs import read_inputs
     from pipeline.reports.summary import write_summary
     from pipeline.storage.compaction import compact_unless_full
     from pipeline.storage.store import report_dir
@@ -285,7 +285,7 @@ def run_and_report(runner: "GridRunner", spec: GridSpec, args: argparse.Namespac
         print(line, file=sys.stdout if done else sys.stderr)
         phases["compaction"] = time.monotonic() - started
     started = time.monotonic()
-    summary = write_summary(args.out, runner.run_name, read_report_rows(args.out, runner.run_name))
+    summary = write_summary(args.out, runner.run_name, read_inputs(args.out, runner.run_name))
     phases["report"] = time.monotonic() - started
     title, headline, *_ = summary.split("\n\n## ")  # the answer first; every table is in summary.md
     print(f"\n{title}\n\n## {headline}\n")

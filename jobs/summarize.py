@@ -14,10 +14,10 @@ from pathlib import Path
 # Run from a checkout or a `ray job submit` working directory alike (see jobs/full_grid.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.reports.report_rows import read_report_rows  # noqa: E402
+from pipeline.reports.report_inputs import read_inputs  # noqa: E402
 from pipeline.reports.summary import write_summary  # noqa: E402
 from pipeline.storage.atomic import UNWRITABLE  # noqa: E402
-from pipeline.storage.store import report_dir  # noqa: E402
+from pipeline.storage.store import report_dir, run_names  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,14 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     skipped = lambda path: print(f"skipped {path}: not a readable Parquet file (a run of its grid moves it "
                                  "aside and computes its rows again)", file=sys.stderr)
-    df = read_report_rows(args.out, args.run, on_unreadable=skipped)
-    if df.empty:
-        print(f"no results under {args.out}", file=sys.stderr)
-        return 1
-    for run, rows in df.groupby("run", sort=False, observed=True):
-        folder = report_dir(args.out, str(run)).resolve()
+    written = 0
+    for run in [args.run] if args.run else run_names(args.out):
+        inputs = read_inputs(args.out, run, on_unreadable=skipped)  # one partition folder at a time
+        if not inputs.rows:
+            continue
+        folder = report_dir(args.out, run).resolve()
         try:
-            text = write_summary(args.out, str(run), rows)
+            text = write_summary(args.out, run, inputs)
         except OSError as err:
             if err.errno not in UNWRITABLE:
                 raise
@@ -44,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(text)
         print(f"reports written to {folder}")
+        written += 1
+    if not written:
+        print(f"no results under {args.out}", file=sys.stderr)
+        return 1
     return 0
 
 

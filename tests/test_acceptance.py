@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from pipeline.decoding.config import DecodeConfig
-from pipeline.reports.acceptance import acceptance_table, blocks_of, per_position_table, position_matrix
+from pipeline.reports.acceptance import acceptance_table, per_position_table
+from pipeline.reports.requests import blocks_of, position_matrix
 
 BANDIT_SHAPES = [[3, 3, 2, 1], [2, 2, 2, 1, 1, 1]]
 

@@ -152,8 +152,10 @@ def test_a_rerun_that_adds_no_rows_reuses_the_calibration_unless_asked(smoke_res
 @pytest.mark.slow
 def test_a_scaled_copy_of_the_run_reports_alike_read_whole_or_by_the_columns_it_needs(smoke_results, tmp_path):
     """bench/scale.py's copy of a real run (3x its rows) is keyed once and complete by its manifest;
-    its report from the columns the report reads (the weights only of the rows drawn) is, table
-    for table and figure for figure, the report from every column of every row (the old way)."""
+    its report from the columns the report reads (the weights only of the rows drawn), and its
+    report read one partition folder at a time, are, table for table and figure for figure, the
+    report from every column of every row (the old way)."""
+    from pipeline.reports.report_inputs import read_inputs
     from pipeline.reports.report_rows import read_report_rows
     from pipeline.reports.summary import write_summary
     from pipeline.storage.store import read_results, report_dir
@@ -175,6 +177,10 @@ def test_a_scaled_copy_of_the_run_reports_alike_read_whole_or_by_the_columns_it_
     old, new = report(everything), report(read_report_rows(copy, "smoke"))
     assert "Complete: all 1008 expected rows are present" in new[0] and "weights.png" in new[1]
     assert new[0] == old[0] and new[1] == old[1]
+    inputs = read_inputs(copy, "smoke")
+    assert inputs.rows == 1008 and len(inputs.cells[["draft", "dataset"]].drop_duplicates()) > 1  # folders: one by one
+    streamed = report(inputs)
+    assert streamed[0] == old[0] and streamed[1] == old[1]
 
 
 @pytest.mark.slow

@@ -15,7 +15,8 @@ from pipeline.drafting.policies import GridSearchPolicy
 from pipeline.planning.grid import Pair, RunConfig
 from pipeline.reports.marks import HIGHER_EVERYWHERE
 from pipeline.reports.latex import latex_table, paper_tables
-from pipeline.reports.plots import FORMATS, save, tau_cells, weight_ratio_figure
+from pipeline.reports.plots import FORMATS, save, tau_cells
+from pipeline.reports.weights_figure import weight_ratio_figure
 from pipeline.reports.tau_heatmap import tau_figure
 from pipeline.reports.report import category_table, markdown_table, tau_table
 from pipeline.storage.schema import make_row

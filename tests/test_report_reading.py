@@ -16,7 +16,8 @@ from pipeline.reports.acceptance import per_position_table
 from pipeline.reports.batch_plots import batch_figure
 from pipeline.reports.headline import MAX_LINES
 from pipeline.reports.marks import Marks, best_marks
-from pipeline.reports.plots import series_styles, weight_ratio_figure
+from pipeline.reports.plots import series_styles
+from pipeline.reports.weights_figure import weight_ratio_figure
 from pipeline.reports.report import (
     category_table, gamma_shown, grid_gammas, markdown_table, method_findings, tau_table,
 )
@@ -128,3 +129,57 @@ def test_no_two_series_of_one_axis_share_colour_and_marker(rows):
     figures.append(batch_figure(sweep))
     for made in figures:
         assert made is not None and not _look_alikes(made[0]), made[1][:60]
+
+
+def test_a_report_read_one_partition_folder_at_a_time_is_the_report_read_whole(tmp_path, monkeypatch):
+    """The report as the jobs write it (`read_inputs`: a partition folder at a time, blocks
+    counted a few rows at a time) is, file for file, the report of every row read at once, on a
+    run with bandit trees, batched rows and a failed sample besides the fixture's."""
+    import random
+
+    from pipeline.data.sample import Sample
+    from pipeline.decoding.records import SampleRecord
+    from pipeline.reports import requests
+    from pipeline.reports.report_inputs import read_inputs
+    from pipeline.storage.store import report_dir, rows_to_table, write_shards
+    from tests.results_fixture import DATASETS, ENVIRONMENT, SAMPLES
+
+    out = write_results(tmp_path)
+    rng, extra = random.Random(1), []
+    bandit = RunConfig(SMALL, DecodeConfig("MT", verify=BanditTree()))
+    arms = len(bandit.decode.verify.columns()["verify_shapes"])
+    for dataset, category in DATASETS.items():
+        for row in range(SAMPLES):
+            sample = Sample(dataset, "test", row, "first", f"USER: <image>\nq{row} ASSISTANT:", category=category)
+            accepted = [rng.randint(0, 4) for _ in range(5)]
+            made = SampleRecord(sample.sample_id, mode="replay", engine="static", accepted_per_block=accepted,
+                                shape_per_block=[rng.randrange(arms) for _ in accepted],
+                                output_ids=list(range(sum(accepted) + 5)))
+            extra.append(make_row(RUN, f"bandit-{dataset}", bandit, sample, made, False, ENVIRONMENT))
+            for config in (RunConfig(SMALL, DecodeConfig("AR", gamma=None), batch=2),
+                           RunConfig(SMALL, DecodeConfig("M"), batch=2)):
+                made = SampleRecord(sample.sample_id, mode="ar" if config.decode.is_ar else "live", engine="static",
+                                    accepted_per_block=[] if config.decode.is_ar else [1, 2, 0],
+                                    output_ids=list(range(6)), time_total_s=1.5, time_wall_s=1.6,
+                                    batch_requests=2)
+                extra.append(make_row(RUN, f"batch-{dataset}", config, sample, made, False, ENVIRONMENT))
+    failed = SampleRecord("embedded_vqa/test/9/first", error="image: cannot identify image file",
+                          error_category="input")
+    extra.append(make_row(RUN, "failed", bandit, Sample("embedded_vqa", "test", 9, "first", "USER: hi ASSISTANT:",
+                                                         category="benchmark"), failed, False, ENVIRONMENT))
+    for shard in dict.fromkeys(row["shard"] for row in extra):
+        write_shards(out, rows_to_table([row for row in extra if row["shard"] == shard]))
+
+    def report(rows) -> tuple[str, dict[str, bytes]]:
+        text = write_summary(out, RUN, rows)
+        return text, {p.name: p.read_bytes() for p in report_dir(out, RUN).iterdir()
+                      if p.suffix in (".md", ".csv", ".tex", ".png")}
+
+    whole = report(read_results(out, RUN))
+    monkeypatch.setattr(requests, "ROWS_AT_ONCE", 7)  # slices that end mid-folder
+    inputs = read_inputs(out, RUN)
+    assert inputs.failed == 1 and len(inputs.cells[["draft", "dataset"]].drop_duplicates()) == 6
+    streamed = report(inputs)
+    assert "batch.csv" in whole[1] and "MT (bandit)" in whole[0] and "1 failed" in whole[0]
+    assert streamed[0] == whole[0]
+    assert streamed[1] == whole[1]

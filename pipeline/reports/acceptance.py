@@ -16,99 +16,38 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pipeline.reports.pooling import flat_values, list_lengths, present, row_sums
-from pipeline.reports.report import VARYING, configuration_labels, method_order
+from pipeline.reports.report import configuration_labels, method_order
+from pipeline.reports.requests import Requests, requests_from
 
 CONFIG = ["target", "draft", "dtype", "turn", "method_label"]
-# What the acceptance tables read of a speculative row: its configuration, the fields its label
-# may name (`configuration_labels`), its sample and its blocks.
-READ = [*CONFIG, "verify", *VARYING, "sample_id", "accepted_per_block", "verify_shapes", "shape_per_block"]
 
 
-def _shape_depths(shapes: object, chosen: object, blocks: int) -> np.ndarray | None:
-    """Drafted positions of each of a row's `blocks` where a bandit recorded its chosen shape per
-    block (the shape's depth); None for every other row, which drafts gamma in each block."""
-    if shapes is not None and chosen is not None and len(chosen) == blocks and len(shapes):
-        return np.asarray([len(shape) for shape in shapes], int)[np.asarray(chosen, int)]
-    return None
+def speculative_rows(source: pd.DataFrame | Requests) -> pd.DataFrame:
+    """The speculative rows with blocks, one line each: `CONFIG`, its method label naming its
+    configuration (method, tree and every grid field its label's rows differ in:
+    `configuration_labels`), so no line pools two of them; its counts and sample
+    (`requests.Requests`); `line`: its line in the position matrices. Each column is made
+    once, from arrays: over ten million rows, every copy of the frame costs 400 MB."""
+    requests = requests_from(source)
+    counted = requests.rows["counted"].to_numpy()
+    cell = requests.rows["cell"].to_numpy()[counted]
+    used, where = np.unique(cell, return_inverse=True)
+    labels = pd.Categorical(configuration_labels(requests.cells.loc[used], CONFIG[:-1]).to_numpy())
+    columns = {c: requests.spread(c, cell) for c in CONFIG[:-1]}
+    columns["method_label"] = pd.Categorical.from_codes(labels.codes[where], dtype=labels.dtype)
+    for name in requests.rows.columns.drop(["cell", "counted"]):
+        columns[name] = requests.rows[name].array[counted]
+    columns["line"] = np.arange(len(cell), dtype=np.int32)
+    return pd.DataFrame(columns, copy=False)
 
 
-def _blocks(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(each row's number of blocks, its depth per block where the grid's gamma sets it: 0
-    where the row's blocks have their own depths, `_bandit_depths`)."""
-    lengths = list_lengths(rows["accepted_per_block"])
-    gammas = np.fromiter((int(g) if n else 0 for g, n in zip(rows["gamma"], lengths)), int, len(lengths))
-    return lengths, gammas
-
-
-def _bandit_depths(rows: pd.DataFrame, lengths: np.ndarray) -> dict[int, np.ndarray]:
-    """Drafted positions of each block, by row position, of the rows whose bandit recorded its
-    chosen shape per block."""
-    if "verify_shapes" not in rows or "shape_per_block" not in rows:
-        return {}
-    recorded = np.flatnonzero((list_lengths(rows["shape_per_block"]) == lengths) & (lengths > 0))
-    chosen = zip(recorded, rows["verify_shapes"].iloc[recorded], rows["shape_per_block"].iloc[recorded])
-    return {i: depths for i, shapes, picks in chosen
-            if (depths := _shape_depths(shapes, picks, lengths[i])) is not None}
-
-
-def blocks_of(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Every block of `rows`, flattened: (its row's position in `rows`, accepted drafts, drafted
-    positions, whether it is its row's last block). Arrays, not a loop per block: a paper-scale
-    run has tens of millions of blocks."""
-    lengths, gammas = _blocks(rows)
-    ends = np.cumsum(lengths)
-    flat = flat_values(rows["accepted_per_block"]).astype(int)
-    depths = np.repeat(gammas, lengths)
-    for i, by_shape in _bandit_depths(rows, lengths).items():
-        depths[ends[i] - lengths[i]:ends[i]] = by_shape
-    last = np.zeros(int(ends[-1]) if len(ends) else 0, bool)
-    last[ends[lengths > 0] - 1] = True
-    return np.repeat(np.arange(len(rows)), lengths), flat, depths, last
-
-
-def position_matrix(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(reached, accepted): rows x draft positions 1..deepest, for every row at once. A block
-    reaches position k when it accepted the k - 1 before it and drafted at least k; a row's last
-    block is censored after its accepted count."""
-    row, accepted, depth, last = blocks_of(rows)
-    deepest = int(depth.max()) if len(depth) else 0
-    seen = np.where(last, accepted, np.minimum(accepted + 1, depth))
-
-    def at_least(values: np.ndarray) -> np.ndarray:  # [row, k]: blocks of the row with value > k
-        counts = np.zeros((len(rows), deepest + 1), int)
-        np.add.at(counts, (row, np.clip(values, 0, deepest)), 1)
-        return counts[:, ::-1].cumsum(axis=1)[:, ::-1][:, 1:]
-
-    return at_least(seen), at_least(accepted)
-
-
-def speculative_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    """Speculative rows, each labelled by its configuration (method, tree and every grid field
-    its label's rows differ in: `configuration_labels`), so no line pools two of them."""
-    blocks = list_lengths(rows["accepted_per_block"])
-    read = present(rows, READ)  # the copy holds what the tables read
-    ok = rows.loc[(rows["error"].isna() & rows["gamma"].notna()).to_numpy() & (blocks > 0), read]
-    return ok.assign(method_label=configuration_labels(ok, CONFIG[:-1]))
-
-
-def block_counts(rows: pd.DataFrame) -> pd.DataFrame:
-    """`rows` with each one's accepted drafts, blocks and drafted positions: what pooled tau and
-    the acceptance rate sum."""
-    lengths, gammas = _blocks(rows)
-    drafted = gammas * lengths
-    for i, by_shape in _bandit_depths(rows, lengths).items():
-        drafted[i] = by_shape.sum()
-    return rows.assign(accepted=row_sums(rows["accepted_per_block"]), blocks=lengths, drafted=drafted)
-
-
-def per_position_table(rows: pd.DataFrame) -> pd.DataFrame:
+def per_position_table(source: pd.DataFrame | Requests) -> pd.DataFrame:
     """Per configuration and draft position: blocks reaching it, accepting it, the pooled
     conditional acceptance, and its mean over requests (rows that reached the position)."""
-    out = []
-    for config, group in speculative_rows(rows).groupby(CONFIG, sort=False):
-        reached, hits = position_matrix(group)
-        depth = reached.shape[1]
+    requests, out = requests_from(source), []
+    for config, group in speculative_rows(requests).groupby(CONFIG, sort=False, observed=True):
+        depth, lines = int(group["deepest"].max()), group["line"].to_numpy()
+        reached, hits = requests.reached[lines, :depth], requests.hits[lines, :depth]
         for k in range(depth):
             seen = reached[:, k] > 0
             out.append(dict(zip(CONFIG, config)) | {
@@ -120,11 +59,11 @@ def per_position_table(rows: pd.DataFrame) -> pd.DataFrame:
                                                "acceptance_per_request"]))
 
 
-def acceptance_table(rows: pd.DataFrame) -> pd.DataFrame:
+def acceptance_table(source: pd.DataFrame | Requests) -> pd.DataFrame:
     """Per configuration: both tau conventions (pooled), the acceptance rate, and tau per
     request (median, quartiles, min, max), so the spread stands beside the mean."""
     out = []
-    for config, group in block_counts(speculative_rows(rows)).groupby(CONFIG, sort=False):
+    for config, group in speculative_rows(source).groupby(CONFIG, sort=False, observed=True):
         per_request = _request_tau(group)
         quartiles = per_request.quantile([0.25, 0.5, 0.75])
         tau = 1 + group["accepted"].sum() / group["blocks"].sum()
@@ -138,14 +77,14 @@ def acceptance_table(rows: pd.DataFrame) -> pd.DataFrame:
     return _ordered(pd.DataFrame(out))
 
 
-def request_taus(rows: pd.DataFrame) -> pd.DataFrame:
+def request_taus(source: pd.DataFrame | Requests) -> pd.DataFrame:
     """tau of each request (sample) per configuration, for a distribution figure."""
-    sd = block_counts(speculative_rows(rows))
+    sd = speculative_rows(source)
     return sd[CONFIG + ["sample_id"]].assign(tau=_request_tau(sd))
 
 
 def _request_tau(counted: pd.DataFrame) -> pd.Series:
-    """Each row's own tau: 1 + its accepted proposals over its blocks (`block_counts`' columns)."""
+    """Each row's own tau: 1 + its accepted proposals over its blocks."""
     return 1 + counted["accepted"] / counted["blocks"]
 
 

@@ -15,7 +15,8 @@ from pipeline.reports.report import method_order
 def _facets(table: pd.DataFrame, width: str, panel_height: float):
     """A figure with a panel per pair and turn: (figure, axes, pairs, method labels, and per
     panel its axes and rows), each panel titled."""
-    pairs = list(dict.fromkeys(zip(table["target"], table["draft"], table["dtype"])))
+    # distinct values, never a Python string per row: a request table has one line per request
+    pairs = list(table[["target", "draft", "dtype"]].drop_duplicates().itertuples(index=False, name=None))
     turns = ordered_turns(table)
     fig, axes = panels(len(pairs), len(turns), width, panel_height=panel_height)
     cells = []
@@ -23,7 +24,7 @@ def _facets(table: pd.DataFrame, width: str, panel_height: float):
         mine = (table["target"] == pair[0]) & (table["draft"] == pair[1]) & (table["dtype"] == pair[2])
         cells.append((ax, table[mine & (table["turn"] == turn)]))
         ax.set_title(f"{panel_label(pair, pairs)}\n{turn} turn", fontsize=6)
-    return fig, axes, pairs, sorted(set(table["method_label"]), key=method_order), cells
+    return fig, axes, pairs, sorted(table["method_label"].unique(), key=method_order), cells
 
 
 def per_position_figure(table: pd.DataFrame, width: str = "two-column") -> tuple[Figure, str] | None:

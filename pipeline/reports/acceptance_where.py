@@ -6,17 +6,18 @@ prompts grow), and a figure of each. A prompt's length is the target's tokens as
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from pipeline.reports.acceptance import CONFIG, block_counts, speculative_rows
+from pipeline.reports.acceptance import CONFIG, speculative_rows
 from pipeline.reports.plots import (
     legend, pair_label, panel_label, panels, save, series_styles, suptitle_target,
 )
 from pipeline.reports.report import markdown_table, method_order
+from pipeline.reports.requests import Requests, requests_from
 
 CONTEXT_EDGES = (128, 256, 512, 1024, 2048)  # prompt tokens: buckets below, between and above these
 INDEX = [c for c in CONFIG if c != "turn"]
@@ -30,15 +31,18 @@ def context_buckets(tokens: pd.Series, edges: Sequence[int] = CONTEXT_EDGES) -> 
     return cut.astype(object).where(tokens.notna(), None)
 
 
-def acceptance_by(rows: pd.DataFrame, column: str, groups: pd.Series) -> pd.DataFrame:
-    """Per configuration and value of `groups` (named `column`): requests, pooled tau and the
-    acceptance rate (accepted drafts over drafted positions)."""
-    sd = speculative_rows(rows)
-    sd = sd.assign(**{column: groups.loc[sd.index]})  # an empty frame would take the labels' whole index
+def acceptance_by(source: pd.DataFrame | Requests, column: str, bucket: Callable[[pd.Series], pd.Series]
+                  ) -> pd.DataFrame:
+    """Per configuration and value of `bucket(rows' column)` (named `column`): requests,
+    pooled tau and the acceptance rate (accepted drafts over drafted positions)."""
+    sd = speculative_rows(source)
+    if column not in sd:  # rows from before the column was recorded
+        return pd.DataFrame()
+    read = {c: sd[c] for c in [*INDEX, "accepted", "blocks", "drafted"]}  # the columns it sums, uncopied
+    sd = pd.DataFrame({**read, column: bucket(sd[column])}, copy=False)
     sd = sd[sd[column].notna()]
     if sd.empty:
         return pd.DataFrame()
-    sd = block_counts(sd)
     summed = sd.groupby([*INDEX, column], observed=True, sort=False)[["accepted", "blocks", "drafted"]].sum()
     table = pd.DataFrame({"requests": sd.groupby([*INDEX, column], observed=True, sort=False).size(),
                           "tau": 1 + summed["accepted"] / summed["blocks"],
@@ -48,10 +52,10 @@ def acceptance_by(rows: pd.DataFrame, column: str, groups: pd.Series) -> pd.Data
     return table.loc[key.sort_values(kind="stable").index].reset_index(drop=True)
 
 
-def acceptance_by_context(rows: pd.DataFrame, edges: Sequence[int] = CONTEXT_EDGES) -> pd.DataFrame:
-    if "prompt_tokens" not in rows:
-        return pd.DataFrame()
-    table = acceptance_by(rows, "prompt_tokens", context_buckets(rows["prompt_tokens"].astype(float), edges))
+def acceptance_by_context(source: pd.DataFrame | Requests, edges: Sequence[int] = CONTEXT_EDGES
+                          ) -> pd.DataFrame:
+    bucket = lambda tokens: context_buckets(tokens.astype(float), edges)
+    table = acceptance_by(source, "prompt_tokens", bucket)
     if table.empty:
         return table
     order = list(context_buckets(pd.Series([0, *edges], dtype=float), edges))
@@ -60,10 +64,8 @@ def acceptance_by_context(rows: pd.DataFrame, edges: Sequence[int] = CONTEXT_EDG
         [*INDEX[:3], "bucket_order"], kind="stable").drop(columns="bucket_order").reset_index(drop=True)
 
 
-def acceptance_by_images(rows: pd.DataFrame) -> pd.DataFrame:
-    if "images" not in rows:
-        return pd.DataFrame()
-    table = acceptance_by(rows, "images", rows["images"])
+def acceptance_by_images(source: pd.DataFrame | Requests) -> pd.DataFrame:
+    table = acceptance_by(source, "images", lambda images: images)
     return table if table.empty else table.sort_values([*INDEX[:3], "images"], kind="stable")
 
 
@@ -100,15 +102,15 @@ def acceptance_where_figure(table: pd.DataFrame, column: str, xlabel: str,
     return fig, caption
 
 
-def acceptance_where_section(rows: pd.DataFrame, folder: Path,
+def acceptance_where_section(source: pd.DataFrame | Requests, folder: Path,
                              edges: Sequence[int] = CONTEXT_EDGES) -> str:
     """`acceptance_by_context.csv` and `acceptance_by_images.csv`, a figure of each, and their
     section of the summary ("" for rows from before prompt lengths were recorded)."""
-    lines = []
+    lines, requests = [], requests_from(source)
     for stem, table, column, xlabel in (
-        ("acceptance_by_context", acceptance_by_context(rows, edges), "prompt_tokens_bucket",
+        ("acceptance_by_context", acceptance_by_context(requests, edges), "prompt_tokens_bucket",
          "prompt tokens"),
-        ("acceptance_by_images", acceptance_by_images(rows), "images", "images in the prompt"),
+        ("acceptance_by_images", acceptance_by_images(requests), "images", "images in the prompt"),
     ):
         if table.empty:
             continue

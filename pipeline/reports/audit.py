@@ -141,23 +141,41 @@ def lossless_table(rows: pd.DataFrame) -> pd.DataFrame:
 def audit(rows: pd.DataFrame, read_ids: IdsReader | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(`lossless_table`, `divergences`) from one comparison of every row with its AR row;
     `read_ids` reads the ids of the rows that differ where `rows` hold digests alone."""
+    return audit_table(*audit_counts(rows, read_ids))
+
+
+def audit_counts(rows: pd.DataFrame, read_ids: IdsReader | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(audited rows counted per `GROUP_KEYS` and outcome, `matches_ar` and `matches_batch1`; the
+    rows that differ, with where): what `audit_table` reads. A row's AR reference lies in its own
+    partition folder (same target, draft and sample), so a run's folders may be audited one at a
+    time and their counts and rows put one after another."""
     if "output_ids" not in rows and read_ids is None:
         raise ValueError("rows read with output digests need read_ids to say where outputs differ")
     audited = with_lossless_column(rows[present(rows, READ)], read_ids)  # a lean copy: millions of rows
     differ = audited[audited["matches_ar"] == False]  # noqa: E712  (object column: True, False or None)
     differ = differ[[column for column in SHOWN if column in differ]]  # hand-made rows may lack the labels
     audited = audited[audited["matches_ar"].notna()]
-    if audited.empty:
+    outcomes = GROUP_KEYS + ["matches_ar", "matches_batch1"]
+    counts = audited.groupby(outcomes, sort=False, dropna=False, observed=True).size()
+    return counts.rename("rows").reset_index(), differ
+
+
+def audit_table(counts: pd.DataFrame, differ: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(`lossless_table`, `divergences`) from `audit_counts` (of one frame, or of several one
+    after another)."""
+    counts = counts[counts[GROUP_KEYS].notna().all(axis=1)]  # what a group-by over the rows keeps
+    if counts.empty:
         return pd.DataFrame(columns=GROUP_KEYS + ["rows", "equal to AR", "rate %"]), differ
-    table = (audited.groupby(GROUP_KEYS)["matches_ar"]
-             .agg(rows="size", equal=lambda s: int(s.sum())).reset_index())
-    table = table.rename(columns={"equal": "equal to AR"})
+    def summed(frame: pd.DataFrame, column: str) -> pd.DataFrame:  # rows, and those whose `column` is True
+        equal = frame["rows"].where(frame[column] == True, 0)  # noqa: E712  (True, False or None)
+        return frame.assign(equal=equal).groupby(GROUP_KEYS, observed=True)[["rows", "equal"]].sum()
+
+    table = summed(counts, "matches_ar").reset_index().rename(columns={"equal": "equal to AR"})
     table["rate %"] = (100.0 * table["equal to AR"] / table["rows"]).round(1)
-    batched = audited[audited["matches_batch1"].notna()]
+    batched = counts[counts["matches_batch1"].notna()]
     if len(batched):  # a run with batches over 1: how many of their rows batching changed
-        counts = (batched.groupby(GROUP_KEYS)["matches_batch1"]
-                  .agg(batched="size", same=lambda s: int(s.sum())))
-        table = table.merge(counts.reset_index(), on=GROUP_KEYS, how="left").fillna({"batched": 0, "same": 0})
+        same = summed(batched, "matches_batch1").rename(columns={"rows": "batched", "equal": "same"})
+        table = table.merge(same.reset_index(), on=GROUP_KEYS, how="left").fillna({"batched": 0, "same": 0})
         table = table.rename(columns={"batched": "batched rows", "same": "equal to batch 1"})
     return table, differ
 

@@ -11,9 +11,11 @@ RESUME = ("rerun the same `jobs/full_grid.py` command (same --grid, --out and --
 
 
 def completeness_table(rows: pd.DataFrame, expected: list[dict] | None) -> pd.DataFrame:
-    """expected / present / failed / missing rows per target, draft, dtype and turn."""
-    present = rows.groupby(KEYS).agg(present=("key", "size"),
-                                     failed=("error", lambda e: int(e.notna().sum())))
+    """expected / present / failed / missing rows per target, draft, dtype and turn, of rows or
+    of cells of rows (`pipeline.reports.cells`: each counts its `rows`)."""
+    counts = rows["rows"].to_numpy() if "rows" in rows else 1
+    present = (rows[KEYS].assign(present=counts, failed=rows["error"].notna().to_numpy() * counts)
+               .groupby(KEYS, observed=True)[["present", "failed"]].sum())
     if expected:
         wanted = pd.DataFrame(expected).groupby(KEYS)["rows"].sum().rename("expected")
         table = pd.concat([wanted, present], axis=1).fillna(0).astype(int)

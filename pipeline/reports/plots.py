@@ -3,10 +3,7 @@ every figure shares: widths, panels, the legend, method colours, saving.
 
 - `tau_cells`: pooled block efficiency per pair, turn, dataset and method label, which the tau
   heatmap (`pipeline.reports.tau_heatmap`) draws. Rows of different pairs are never pooled.
-- `weight_ratio_figure`: the paper's Fig. 3. It draws w(M) / (w(M) + w(T)) of a TABED ensemble
-  per block, with the M-only (1), T-only (0) and static MT (1/2) levels as reference lines
-  and each block shaded by how many proposals the target accepted. There is one panel per
-  scenario category, one row of panels per pair.
+- the paper's Fig. 3, TABED's weights per block: `pipeline.reports.weights_figure`.
 
 Every method label has one colour in every figure (`method_colour`). Sizes follow a paper's
 column widths (`WIDTHS`). Each figure function returns a matplotlib `Figure` and a caption
@@ -24,8 +21,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, LogLocator, NullLocator
 
-from pipeline.reports.pooling import BLOCKS, pooled_taus, present
-from pipeline.reports.report import VARYING, configuration_labels, grid_gammas, method_order
+from pipeline.reports.pooling import pooled_taus
+from pipeline.reports.report import configuration_labels
+from pipeline.reports.requests import Requests, requests_from
 
 WIDTHS = {"one-column": 3.5, "two-column": 7.16}  # inches: a two-column paper's column and page width
 PAGE_HEIGHT = 9.0  # inches: a page's text height (US letter or A4 with 1-inch margins)
@@ -89,40 +87,38 @@ def suptitle_target(pairs: list[tuple[str, str, str]]) -> str:
     return f"\ntarget {targets[0]}" if len(targets) == 1 else ""
 
 
-def tau_cells(rows: pd.DataFrame, speculative_only: bool = False) -> pd.DataFrame:
+def tau_cells(source: pd.DataFrame | Requests, speculative_only: bool = False) -> pd.DataFrame:
     """What the tau heatmap draws: pooled tau and sample count per pair, dtype, turn, dataset and
     method label (AR's rows left out first where `speculative_only`). Every cell holds the rows of
     one pair only."""
     keys = ["target", "draft", "dtype", "turn", "category", "dataset", "method_label"]
-    read = [*keys, *VARYING, "verify", "verify_shapes", "sample_id", *BLOCKS]  # the copy: what the cells read
-    kept = rows["error"].isna() & (rows["method_label"] != "AR") if speculative_only else rows["error"].isna()
-    ok = rows.loc[kept, present(rows, read)]
+    requests = requests_from(source)
+    cells = requests.cells
+    kept = cells["error"].isna() & ((cells["method_label"] != "AR") if speculative_only else True)
+    ok = cells[kept]
     if ok.empty:  # every speculative row failed
         return pd.DataFrame(columns=[*keys, "tau", "samples"])
     ok = ok.assign(method_label=configuration_labels(ok, keys[:-1]))
-    grouped = ok.groupby(keys, sort=False)
-    cells = pooled_taus(ok, keys).rename("tau").to_frame()
-    return cells.join(grouped["sample_id"].nunique().rename("samples")).reset_index()
+    taus = pooled_taus(ok, keys).rename("tau").to_frame()
+    return taus.join(_samples(ok, keys, requests.rows)).reset_index()
+
+
+def _samples(cells: pd.DataFrame, keys: list[str], rows: pd.DataFrame) -> pd.Series:
+    """Distinct samples among `rows` (`Requests.rows`) of each group of `cells` by `keys`, from
+    numbers: a group number per row and a sample number per row, each pair counted once."""
+    grouped = cells.groupby(keys, sort=False, observed=True)
+    group_of = np.nan_to_num(grouped.ngroup().to_numpy(dtype=float), nan=-1).astype(np.int64)
+    line = cells.index.get_indexer(rows["cell"].to_numpy())
+    group = np.where(line >= 0, group_of[line], -1)
+    sample, names = pd.factorize(rows["sample_id"])
+    kept = (group >= 0) & (sample >= 0)
+    pairs = np.unique(group[kept] * max(len(names), 1) + sample[kept])
+    counts = np.bincount(pairs // max(len(names), 1), minlength=grouped.ngroups)
+    return pd.Series(counts, index=grouped.size().index, name="samples")
 
 
 def ordered_turns(cells: pd.DataFrame) -> list[str]:
     return sorted(cells["turn"].unique(), key=lambda turn: (turn != "first", turn))
-
-
-def weight_ratio_rows(rows: pd.DataFrame) -> pd.DataFrame:
-    """One first-turn row of a TABED ensemble holding M and T (MT* first) per pair and
-    category: the sample with the most blocks."""
-    # the paper's figure is of chains
-    chain = rows["verify"].astype("str").fillna("chain") == "chain" if "verify" in rows else True
-    dynamic = rows[rows["error"].isna() & (rows["turn"] == "first") & rows["method_label"].str.endswith("*")
-                   & chain & rows["methods"].str.contains("M") & rows["methods"].str.contains("T")
-                   & (rows["blocks"] > 1)]
-    if dynamic.empty:
-        return dynamic
-    label = sorted(dynamic["method_label"].unique(), key=lambda l: (l != "MT*", method_order(l)))[0]
-    chosen = dynamic[dynamic["method_label"] == label].sort_values(
-        ["blocks", "sample_id"], ascending=[False, True])
-    return chosen.groupby(["target", "draft", "dtype", "category"], sort=True).head(1)
 
 
 def panels(rows: int, columns: int, width: str, panel_height: float) -> tuple[Figure, np.ndarray]:
@@ -149,61 +145,6 @@ def legend(fig: Figure, ax, width: str) -> None:
         made.remove()
     legend_inches = made.get_window_extent(renderer).height / fig.dpi + 0.05
     fig.tight_layout(rect=(0, legend_inches / fig.get_figheight(), 1, 1))
-
-
-def block_starts(accepted: list[int]) -> np.ndarray:
-    """Decoding step at which each block starts: every block emits accepted + 1 tokens."""
-    return np.concatenate([[0], np.cumsum(np.asarray(accepted) + 1)[:-1]]).astype(int)
-
-
-def weight_ratio_figure(rows: pd.DataFrame, width: str = "two-column") -> tuple[Figure, str] | None:
-    """Paper Fig. 3: w(M) / (w(M) + w(T)) per block of one sample per category and pair."""
-    chosen = weight_ratio_rows(rows)
-    if chosen.empty:
-        return None
-    pairs = list(dict.fromkeys(zip(chosen["target"], chosen["draft"], chosen["dtype"])))
-    categories = sorted(chosen["category"].unique())
-    fig, axes = panels(len(pairs), len(categories), width, panel_height=1.9)
-    for ax in axes.flat:
-        ax.set_visible(False)
-    for _, row in chosen.iterrows():
-        position = (pairs.index((row["target"], row["draft"], row["dtype"])) * len(categories)
-                    + categories.index(row["category"]))
-        ax = axes.flat[position]
-        ax.set_visible(True)
-        _draw_ratio(ax, row, panel_label((row["target"], row["draft"], row["dtype"]), pairs))
-    first = chosen.iloc[0]
-    fig.suptitle(f"{first['method_label']} ({first['policy']}): share of M in the ensemble weights"
-                 f"{suptitle_target(pairs)}", fontsize=8)
-    legend(fig, next(ax for ax in axes.flat if ax.get_visible()), width)
-    caption = (f"w(M)/(w(M)+w(T)) of {first['method_label']} ({first['policy']}) per block, one first-turn "
-               "sample per scenario category (the one with the most blocks) and pair "
-               f"({'; '.join(pair_label(*p) for p in pairs)}); gamma {grid_gammas(chosen)}; "
-               "shading: proposals accepted in the block, darker = more.")
-    return fig, caption
-
-
-def _draw_ratio(ax, row: pd.Series, pair: str) -> None:
-    accepted = list(row["accepted_per_block"])
-    weights = np.asarray([list(w) for w in row["weights_per_block"]])
-    m, t = row["methods"].index("M"), row["methods"].index("T")
-    ratio = weights[:, m] / np.clip(weights[:, m] + weights[:, t], 1e-12, None)
-    starts = block_starts(accepted)
-    ends = starts + np.asarray(accepted) + 1
-    gamma = max(int(row["gamma"]), 1)
-    for start, end, n in zip(starts, ends, accepted):
-        ax.axvspan(start, end, color="0.5", alpha=0.05 + 0.35 * n / gamma, lw=0)
-    for name, level in REFERENCES.items():
-        colour = method_colour({"M only": "M", "T only": "T", "static MT": "MT"}[name])
-        ax.axhline(level, color=colour, lw=0.8, ls="--", label=name)
-    ax.step(np.append(starts, ends[-1]), np.append(ratio, ratio[-1]), where="post",
-            color=method_colour(row["method_label"]), lw=1.2, label=row["method_label"])
-    ax.set_ylim(-0.05, 1.05)
-    ax.set_title(f"{row['category']}: {row['sample_id']}\n{pair}, "
-                 f"tau {row['tau']:.2f}", fontsize=6)
-    ax.set_xlabel("decoding step", fontsize=6)
-    ax.set_ylabel("w(M)/(w(M)+w(T))", fontsize=6)
-    ax.tick_params(labelsize=6)
 
 
 def verify_cost_figure(curves: pd.DataFrame, width: str = "one-column") -> tuple[Figure, str] | None:

@@ -7,12 +7,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-BLOCKS = ["accepted_per_block", "blocks"]  # what pooled tau reads of a row
+# what pooled tau reads of a row, or of a cell of rows (`pipeline.reports.cells`: `accepted` summed)
+BLOCKS = ["accepted_per_block", "accepted", "blocks"]
 
 
 def pooled_tau(group: pd.DataFrame) -> float:
     """Pooled tau of one group of rows (NaN for a group without blocks)."""
-    accepted = int(row_sums(group["accepted_per_block"]).sum())
+    accepted = int(accepted_sums(group).sum())
     blocks = group["blocks"].sum()
     return float("nan") if blocks == 0 else 1.0 + accepted / blocks
 
@@ -21,9 +22,14 @@ def pooled_taus(rows: pd.DataFrame, keys: list[str], sort: bool = False) -> pd.S
     """`pooled_tau` of each group of `rows` by `keys` (in order of appearance, or sorted), from
     each row's sum of accepted proposals: no frame per group, which over a million rows copied
     them all."""
-    sums = row_sums(rows["accepted_per_block"])
+    sums = accepted_sums(rows)
     summed = rows[keys].assign(accepted=sums, blocks=rows["blocks"]).groupby(keys, sort=sort).sum()
     return (1.0 + summed["accepted"] / summed["blocks"]).where(summed["blocks"] != 0)
+
+
+def accepted_sums(rows: pd.DataFrame) -> np.ndarray:
+    """Each row's accepted proposals, or each cell's (`cells.cells_of` sums them)."""
+    return rows["accepted"].to_numpy() if "accepted" in rows else row_sums(rows["accepted_per_block"])
 
 
 def list_lengths(values: pd.Series) -> np.ndarray:

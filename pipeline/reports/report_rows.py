@@ -12,6 +12,8 @@ Arrow frees each column as pandas takes it over, so the two copies of the rows n
 """
 from __future__ import annotations
 
+import ctypes
+import gc
 import hashlib
 from contextlib import contextmanager
 from pathlib import Path
@@ -191,6 +193,18 @@ def read_report_rows(out: str | Path, run: str | None = None, where: pc.Expressi
         holder = [read_table(out, run, columns=REPORT_COLUMNS, where=where, each=_reduced,
                              on_unreadable=on_unreadable)]
         return _frame_of(holder)  # the frame takes the table over, and the table is held nowhere else
+
+
+def release_memory() -> None:
+    """Hand the heap pages freed since back to the system: Arrow's pool's, and glibc's (which
+    keeps freed pages of many small allocations, a column's Python objects, until told), so
+    what one partition folder's rows took is not still held while the next is read."""
+    gc.collect()
+    pa.default_memory_pool().release_unused()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): its allocator decides
+        pass
 
 
 @contextmanager

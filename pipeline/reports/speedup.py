@@ -11,6 +11,7 @@ import pandas as pd
 
 from pipeline.planning.verify_entries import verify_of_row
 from pipeline.reports.noise import noise_parts, noise_text, ratio_spreads, rows_load
+from pipeline.reports.cells import cells_of
 from pipeline.reports.marks import Marks
 from pipeline.reports.pooling import pooled_tau, row_sums
 from pipeline.reports.report import gamma_shown, method_order, wall_times, with_dashes, with_tree_labels
@@ -31,6 +32,17 @@ CONFIG_AXES = ["window", "distance"]
 SPEEDUP_MARKS = Marks(higher=("tau", "tau timed"),
                       speedups=("eq1", "corrected", "measured", "paired", "global"),
                       lower=("J/token", "J/accepted"))
+SPEEDUP_TITLE = (  # the speedup table's title in the summary
+    "Speedup: expected from tau and measured latency ratios (Eq. 1 and its CPU-corrected form, "
+    "at each row's gamma), measured = AR walltime / SD walltime on the samples run live, per "
+    "engine and machine (`timed_on`: device, how decode steps ran, torch, transformers; "
+    "`-`: not timed); `paired` and `global` are MMSpec's speedup_paired (the mean over samples "
+    "of SD tokens/s over AR tokens/s) and speedup_global (summed tokens over summed wall time, "
+    "SD over AR) on the same samples. `tau` here pools every first-turn block of every dataset, "
+    "OOD included, so it differs from the tau table's `Avg.` (the mean of the benchmark datasets' "
+    "cells); `tau timed` pools only the samples the walltime was measured on; `noise` says why a "
+    "figure is printed as unreliable; where a GPU's energy counter was read (NVML), `J/token` and "
+    "`J/accepted` give joules per new token and per accepted draft token of the timed rows")
 TIMING_COLUMNS = ["device_name", "steps", "torch_version", "transformers_version"]
 UNTIMED = "-"  # a configuration without live rows: tau and Eq. 1 only
 
@@ -53,7 +65,8 @@ def timing_label(rows: pd.DataFrame) -> pd.Series:
                       for values in zip(*columns)], index=rows.index, dtype=object)
 
 
-def speedup_table(df: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
+def speedup_table(df: pd.DataFrame, calibrations: Calibrations, cells: pd.DataFrame | None = None
+                  ) -> pd.DataFrame:
     """Expected speedup from pooled first-turn tau and measured latency ratios, beside the
     measured walltime speedup of live runs (AR time / SD time over the samples both ran on
     the same engine and machine), one row per configuration, gamma and machine it was timed on.
@@ -71,21 +84,23 @@ def speedup_table(df: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
     level) plus the measured cost of one target forward over the block's tokens (gamma + 1 for
     a chain, nodes + 1 for a tree), both from the calibration; NaN where it did not time them.
     `paired` and `global` are MMSpec's two speedups on the same rows (`throughput_speedups`).
+
+    `df` holds the rows timed (live and AR) at least; `cells` sums every row (`cells.cells_of`,
+    made from `df` when not given).
     """
-    ok = with_tree_labels(df[df["error"].isna() & (df["turn"] == "first")].copy())
-    # rows from before engines were recorded
-    ok["engine"] = ok["engine"].astype(object).where(ok["engine"].notna(), "-")
-    ok["draft_steps"] = ok["gamma"]  # numeric, for a block's shape; `gamma` as tables print it
-    ok["gamma"] = gamma_shown(ok)
-    ok["timed_on"] = timing_label(ok)
+    cells = cells_of(df) if cells is None else cells
+    ok = _first_turns(cells)  # what pools tau and counts blocks: every first-turn row, summed per cell
+    timings = _first_turns(df[df["mode"].isin(["live", "ar"])])  # what was timed: live and AR rows
+    timings["timed_on"] = timing_label(timings)
     sd = ok[ok["method_label"] != "AR"]  # a configuration knob of AR (window, distance) is null
     varying = ([c for c in EXPERIMENT_AXES if c in ok and ok[c].nunique(dropna=False) > 1]
                + [c for c in CONFIG_AXES if c in ok and sd[c].nunique(dropna=False) > 1])
-    ok = with_dashes(ok, varying)
+    ok, timings = with_dashes(ok, varying), with_dashes(timings, varying)
     experiment = [c for c in varying if c in EXPERIMENT_AXES]
     index = (SPEEDUP_INDEX[:4] + experiment + SPEEDUP_INDEX[4:] + [c for c in varying if c in CONFIG_AXES])
     config_keys = [k for k in index if k != "timed_on"]
-    timed_sd = ok[ok["mode"] == "live"]
+    timed_sd = timings[timings["mode"] == "live"]
+    timed_of = dict(iter(timings.groupby(config_keys, sort=False))) if len(timings) else {}
     rows = []
     for key, group in ok.groupby(config_keys, sort=False):
         config = dict(zip(config_keys, key))
@@ -107,7 +122,8 @@ def speedup_table(df: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
                         flags.get(column, []) + [s for s in spreads if s.noisy]))
         same_pair = lambda rows: rows[(rows[SPEEDUP_INDEX[:4] + experiment]
                                        == [config[k] for k in SPEEDUP_INDEX[:4] + experiment]).all(axis=1)]
-        baseline = same_pair(ok[ok["mode"] == "ar"])
+        baseline = same_pair(timings[timings["mode"] == "ar"])
+        group = timed_of.get(key, timings[:0])  # the configuration's own timed rows
         timed = same_pair(timed_sd) if label == "AR" else group[group["mode"] == "live"]
         for machine in sorted(set(timed["timed_on"])) or [UNTIMED]:
             mine, ar = group[group["timed_on"] == machine], baseline[baseline["timed_on"] == machine]
@@ -137,6 +153,17 @@ def speedup_table(df: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
                 str(at["gamma"]).zfill(4), *(str(at[k]) for k in varying))
 
     return table.iloc[sorted(range(len(table)), key=order)]
+
+
+def _first_turns(rows: pd.DataFrame) -> pd.DataFrame:
+    """First-turn rows (or cells) that decoded, trees named, `gamma` as tables print it and
+    `draft_steps` numeric for a block's shape."""
+    ok = with_tree_labels(rows[rows["error"].isna() & (rows["turn"] == "first")].copy())
+    # rows from before engines were recorded
+    ok["engine"] = ok["engine"].astype(object).where(ok["engine"].notna(), "-")
+    ok["draft_steps"] = ok["gamma"]
+    ok["gamma"] = gamma_shown(ok)
+    return ok
 
 
 def draft_size_table(speedup: pd.DataFrame, calibrations: Calibrations) -> pd.DataFrame:
@@ -198,13 +225,18 @@ def block_shapes(rows: pd.DataFrame, gamma: int) -> list[tuple[int, int, int]] |
 def shapes_used(rows: pd.DataFrame,
                 shapes: list[tuple[int, int, int]]) -> list[tuple[tuple[int, int, int], int]]:
     """Each block shape with how many blocks used it: a bandit's rows say per block
-    (`shape_per_block`); any other kind has one shape, every block."""
-    if len(shapes) == 1 or "shape_per_block" not in rows:
+    (`shape_per_block`, or a cell's `shape_counts`); any other kind has one shape, every block."""
+    if len(shapes) == 1 or not {"shape_per_block", "shape_counts"} & set(rows.columns):
         return [(shapes[0], max(1, int(rows["blocks"].sum())))]
     counts = [0] * len(shapes)
-    for arms in rows["shape_per_block"]:
-        for arm in arms if hasattr(arms, "__len__") else []:  # None or pd.NA where none was recorded
-            counts[int(arm)] += 1
+    if "shape_counts" in rows:
+        for cell in rows["shape_counts"].dropna():
+            for arm, n in enumerate(cell):
+                counts[arm] += n
+    else:
+        for arms in rows["shape_per_block"]:
+            for arm in arms if hasattr(arms, "__len__") else []:  # None or pd.NA where none was recorded
+                counts[int(arm)] += 1
     return [(shape, n) for shape, n in zip(shapes, counts) if n] or [(shapes[0], 1)]
 
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 
 from pipeline.reports.acceptance import CONFIG, acceptance_table, per_position_table, request_taus
 from pipeline.reports.acceptance_plots import per_position_figure, request_tau_figure
 from pipeline.reports.acceptance_where import acceptance_where_section
-from pipeline.reports.audit import GROUP_KEYS, audit, lossless_text
+from pipeline.reports.audit import GROUP_KEYS, audit_table, lossless_text
 from pipeline.reports.batch_plots import batch_figure
 from pipeline.reports.batch_sweep import batch_table, batch_text
 from pipeline.reports.calibration_section import calibration_section
@@ -32,12 +31,15 @@ from pipeline.reports.latex import paper_tables
 from pipeline.reports.marks import HIGHER_EVERYWHERE
 from pipeline.reports.noise import noise_section, shown
 from pipeline.reports.paper_check import paper_check
-from pipeline.reports.plots import save, weight_ratio_figure, weight_ratio_rows
+from pipeline.reports.plots import save
+from pipeline.reports.weights_figure import weight_ratio_figure, weight_ratio_rows
+from pipeline.reports.report_inputs import ReportInputs, inputs_of
 from pipeline.reports.report_rows import ON_DEMAND, with_columns
 from pipeline.reports.report import (
-    category_table, decoded_alone, findings_text, markdown_table, method_findings, tau_table, without_html,
+    category_table, findings_text, markdown_table, method_findings, tau_table, without_html,
 )
-from pipeline.reports.speedup import SPEEDUP_MARKS, draft_size_table, speedup_table
+from pipeline.reports.speedup import SPEEDUP_MARKS, SPEEDUP_TITLE, draft_size_table, speedup_table
+from pipeline.reports.requests import Requests
 from pipeline.reports.tau_heatmap import tau_figure
 from pipeline.storage.calibration_store import Calibrations, read_calibrations
 from pipeline.storage.manifest import expected_rows, run_grids
@@ -45,10 +47,13 @@ from pipeline.storage.run_lock import lock_holder
 from pipeline.storage.store import report_dir
 
 
-def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
-    """Write every table and plot of one run; return the Markdown that was written. The report
-    is built in a temporary folder and swapped in whole: a full disk or a crash midway leaves
-    the previous report as it was, never new tables beside an old summary."""
+def write_summary(out: str | Path, run: str, rows: pd.DataFrame | ReportInputs) -> str:
+    """Write every table and plot of one run, from its rows or from what the report reads of them
+    (`report_inputs.read_inputs`, one partition folder at a time); return the Markdown that was
+    written. The report is built in a temporary folder and swapped in whole: a full disk or a
+    crash midway leaves the previous report as it was, never new tables beside an old summary."""
+    if isinstance(rows, pd.DataFrame):
+        rows = inputs_of(rows, lambda chosen: with_columns(out, run, chosen, ["output_ids"]))
     final = report_dir(out, run)
     folder, old = (final.with_name(f".{final.name}.{os.getpid()}.{end}") for end in ("tmp", "old"))
     shutil.rmtree(folder, ignore_errors=True)
@@ -64,68 +69,62 @@ def write_summary(out: str | Path, run: str, rows: pd.DataFrame) -> str:
     return text
 
 
-def _write_report(out: str | Path, run: str, everything: pd.DataFrame, folder: Path) -> str:
-    if everything["error"].notna().all():
-        text = failures_report(run, everything, completeness_section(out, run, everything, folder))
+def _write_report(out: str | Path, run: str, inputs: ReportInputs, folder: Path) -> str:
+    if inputs.failed == inputs.rows:
+        completeness = completeness_section(out, run, inputs.cells, folder)
+        text = failures_report(run, inputs.rows, inputs.live, completeness)
         (folder / "summary.md").write_text(text)
         return text
     calibrations = read_calibrations(out)
-    rows = decoded_alone(everything)  # batched rows: the batch sweep and the audit read them
+    cells, requests, live = inputs.alone()  # batched rows: the batch sweep and the audit read them
     tables = {
         "tau": (HIGHER_EVERYWHERE,
                 "Block efficiency tau per dataset (tau = accepted proposals + 1 per block, the paper's "
                 "convention; tau0 = tau - 1 below; pooled over blocks; Avg. = benchmark datasets)",
-                tau_table(rows)),
-        "categories": (HIGHER_EVERYWHERE, "Category averages (paper Table 2)", category_table(rows)),
+                tau_table(cells)),
+        "categories": (HIGHER_EVERYWHERE, "Category averages (paper Table 2)", category_table(cells)),
         "speedup": (
             SPEEDUP_MARKS,
-            "Speedup: expected from tau and measured latency ratios (Eq. 1 and its CPU-corrected form, "
-            "at each row's gamma), measured = AR walltime / SD walltime on the samples run live, per "
-            "engine and machine (`timed_on`: device, how decode steps ran, torch, transformers; "
-            "`-`: not timed); `paired` and `global` are MMSpec's speedup_paired (the mean over samples "
-            "of SD tokens/s over AR tokens/s) and speedup_global (summed tokens over summed wall time, "
-            "SD over AR) on the same samples. `tau` here pools every first-turn block of every dataset, "
-            "OOD included, so it differs from the tau table's `Avg.` (the mean of the benchmark datasets' "
-            "cells); `tau timed` pools only the samples the walltime was measured on; `noise` says why a "
-            "figure is printed as unreliable; where a GPU's energy counter was read (NVML), `J/token` and "
-            "`J/accepted` give joules per new token and per accepted draft token of the timed rows",
-            speedup_table(rows, calibrations),
+            SPEEDUP_TITLE,
+            speedup_table(live, calibrations, cells),
         ),
     }
     speedup = tables["speedup"][2]
-    audited = audit(everything, lambda chosen: with_columns(out, run, chosen, ["output_ids"]))
-    sections = [f"# Run {run}: {len(everything)} rows, {everything['error'].notna().sum()} failed",
-                headline(speedup, audited[0]), completeness_section(out, run, everything, folder)]
+    audited = audit_table(*inputs.audit)
+    sections = [f"# Run {run}: {inputs.rows} rows, {inputs.failed} failed",
+                headline(speedup, audited[0]), completeness_section(out, run, inputs.cells, folder)]
     for name, (marks, title, table) in tables.items():
         table.to_csv(folder / f"{name}.csv")
         sections.append(f"## {title}\n\n{markdown_table(shown(table), marks)}")
-    sections += [timed_samples_text(rows), draft_size_section(speedup, calibrations, folder),
+    sections += [timed_samples_text(live), draft_size_section(speedup, calibrations, folder),
                  calibration_section(calibrations, folder),
-                 measurement_noise_section(rows, calibrations, speedup)]
-    findings = method_findings(rows)
+                 measurement_noise_section(live, calibrations, speedup)]
+    findings = method_findings(cells)
     findings.to_csv(folder / "findings.csv")
     sections.append(
         "## M vs T, and where TABED lands (pooled tau; rank among the SD configurations run, 1 = best)\n\n"
         f"{findings_text(findings)}\n\n{markdown_table(findings)}"
     )
-    sections += [batch_section(everything, calibrations, folder), acceptance_section(rows, folder),
-                 acceptance_where_section(rows, folder), latency_section(rows, folder),
-                 paper_section(rows, folder), audit_section(audited, folder),
-                 fidelity_section(everything, folder), image_conversions_text(rows)]
-    sections.append(failed_section(everything))
-    for name, latex in paper_tables(rows, tables["tau"][2], tables["categories"][2]).items():
+    sections += [batch_section(inputs.live, calibrations, folder), acceptance_section(requests, folder),
+                 acceptance_where_section(requests, folder), latency_section(live, folder),
+                 paper_section(cells, folder), audit_section(audited, folder),
+                 fidelity_section(inputs.live, folder), image_conversions_text(inputs.first_turns)]
+    sections.append(failed_section(inputs.live))
+    for name, latex in paper_tables(cells, tables["tau"][2], tables["categories"][2]).items():
         (folder / name).write_text(latex)
-    sections.append(figures_section(rows, folder, lambda chosen: with_columns(out, run, chosen, ON_DEMAND)))
+    weights = with_columns(out, run, weight_ratio_rows(inputs.weight_rows), ON_DEMAND)
+    sections.append(figures_section(requests, weights, folder))
     text = without_html("\n\n".join(section for section in sections if section) + "\n")
     (folder / "summary.md").write_text(text)
     return text
 
 
-def completeness_section(out: str | Path, run: str, rows: pd.DataFrame, folder: Path) -> str:
-    """Expected (the union of the grids in the run's manifest), present, failed and missing rows."""
+def completeness_section(out: str | Path, run: str, cells: pd.DataFrame, folder: Path) -> str:
+    """Expected (the union of the grids in the run's manifest), present, failed and missing rows
+    (`cells`: the run's, `pipeline.reports.cells`)."""
     grids = run_grids(out, run)
     expected = expected_rows(grids)
-    table = completeness_table(rows, expected)
+    table = completeness_table(cells, expected)
     table.to_csv(folder / "completeness.csv")
     text = completeness_text(table, expected, lock_holder(out, run))
     return (f"## Completeness\n\n{text}{grids_text(grids)}\n\n"
@@ -183,10 +182,10 @@ def latency_section(rows: pd.DataFrame, folder: Path) -> str:
             + markdown_table(table.round({c: 3 if c.endswith("_s") else 2 for c in table})))
 
 
-def acceptance_section(rows: pd.DataFrame, folder: Path) -> str:
+def acceptance_section(requests: Requests, folder: Path) -> str:
     """Both tau conventions, the acceptance rate, tau per request and acceptance by draft
     position (`pipeline.reports.acceptance`): what other tools and papers report."""
-    table, positions = acceptance_table(rows), per_position_table(rows)
+    table, positions = acceptance_table(requests), per_position_table(requests)
     if table.empty:
         return ""
     table.to_csv(folder / "acceptance.csv", index=False)
@@ -201,7 +200,7 @@ def acceptance_section(rows: pd.DataFrame, folder: Path) -> str:
              "position: `per_position.csv`.",
              markdown_table(table.set_index(CONFIG)[shown_columns])]
     for stem, draw, data in (("per_position", per_position_figure, positions),
-                             ("tau_per_request", request_tau_figure, request_taus(rows))):
+                             ("tau_per_request", request_tau_figure, request_taus(requests))):
         made = draw(data)
         if made is not None:
             save(made[0], folder / stem)
@@ -209,9 +208,9 @@ def acceptance_section(rows: pd.DataFrame, folder: Path) -> str:
     return "\n\n".join(lines)
 
 
-def paper_section(rows: pd.DataFrame, folder: Path) -> str:
+def paper_section(cells: pd.DataFrame, folder: Path) -> str:
     """Our tau beside the TABED paper's published cells, for pairs it published (`paper_check`)."""
-    both, missing = paper_check(rows)
+    both, missing = paper_check(cells)
     both.to_csv(folder / "paper_check.csv", index=False)
     lines = ["## Beside the paper (TABED's Tables 1 and 10-14, block efficiency tau)"]
     if missing:
@@ -228,7 +227,8 @@ def paper_section(rows: pd.DataFrame, folder: Path) -> str:
 
 def image_conversions_text(rows: pd.DataFrame) -> str:
     """How many of the run's images were converted beyond the pixel format (scaled from 16
-    bits, alpha composited on white, EXIF-rotated), counted once per first-turn sample."""
+    bits, alpha composited on white, EXIF-rotated), counted once per first-turn sample (`rows`:
+    the first turns, `ReportInputs.first_turns`, or every row)."""
     first = rows[rows["turn"] == "first"].drop_duplicates("sample_id")
     notes = [note.split(": ", 1)[-1]
              for conversions in first["image_conversions"].dropna() for note in conversions]
@@ -283,14 +283,13 @@ def measurement_noise_section(rows: pd.DataFrame, calibrations: Calibrations, sp
     return noise_section(calibrations, timed, speedup)
 
 
-def figures_section(rows: pd.DataFrame, folder: Path,
-                    complete: Callable[[pd.DataFrame], pd.DataFrame] = lambda chosen: chosen) -> str:
-    """Each figure as PNG, PDF and SVG, shown with its caption. `complete` adds the columns left
-    in the files (`report_rows.ON_DEMAND`) to the few rows the weights figure draws."""
+def figures_section(requests: Requests, weight_rows: pd.DataFrame, folder: Path) -> str:
+    """Each figure as PNG, PDF and SVG, shown with its caption: tau per cell (from `requests`)
+    and the weights of the rows the weights figure draws (`weight_rows`, with their
+    `report_rows.ON_DEMAND` columns)."""
     lines = ["## Figures (PNG, PDF and SVG at a two-column paper's width; `-one-column` files at one "
              "column's; LaTeX tables: table1.tex, table2.tex)"]
-    for stem, draw, drawn in (("tau", tau_figure, rows),
-                              ("weights", weight_ratio_figure, complete(weight_ratio_rows(rows)))):
+    for stem, draw, drawn in (("tau", tau_figure, requests), ("weights", weight_ratio_figure, weight_rows)):
         made = draw(drawn)
         if made is not None:
             figure, caption = made

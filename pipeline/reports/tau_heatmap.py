@@ -14,6 +14,7 @@ from pipeline.reports.plots import (
     PAGE_HEIGHT, WIDTHS, ordered_turns, pair_label, panel_label, suptitle_target, tau_cells,
 )
 from pipeline.reports.report import grid_gammas, method_order
+from pipeline.reports.requests import Requests, requests_from
 
 ROW_INCHES = {"two-column": 0.12, "one-column": 0.1}  # one method label's row
 FONT = {"two-column": 5.5, "one-column": 4.5}
@@ -21,10 +22,11 @@ MIN_CELL_INCHES = 0.3  # a cell narrower than this cannot hold its value printed
 CMAP = "viridis"
 
 
-def tau_figure(rows: pd.DataFrame, width: str = "two-column") -> tuple[Figure, str] | None:
+def tau_figure(rows: pd.DataFrame | Requests, width: str = "two-column") -> tuple[Figure, str] | None:
     """A panel per pair (row of panels) and turn (column), one colour scale from tau = 1 (AR)
     to the run's highest; None without speculative rows."""
-    cells = tau_cells(rows, speculative_only=True)  # AR is tau = 1 by definition: the scale's floor
+    requests = requests_from(rows)
+    cells = tau_cells(requests, speculative_only=True)  # AR is tau = 1 by definition: the scale's floor
     if cells.empty:
         return None
     pairs = list(dict.fromkeys(zip(cells["target"], cells["draft"], cells["dtype"])))
@@ -62,7 +64,7 @@ def tau_figure(rows: pd.DataFrame, width: str = "two-column") -> tuple[Figure, s
             ax.set_title(f"{turn} turn", fontsize=font)
         if column == 0:
             ax.set_ylabel(panel_label(pair, pairs), fontsize=font)
-    gammas = grid_gammas(rows)
+    gammas = grid_gammas(requests.cells)
     fig.suptitle(f"Block efficiency tau per configuration (gamma {gammas}){suptitle_target(pairs)}",
                  fontsize=font + 2)
     fig.tight_layout(rect=(0, 0, 0.88, 1))

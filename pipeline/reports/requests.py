@@ -118,8 +118,8 @@ def requests_of(rows: pd.DataFrame, ids: np.ndarray, cells: pd.DataFrame) -> Req
     decoded = rows["error"].isna().to_numpy()
     counted = decoded & rows["gamma"].notna().to_numpy() & (list_lengths(rows["accepted_per_block"]) > 0)
     kept = rows.loc[decoded, [c for c in KEPT if c in rows]].reset_index(drop=True)
-    read = [rows.columns.get_loc(c) for c in ("gamma", "accepted_per_block", "verify_shapes", "shape_per_block")
-            if c in rows]
+    read = [rows.columns.get_loc(c) for c in ("gamma", "accepted_per_block", "verify_shapes",
+                                              "shape_per_block") if c in rows]
     sums = {name: np.zeros(len(kept), np.int32) for name in ("accepted", "blocks", "drafted", "deepest")}
     reached, hits = [], []
     sources, lines = np.flatnonzero(counted), np.flatnonzero(counted[decoded])

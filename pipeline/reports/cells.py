@@ -2,7 +2,7 @@
 rows apart), holding what the tau tables pool. A paper-scale run has millions of rows but a few
 thousand cells, and a cell never spans two partition folders (its target, draft and dataset are
 among its keys), so cells are summed one folder at a time and the sums of the folders put side
-by side (`concat_cells`) are the run's. The tau tables, the category averages, the findings, the
+by side (`concat_frames`) are the run's. The tau tables, the category averages, the findings, the
 paper check and the tau figure read cells as they would read rows: a cell holds each key column
 as its rows do, and `accepted` and `blocks` where a row holds its per-block list
 (`pooling.pooled_taus` sums either).
@@ -23,7 +23,6 @@ CELL_KEYS = (
     "verify_kind", "verify_nodes", "verify_top_k", "verify_shapes", "verify_knobs", "verify_block_shapes",
     "temperature", "seed", "max_new_tokens", "captioner", "mode", "engine", "batch",
 )
-SUMS = ["rows", "accepted", "blocks"]  # what a cell adds up (`accepted`, `blocks`: of the rows that decoded)
 
 
 def cell_ids(rows: pd.DataFrame) -> np.ndarray:
@@ -46,8 +45,9 @@ def _hashable(values: pd.Series) -> pd.Series:
 
 def cells_of(rows: pd.DataFrame, ids: np.ndarray | None = None) -> pd.DataFrame:
     """One line per cell (`cell_ids`, in that order): its first row's key columns and `error`,
-    then `SUMS`, and `shape_counts` (blocks per shape of a bandit's `verify_shapes`, a tuple;
-    None where no row of the cell recorded one: `speedup.shapes_used`)."""
+    its `rows`, the `accepted` proposals and `blocks` of those that decoded, and `shape_counts`
+    (blocks per shape of a bandit's `verify_shapes`, a tuple; None where no row of the cell
+    recorded one: `speedup.shapes_used`)."""
     ids = cell_ids(rows) if ids is None else ids
     count = int(ids.max()) + 1 if len(ids) else 0
     first = np.unique(ids, return_index=True)[1]
@@ -84,25 +84,16 @@ def _shape_counts(rows: pd.DataFrame, ids: np.ndarray, decoded: np.ndarray, coun
     return counts
 
 
-def concat_cells(parts: list[pd.DataFrame]) -> pd.DataFrame:
-    """Cells of several folders as one run's, in the order given (key columns of categories
-    are joined over the union of the parts' categories)."""
-    parts = [part for part in parts if len(part)] or parts[:1]
-    if len(parts) == 1:
-        return parts[0]
-    columns = list(dict.fromkeys(c for part in parts for c in part.columns))
-    joined = {}
-    for c in columns:
-        values = [part[c] if c in part else pd.Series(None, index=part.index, dtype=object) for part in parts]
-        if all(isinstance(v.dtype, pd.CategoricalDtype) for v in values):
-            joined[c] = union_of(values)
-        else:
-            joined[c] = pd.concat([v.astype(object) if v.dtype == object else v for v in values],
-                                  ignore_index=True)
-    return pd.DataFrame(joined)
-
-
-def union_of(values: list[pd.Series]) -> pd.Series:
-    """Categorical series one after another, their categories in text order as the rows' are."""
-    joined = union_categoricals([v.array for v in values], sort_categories=True)
-    return pd.Series(joined)
+def concat_frames(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Frames of several folders (cells, or rows) one after another, in the order given; a
+    column of categories in every frame stays one, over the union of their categories in text
+    order as the rows' are (`report_rows`)."""
+    frames = [frame for frame in frames if len(frame)] or frames[:1]
+    if len(frames) == 1:
+        return frames[0].reset_index(drop=True)
+    joined = pd.concat(frames, ignore_index=True)
+    for name in joined.columns:
+        values = [frame[name] for frame in frames if name in frame]
+        if len(values) == len(frames) and all(isinstance(v.dtype, pd.CategoricalDtype) for v in values):
+            joined[name] = union_categoricals([v.array for v in values], sort_categories=True)
+    return joined

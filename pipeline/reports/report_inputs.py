@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import unquote
 
-import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
 from pipeline.reports.audit import IdsReader, audit_counts
-from pipeline.reports.cells import cell_ids, cells_of, concat_cells
+from pipeline.reports.cells import cell_ids, cells_of, concat_frames
 from pipeline.reports.weights_figure import weight_candidates
 from pipeline.reports.report import batch_of, decoded_alone
 from pipeline.reports.report_rows import read_report_rows, release_memory, with_columns
@@ -83,28 +82,15 @@ def inputs_of(rows: pd.DataFrame, read_ids: IdsReader | None = None, first_cell:
 
 
 def combined(parts: list[ReportInputs]) -> ReportInputs:
-    """Several folders' inputs as the run's, in the order given."""
-    cells = concat_cells([part.cells for part in parts])
-    cells.index = np.concatenate([part.cells.index.to_numpy() for part in parts]) if parts else cells.index
-    frames = lambda name: _concat([getattr(part, name) for part in parts])
+    """Several folders' inputs as the run's, in the order given (their cells numbered apart)."""
+    frames = lambda name: concat_frames([getattr(part, name) for part in parts])
+    cells = frames("cells")  # numbered 0, 1, ... across the folders: `first_cell`
     return ReportInputs(rows=sum(part.rows for part in parts), failed=sum(part.failed for part in parts),
                         cells=cells, requests=concat_requests([part.requests for part in parts], cells),
                         live=frames("live"),
-                        audit=(_concat([p.audit[0] for p in parts]), _concat([p.audit[1] for p in parts])),
+                        audit=tuple(concat_frames([part.audit[i] for part in parts]) for i in (0, 1)),
                         first_turns=frames("first_turns").drop_duplicates("sample_id"),
                         weight_rows=frames("weight_rows"))
-
-
-def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
-    """Frames one after another; a column of categories stays one (over the union of theirs)."""
-    if len(frames) == 1:
-        return frames[0]
-    joined = pd.concat(frames, ignore_index=True)
-    for name in joined.columns:
-        if all(isinstance(f[name].dtype, pd.CategoricalDtype) for f in frames if name in f) \
-                and not isinstance(joined[name].dtype, pd.CategoricalDtype):
-            joined[name] = pd.Categorical(joined[name], categories=sorted(joined[name].dropna().unique()))
-    return joined
 
 
 def read_inputs(out: str | Path, run: str, on_unreadable: Callable[[Path], None] | None = None

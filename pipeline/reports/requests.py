@@ -12,9 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from pandas.api.types import union_categoricals
 
-from pipeline.reports.cells import cell_ids, cells_of
+from pipeline.reports.cells import cell_ids, cells_of, concat_frames
 from pipeline.reports.pooling import flat_values, list_lengths
 
 # what a row keeps besides its counts, where the rows have it
@@ -153,11 +152,7 @@ def _stacked(matrices: list[np.ndarray]) -> np.ndarray:
 
 def concat_requests(parts: list[Requests], cells: pd.DataFrame) -> Requests:
     """Several folders' `Requests` as the run's (their cell numbers already the run's)."""
-    frames = [part.rows for part in parts]
-    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    if frames and "sample_id" in rows and all(isinstance(f["sample_id"].dtype, pd.CategoricalDtype)
-                                               for f in frames):
-        rows["sample_id"] = union_categoricals([f["sample_id"].array for f in frames], sort_categories=True)
+    rows = concat_frames([part.rows for part in parts])
     return Requests(cells, rows, _stacked([p.reached for p in parts]), _stacked([p.hits for p in parts]))
 
 

@@ -35,7 +35,7 @@ def _depths(rows: pd.DataFrame, lengths: np.ndarray) -> np.ndarray:
     if not recorded.any():
         return depths
     # rows read by the report share one object per distinct value: one table per object
-    table_of, objects = pd.factorize(np.fromiter(map(id, shapes[recorded]), np.int64, int(recorded.sum())))
+    table_of, _ = pd.factorize(np.fromiter(map(id, shapes[recorded]), np.int64, int(recorded.sum())))
     first = np.flatnonzero(recorded)[np.unique(table_of, return_index=True)[1]]
     tables = [[len(shape) for shape in shapes[i]] for i in first]
     padded = np.zeros((len(tables), max(map(len, tables))), np.int16)

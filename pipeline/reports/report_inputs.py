@@ -20,10 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
-from urllib.parse import unquote
 
 import pandas as pd
-import pyarrow.compute as pc
 
 from pipeline.reports.audit import IdsReader, audit_counts
 from pipeline.reports.cells import cell_ids, cells_of, concat_frames
@@ -101,7 +99,7 @@ def read_inputs(out: str | Path, run: str, on_unreadable: Callable[[Path], None]
     read_ids = lambda chosen: with_columns(out, run, chosen, ["output_ids"])
     parts: list[ReportInputs] = []
     for folder in folders:
-        rows = read_report_rows(out, run, where=_in_folder(folder), on_unreadable=on_unreadable)
+        rows = read_report_rows(out, run, on_unreadable=on_unreadable, folder=folder)  # no other file opened
         parts.append(inputs_of(rows, read_ids, first_cell=sum(len(part.cells) for part in parts)))
         del rows
         release_memory()
@@ -111,13 +109,3 @@ def read_inputs(out: str | Path, run: str, on_unreadable: Callable[[Path], None]
     del parts
     release_memory()  # the folders' parts, now copied into the run's
     return run_inputs
-
-
-def _in_folder(folder: Path) -> pc.Expression:
-    """The rows of one `target=*/draft=*/dataset=*` folder, by its names (files elsewhere unopened)."""
-    names = dict(part.split("=", 1) for part in folder.parts[-3:])
-    where = None
-    for key in ("target", "draft", "dataset"):
-        term = pc.field(key) == unquote(names[key])
-        where = term if where is None else where & term
-    return where

@@ -184,14 +184,15 @@ def _frozen(value: list) -> tuple:
 
 
 def read_report_rows(out: str | Path, run: str | None = None, where: pc.Expression | None = None,
-                     on_unreadable: Callable[[Path], None] | None = None) -> pd.DataFrame:
-    """Every row of the run (or of every run under OUT) with the columns the report reads, the
-    output ids read as `output_digest` and `output_length`; only the rows `where` holds for
-    (filtered in the scan), when given. Files that cannot be read are left out, each named to
-    `on_unreadable`."""
+                     on_unreadable: Callable[[Path], None] | None = None,
+                     folder: Path | None = None) -> pd.DataFrame:
+    """Every row of the run (or of every run under OUT), or of one of its partition folders,
+    with the columns the report reads, the output ids read as `output_digest` and
+    `output_length`; only the rows `where` holds for (filtered in the scan), when given. Files
+    that cannot be read are left out, each named to `on_unreadable`."""
     with _jemalloc():
         holder = [read_table(out, run, columns=REPORT_COLUMNS, where=where, each=_reduced,
-                             on_unreadable=on_unreadable)]
+                             on_unreadable=on_unreadable, folder=folder)]
         return _frame_of(holder)  # the frame takes the table over, and the table is held nowhere else
 
 

@@ -114,12 +114,13 @@ def partition_folders(out: str | Path, run: str | None = None) -> list[Path]:
     return [p for p in base.glob(pattern) if p.is_dir()] if base.is_dir() else []
 
 
-def shard_files(out: str | Path, run: str | None = None) -> list[Path]:
+def shard_files(out: str | Path, run: str | None = None, folder: Path | None = None) -> list[Path]:
     """The shard files of the layout (`run=*/target=*/draft=*/dataset=*/part-*.parquet`), of one
-    run or all; a stray file anywhere else is not part of the results, nor is a file a compaction
-    has replaced. Each folder is listed once; only a folder holding a journal reads more."""
-    files = []
-    for folder in partition_folders(out, run):
+    run or all, or of one of its partition folders; a stray file anywhere else is not part of the
+    results, nor is a file a compaction has replaced. Each folder is listed once; only a folder
+    holding a journal reads more."""
+    files, folders = [], partition_folders(out, run) if folder is None else [folder]
+    for folder in folders:
         names = os.listdir(folder)
         parts = set(fnmatch.filter(names, "part-*.parquet"))
         for journal in fnmatch.filter(names, JOURNALS):
@@ -237,20 +238,20 @@ def drop_rows(out: str | Path, run: str, keys: set[str]) -> int:
 
 def read_table(out: str | Path, run: str | None = None, columns: Iterable[str] | None = None,
                where: ds.Expression | None = None, each: TableStep | None = None,
-               on_unreadable: Callable[[Path], None] | None = None) -> pa.Table:
+               on_unreadable: Callable[[Path], None] | None = None, folder: Path | None = None) -> pa.Table:
     """Every row under OUT (or of one run) as an Arrow table with the documented schema; only
     `columns`, and only the rows `where` holds for, both pushed into the scan; `each`, where
     given, reduces every scanned part before the parts are joined (so the rows are never held
     whole). The files are read as they are; only when that fails are they listed again (a
     compaction may have replaced some since) and each footer checked, the unreadable ones left
     out, each named to `on_unreadable` (checking them on every read cost as much as a key-column
-    read)."""
+    read). `folder`: only that partition folder's files (no other file is listed or opened)."""
     columns = None if columns is None else list(columns)
     try:
-        return _read_files(out, shard_files(out, run), columns, where, each)
+        return _read_files(out, shard_files(out, run, folder), columns, where, each)
     except (OSError, pa.ArrowException):
         readable = []
-        for path in shard_files(out, run):
+        for path in shard_files(out, run, folder):
             if _readable(path):
                 readable.append(path)
             elif on_unreadable is not None:

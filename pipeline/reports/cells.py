@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from pandas.api.types import union_categoricals
 
-from pipeline.reports.pooling import flat_values, list_lengths, row_sums
+from pipeline.reports.pooling import flat_values, frozen, list_lengths, row_sums
 
 # Every field a table groups, filters or labels rows by that is one value per configuration,
 # sample's dataset and turn: what two rows must share to be summed into one cell.
@@ -39,8 +39,7 @@ def _hashable(values: pd.Series) -> pd.Series:
     first = values.dropna().head(1).tolist()
     if not first or not isinstance(first[0], (list, np.ndarray)):
         return values
-    frozen = lambda v: tuple(frozen(x) for x in v) if isinstance(v, (list, tuple, np.ndarray)) else v
-    return values.map(lambda v: frozen(v) if isinstance(v, (list, np.ndarray)) else v)
+    return values.map(frozen)
 
 
 def cells_of(rows: pd.DataFrame, ids: np.ndarray | None = None) -> pd.DataFrame:

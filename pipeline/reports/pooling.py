@@ -62,6 +62,14 @@ def row_sums(values: pd.Series) -> np.ndarray:
     return sums
 
 
+def frozen(value: object) -> object:
+    """A list value (a tree shape, lists within lists) as nested tuples, to hash or group by;
+    any other value as it is."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return tuple(frozen(v) for v in value)
+    return value
+
+
 def _arrow(values: pd.Series) -> pa.ChunkedArray:
     return pa.chunked_array(values.array.__arrow_array__())
 

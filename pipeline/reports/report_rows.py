@@ -24,6 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.reports.pooling import frozen
 from pipeline.storage.schema import PARTITIONS, SCHEMA
 from pipeline.storage.store import read_table
 
@@ -170,17 +171,13 @@ def _interned(column: pa.ChunkedArray) -> np.ndarray:
         unique, first, inverse = np.unique(filled[present], return_index=True, return_inverse=True)
         rows = np.flatnonzero(present)
         for digest, value in zip(unique.tolist(), chunk.take(rows[first]).to_pylist()):
-            seen.setdefault(digest, _frozen(value))
+            seen.setdefault(digest, frozen(value))
         values = np.empty(len(unique), dtype=object)
         for i, digest in enumerate(unique.tolist()):  # one by one: numpy would unpack tuples given at once
             values[i] = seen[digest]
         made[start + rows] = values[inverse]
         start += len(chunk)
     return made
-
-
-def _frozen(value: list) -> tuple:
-    return tuple(_frozen(v) if isinstance(v, list) else v for v in value)
 
 
 def read_report_rows(out: str | Path, run: str | None = None, where: pc.Expression | None = None,

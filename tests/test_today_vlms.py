@@ -8,9 +8,11 @@ end to end through Ray. (Our AR equals transformers' own `generate` on one- and 
 prompts: `test_model_families`.)"""
 from __future__ import annotations
 
+import shutil
 import time
 import warnings
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -148,6 +150,34 @@ def test_a_draft_of_another_tokenizer_is_refused_by_name_in_under_2_s(family_dir
         parse_grid(grid(family_dirs[0], tiny_dirs["draft"]))
     assert time.perf_counter() - started < 2.0
     parse_grid(grid(family_dirs[0], family_dirs[1]))  # the family's own draft passes
+
+
+def test_hub_ids_whose_tokenizers_are_in_the_hub_cache_are_compared_when_the_grid_is_read(
+        tiny_dirs, tmp_path, monkeypatch):
+    """A hub pair cached on the planning machine is refused before anything loads; one that is
+    not cached is left to the check when the pair loads."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+
+    def cache(repo: str, model_dir: str) -> None:  # the hub cache's layout: a snapshot and a ref to it
+        repo_dir = tmp_path / f"models--{repo.replace('/', '--')}"
+        (repo_dir / "snapshots" / "0").mkdir(parents=True)
+        shutil.copy(Path(model_dir) / "tokenizer.json", repo_dir / "snapshots" / "0")
+        (repo_dir / "refs").mkdir()
+        (repo_dir / "refs" / "main").write_text("0")
+
+    target, draft = "Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen2.5-VL-3B-Instruct"
+    other = "Qwen/Qwen2.5-VL-32B-Instruct"  # cached here with another family's tokenizer
+    cache(target, tiny_dirs["qwen2_5_vl_target"])
+    parse_grid(grid(target, draft))  # the draft's tokenizer is not here: checked when the pair loads
+    cache(draft, tiny_dirs["qwen2_5_vl_draft"])
+    parse_grid(grid(target, draft))
+    cache(other, tiny_dirs["gemma3_target"])
+    started = time.perf_counter()
+    with pytest.raises(GridError, match="different tokenizers"):
+        parse_grid(grid(other, draft))
+    assert time.perf_counter() - started < 2.0
 
 
 def test_pooled_drafting_runs_where_an_image_is_one_grid_and_is_refused_by_name_where_not(family_dirs):

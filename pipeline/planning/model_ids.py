@@ -55,9 +55,16 @@ def _json_file(path: Path) -> dict | None:
 
 def _cached_config(name: str) -> Path | None:
     """The hub cache's config.json of hub id `name`, when it is there (nothing is downloaded)."""
+    return _cached_file(name, "config.json")
+
+
+def _cached_file(name: str, filename: str) -> Path | None:
+    """A file of hub id `name` in this machine's hub cache, when it is there (nothing is downloaded)."""
+    if not HUB_ID.fullmatch(name):
+        return None
     from huggingface_hub import try_to_load_from_cache
 
-    cached = try_to_load_from_cache(name, "config.json")
+    cached = try_to_load_from_cache(name, filename)
     return Path(cached) if isinstance(cached, str) else None
 
 
@@ -121,11 +128,13 @@ def check_hub_id_resolves(name: str, where: str, timeout: float = HUB_TIMEOUT_S)
 
 def check_same_tokenizer(target: str, draft: str, where: str) -> None:
     """Target and draft must share a tokenizer: proposals are token ids. Checked where both
-    are local directories with a `tokenizer.json` (hub ids are checked when the pair loads)."""
+    tokenizers are on this machine, each a local directory's `tokenizer.json` or a hub id's in
+    the hub cache, without loading either (otherwise the pair is checked when it loads)."""
     vocabularies = []
     for name in (target, draft):
         path = Path(name).expanduser() / "tokenizer.json"
-        if not path.is_file():
+        path = path if path.is_file() else _cached_file(name, "tokenizer.json")
+        if path is None:
             return
         try:
             data = json.loads(path.read_text())

@@ -53,11 +53,6 @@ def _json_file(path: Path) -> dict | None:
         return None
 
 
-def _cached_config(name: str) -> Path | None:
-    """The hub cache's config.json of hub id `name`, when it is there (nothing is downloaded)."""
-    return _cached_file(name, "config.json")
-
-
 def _cached_file(name: str, filename: str) -> Path | None:
     """A file of hub id `name` in this machine's hub cache, when it is there (nothing is downloaded)."""
     if not HUB_ID.fullmatch(name):
@@ -102,7 +97,8 @@ def check_hub_id_resolves(name: str, where: str, timeout: float = HUB_TIMEOUT_S)
     the hub on, a metadata request for it answered within `timeout` seconds. A model that cannot
     be downloaded then fails here in seconds, not in the actors after Ray has started. (Not run
     by `--dry-run`, which plans without models.)"""
-    if not HUB_ID.fullmatch(name) or Path(name).expanduser().is_dir() or _cached_config(name) is not None:
+    if not HUB_ID.fullmatch(name) or Path(name).expanduser().is_dir() \
+            or _cached_file(name, "config.json") is not None:
         return
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         raise GridError(f"{where}: {name!r} is not in the local hub cache and HF_HUB_OFFLINE is set")
@@ -171,7 +167,7 @@ def readable_config(name: str) -> dict | None:
     or a hub id's from the local hub cache; None otherwise (tiny:, embedded:, not cached)."""
     path = Path(name).expanduser() / "config.json"
     if not path.is_file() and HUB_ID.fullmatch(name):
-        path = _cached_config(name) or path
+        path = _cached_file(name, "config.json") or path
     return _json_file(path)
 
 

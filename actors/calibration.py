@@ -54,11 +54,11 @@ def grid_shapes(spec: GridSpec) -> Shapes:
 
 
 def measure(target: str, drafts: tuple[str, ...], dtype: str, shapes: Shapes, repeats: int, rounds: int,
-            threads: int | None = None, lines: Queue | None = None) -> list[Calibration]:
+            threads: int | None = None, lines: Queue | None = None, gpus: int = 1) -> list[Calibration]:
     """A target's calibration with each of its drafts (the target measured once per round for
     all), a line as each model's steps of a round are timed, printed or, from a Ray task, put on
     `lines` for the driver to print; `threads`: CPU threads to time with (those the grid's timed
-    decodes use)."""
+    decodes use); `gpus`: spread the target over that many (a grid pair's `gpus:`)."""
     import torch
 
     from actors.model_files import resolve_model
@@ -70,7 +70,7 @@ def measure(target: str, drafts: tuple[str, ...], dtype: str, shapes: Shapes, re
     # allow_text: a pair named here passed the grid's checks, or was named by hand (multimodal
     # families outside pipeline.models.families are refused all the same)
     loaded, models = load_target_and_drafts(resolve_model(target), {d: resolve_model(d) for d in drafts},
-                                            dtype=dtype, device=default_device(), allow_text=True)
+                                            dtype=dtype, device=default_device(), allow_text=True, gpus=gpus)
 
     def progress(line: str) -> None:
         line = f"calibration {target} ({dtype}), {line}"
@@ -99,18 +99,18 @@ def groups_of(pairs: list[tuple[str, str, str]]) -> dict[tuple[str, str], tuple[
 
 def calibrate_pairs(
     pairs: list[tuple[str, str, str]], out: str, *, shapes: Shapes, repeats: int = REPEATS,
-    rounds: int = ROUNDS, ray_tasks: bool,
+    rounds: int = ROUNDS, ray_tasks: bool, spread: tuple[tuple[str, str, int], ...] = (),
 ) -> list[Calibration]:
     """Measure each (target, draft, dtype), each target once for all its drafts, and write them
     under OUT; with `ray_tasks`, each target in a Ray task holding one GPU when the cluster
-    has GPUs, else a node's CPUs, so measurements on a CPU never overlap (Ray must be
-    initialised)."""
+    has GPUs (the GPUs `spread` gives a target, as `GridSpec.spread`), else a node's CPUs, so
+    measurements on a CPU never overlap (Ray must be initialised)."""
     groups = groups_of(pairs)
     verified = ", ".join(map(str, sorted({g + 1 for g in shapes.gammas} | set(shapes.verify_tokens))))
     print(f"calibrating {len(pairs)} pair(s) of {len(groups)} target(s), {rounds} rounds of {repeats} timed "
           f"steps per measurement (verify {verified} tokens)", flush=True)
     if ray_tasks:
-        results = _measured_on_ray(groups, shapes, repeats, rounds)
+        results = _measured_on_ray(groups, shapes, repeats, rounds, spread)
     else:
         results = [c for (t, dt), drafts in groups.items()
                    for c in measure(t, drafts, dt, shapes, repeats, rounds)]
@@ -128,7 +128,7 @@ def calibrate_pairs(
 
 
 def _measured_on_ray(groups: dict[tuple[str, str], tuple[str, ...]], shapes: Shapes, repeats: int,
-                     rounds: int) -> list[Calibration]:
+                     rounds: int, spread: tuple[tuple[str, str, int], ...]) -> list[Calibration]:
     """Each target with its drafts in a Ray task; the tasks' progress lines come back through a
     queue and are printed here as they arrive (a grid's driver relays no worker output)."""
     import ray
@@ -143,7 +143,10 @@ def _measured_on_ray(groups: dict[tuple[str, str], tuple[str, ...]], shapes: Sha
     task = ray.remote(num_gpus=gpus, num_cpus=cpus)(measure)
     threads = None if gpus else max(1, int(cpus))
     lines = Queue(actor_options={"num_cpus": 0})  # takes no CPU from the measurement
-    refs = {task.remote(t, drafts, dt, shapes, repeats, rounds, threads, lines): t
+    given = {(target, dtype): n for target, dtype, n in spread} if gpus else {}
+    held = {key: given.get(key, gpus) for key in groups}
+    refs = {task.options(num_gpus=held[(t, dt)]).remote(t, drafts, dt, shapes, repeats, rounds, threads,
+                                                        lines, max(1, held[(t, dt)])): t
             for (t, dt), drafts in groups.items()}
     waiting, results = list(refs), {}
     while waiting:

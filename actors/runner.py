@@ -74,7 +74,7 @@ class GridRunner:
         self.report = RunReport()
         captioner = spec.captioner if any(needs_captions(m) for m in spec.methods) else None  # for the actors
         options = WorkerOptions(workers, gpus_per_worker, cpus_per_worker, captioner, spec.drafting_methods,
-                                spec.text_only, spec.timed_repeats)
+                                spec.text_only, spec.timed_repeats, spec.spread)
         self.pool = WorkerPool(options, self.samples.get, self._write, self._count_redispatch,
                                max_attempts=max_attempts, poll_s=poll_s,
                                placement_timeout_s=placement_timeout_s, stream=stream)

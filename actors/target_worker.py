@@ -33,6 +33,12 @@ def quiet_libraries() -> None:
     transformers_logging.disable_progress_bar()
 
 
+def held_gpus(device: torch.device) -> int:
+    """The GPUs this process holds: all it sees (Ray shows an actor only those it was given, and
+    the target of a pair given `gpus: N` is spread over them)."""
+    return torch.cuda.device_count() if device.type == "cuda" else 1
+
+
 class TargetWorker:
     """Loads one model group — a target and every draft the grid pairs with it — once per
     process (and the captioner, if any method set needs it), after importing the grid's own
@@ -52,7 +58,7 @@ class TargetWorker:
         self.device = default_device()
         self.target, self.drafts = load_target_and_drafts(
             resolve_model(group.target), {d: resolve_model(d) for d in group.drafts}, dtype=group.dtype,
-            device=self.device, allow_text=allow_text,
+            device=self.device, allow_text=allow_text, gpus=held_gpus(self.device),
         )
         self.captioner = load_captioner(captioner, self.device) if captioner else None
         self.records = ShardRecords(self.target, self.drafts, self.captioner, timed_repeats)
@@ -62,9 +68,11 @@ class TargetWorker:
         return str(self.device) if self.device.type != "cpu" else f"cpu (threads: {torch.get_num_threads()})"
 
     def environment(self) -> dict[str, str | int]:
-        """What every row of this worker was timed on: the device by name, torch, transformers
-        and the machine's cores (what its load average is read against)."""
-        return {"device_name": device_name(self.device), **library_versions(), "cpu_cores": cpu_cores()}
+        """What every row of this worker was timed on: the device by name (`NVIDIA H200 x2` for a
+        target spread over two), torch, transformers and the machine's cores (what its load
+        average is read against)."""
+        name = device_name(self.device) + (f" x{self.target.gpus}" if self.target.gpus > 1 else "")
+        return {"device_name": name, **library_versions(), "cpu_cores": cpu_cores()}
 
     def run_shard(self, shard: Shard, samples: dict[str, Sample]) -> pa.Table:
         """Rows for every item of the shard, in item order; one bad sample is one error row."""

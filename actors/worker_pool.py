@@ -52,7 +52,8 @@ class Worker:
 class WorkerOptions:
     """How the pool starts workers: `workers` at most (None: as many as fit), GPUs and CPUs
     each (GPUs None: one where the cluster has them), the grid's captioner, its own drafting
-    methods, its `text_only` pairs and how often a timed sample's decodes run."""
+    methods, its `text_only` pairs, how often a timed sample's decodes run, and the targets
+    whose actors hold more GPUs (`GridSpec.spread`: the target spread over them)."""
 
     workers: int | None = None
     gpus_per_worker: float | None = None
@@ -61,6 +62,7 @@ class WorkerOptions:
     drafting_methods: tuple[str, ...] = ()
     text_only: tuple = ()
     timed_repeats: int = GridSpec.timed_repeats
+    spread: tuple[tuple[str, str, int], ...] = ()
 
 
 class WorkerPool:
@@ -117,6 +119,10 @@ class WorkerPool:
         self._pending: dict[ModelGroup, deque[Shard]] = defaultdict(deque)
         for shard in shards:
             self._pending[shard.group].append(shard)
+        for group in self._pending:
+            if self._need(group) > self._gpus and not fitting_nodes(self._need(group), cpus):
+                raise RunFailed(f"{group.label} needs {self._need(group):g} GPUs in one worker (its pair's "
+                                "`gpus:`), and no live node of the Ray cluster has that many")
         self._fill()
         while any(w.in_flight or w.placed is not None for w in self.workers):
             self._collect_one()
@@ -128,7 +134,7 @@ class WorkerPool:
         for worker in self.workers:
             self._top_up(worker)
         while (group := self._neediest_group()) is not None:
-            if len(self.workers) >= self._slots:
+            while not self._room_for(group):
                 idle = next((w for w in self.workers if not self._pending[w.group] and not w.in_flight), None)
                 if idle is None:
                     return
@@ -136,7 +142,7 @@ class WorkerPool:
                 self.workers.remove(idle)
             options = self.options
             allow_text = any(pair in options.text_only for pair in group.pairs)
-            handle = remote_worker(group, options.captioner, num_gpus=self._gpus, num_cpus=self._cpus,
+            handle = remote_worker(group, options.captioner, num_gpus=self._need(group), num_cpus=self._cpus,
                                    threads=None if self._gpus else max(1, int(self._cpus)),
                                    drafting_methods=options.drafting_methods, allow_text=allow_text,
                                    timed_repeats=options.timed_repeats)
@@ -160,6 +166,19 @@ class WorkerPool:
             samples = {sid: self.samples(shard.group, sid) for sid in shard.sample_ids}
             call = worker.handle.run_shard.options(max_task_retries=0) if suspect else worker.handle.run_shard
             worker.in_flight[call.remote(shard, samples)] = shard
+
+    def _need(self, group: ModelGroup) -> float:
+        """GPUs a worker of `group` holds: its pair's `gpus:`, else every worker's."""
+        given = {(target, dtype): gpus for target, dtype, gpus in self.options.spread}
+        return given.get((group.target, group.dtype), self._gpus)
+
+    def _room_for(self, group: ModelGroup) -> bool:
+        """Whether a worker of `group` fits beside the running ones: within the worker slots and,
+        on GPUs, within the cluster's GPUs (workers of a spread target hold several)."""
+        if len(self.workers) >= self._slots:
+            return False
+        total = ray.cluster_resources().get("GPU", 0.0)
+        return not total or sum(self._need(w.group) for w in self.workers) + self._need(group) <= total
 
     def _neediest_group(self) -> ModelGroup | None:
         live = defaultdict(int)

@@ -25,7 +25,7 @@ STARTED = time.monotonic()  # the phases' line at the end counts from here
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.planning.grid import GridError, GridSpec  # noqa: E402  (light: no Ray, no transformers)
-from pipeline.planning.grid_bounds import check_name  # noqa: E402
+from pipeline.planning.grid_bounds import MAX_GPUS_PER_WORKER, check_name  # noqa: E402
 from pipeline.planning.grid_file import load_grid  # noqa: E402
 from pipeline.planning.listing import KINDS  # noqa: E402
 from pipeline.planning.samples import RegistrySource, SampleSource  # noqa: E402
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from actors.runner import GridRunner
 
 EXIT_INVALID, EXIT_FAILED, EXIT_LOCKED, EXIT_INTERRUPTED, EXIT_TERMINATED = 2, 1, 3, 130, 143
-MAX_WORKERS, MAX_GPUS_PER_WORKER, MAX_CPUS_PER_WORKER = 100_000, 64, 1024  # beyond any cluster
+MAX_WORKERS, MAX_CPUS_PER_WORKER = 100_000, 1024  # beyond any cluster
 
 
 class Terminated(KeyboardInterrupt):
@@ -277,7 +277,7 @@ def run_and_report(runner: "GridRunner", spec: GridSpec, args: argparse.Namespac
                                  rows_written=report.rows_written, recalibrate=args.recalibrate)
         if pairs:
             calibrate_pairs(pairs, args.out, shapes=shapes, repeats=spec.calibrate_repeats,
-                            rounds=spec.calibrate_rounds, ray_tasks=True)
+                            rounds=spec.calibrate_rounds, ray_tasks=True, spread=spec.spread)
         phases["calibration"] = time.monotonic() - started
     if args.compact:  # under the lock this driver holds: nested, one lock
         started = time.monotonic()

@@ -9,12 +9,14 @@ from dataclasses import replace
 import dataclasses
 import io
 import os
+import time
 
 import pandas as pd
 import pytest
 from PIL import Image
 
 from actors.runner import GridRunner
+from actors.worker_pool import RunFailed
 from pipeline.decoding.config import DecodeConfig
 from pipeline.data.sample import Sample
 from pipeline.decoding.loop import autoregressive_decode, speculative_decode
@@ -68,13 +70,13 @@ def ray_local(tmp_path_factory):
     ray.shutdown()
 
 
-def spec(tiny_dirs, mode="live", draft=None):
+def spec(tiny_dirs, mode="live", draft=None, **pair):
     return parse_grid(
         {
             "name": "toy",
             "datasets": ["toy"],
             "turns": ["first", "again"],
-            "pairs": [{"target": tiny_dirs["target"], "draft": draft or tiny_dirs["draft"]}],
+            "pairs": [{"target": tiny_dirs["target"], "draft": draft or tiny_dirs["draft"], **pair}],
             "methods": ["AR", "M", "MT"],
             "policies": ["static", {"kind": "grid"}],
             "gamma": [3],
@@ -211,6 +213,29 @@ def test_a_pair_that_cannot_load_stops_the_run_with_its_error(ray_local, tiny_di
     with pytest.raises(RuntimeError, match="(?s)could not start.*nobody/missing-draft"):
         runner.run()
     assert not list(tmp_path.rglob("*.parquet"))
+
+
+def test_a_pair_given_two_gpus_runs_on_one_worker_holding_both(ray_local, tiny_dirs, full_run, tmp_path):
+    """`gpus: 2` (a target too large for one GPU, spread over two): its worker holds both of the
+    cluster's GPUs, so no second worker starts beside it though two are allowed, and its rows
+    equal a run on one-GPU workers. A pair asking for more GPUs than any node has stops the run
+    before any worker starts, naming the pair."""
+    import ray
+
+    held = []  # (workers, GPUs free) as each shard is written
+
+    def record(path, runner):
+        held.append((len(runner.workers), ray.available_resources().get("GPU", 0.0)))
+
+    GridRunner(spec(tiny_dirs, gpus=2), tmp_path / "two", source=ToySource(), workers=2, stream=io.StringIO(),
+               on_shard_written=record).run()
+    assert held and set(held) == {(1, 0.0)}
+    pd.testing.assert_frame_equal(comparable(results(tmp_path / "two")), comparable(results(full_run[0])))
+    started = time.monotonic()
+    too_many = GridRunner(spec(tiny_dirs, gpus=3), tmp_path / "three", source=ToySource(), stream=io.StringIO())
+    with pytest.raises(RunFailed, match=rf"{tiny_dirs['target']} <- .* needs 3 GPUs in one worker .*no live node"):
+        too_many.run()
+    assert time.monotonic() - started < 10 and not list((tmp_path / "three").rglob("*.parquet"))
 
 
 def test_worker_decodes_on_each_configs_engine_with_identical_outputs(tiny_dirs):

@@ -246,9 +246,11 @@ def test_the_pairs_a_user_would_run_read_without_loading_anything(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     spec = load_grid(Path(__file__).resolve().parents[1] / "configs" / "today_vlms.yaml")
     assert {pair.target for pair in spec.pairs} == {
-        "Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen2.5-VL-32B-Instruct", "Qwen/Qwen3-VL-8B-Instruct",
-        "Qwen/Qwen3-VL-32B-Instruct", "OpenGVLab/InternVL3-8B-hf", "OpenGVLab/InternVL3-38B-hf",
-        "google/gemma-3-27b-it"}
+        "Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen2.5-VL-32B-Instruct", "Qwen/Qwen2.5-VL-72B-Instruct",
+        "Qwen/Qwen3-VL-8B-Instruct", "Qwen/Qwen3-VL-32B-Instruct", "OpenGVLab/InternVL3-8B-hf",
+        "OpenGVLab/InternVL3-38B-hf", "OpenGVLab/InternVL3-78B-hf", "google/gemma-3-27b-it"}
+    assert spec.spread == (("Qwen/Qwen2.5-VL-72B-Instruct", "bf16", 2),
+                           ("OpenGVLab/InternVL3-78B-hf", "bf16", 2))
     assert {pair.draft for pair in spec.pairs} == {"Qwen/Qwen2.5-VL-3B-Instruct", "Qwen/Qwen3-VL-2B-Instruct",
                                                    "OpenGVLab/InternVL3-1B-hf", "google/gemma-3-4b-it"}
     text_draft = load_grid(Path(__file__).resolve().parents[1] / "configs" / "today_vlms_text_draft.yaml")

@@ -33,6 +33,8 @@ COMPILE_ENV = "TABED_COMPILE"  # auto (GPU only) | 1 (always) | 0 (never)
 # a state-space draft's rows beside compiled target steps: why that row is not compiled throughout
 STATE_SPACE_UNCOMPILED = ("state-space draft steps run uncompiled by design (a state per row, "
                           "restored after each block; no static cache to compile over)")
+SPREAD_UNCOMPILED = ("a model spread over several GPUs runs its steps uncompiled "
+                     "(a CUDA graph holds one device's kernels)")
 RECOMPILE_LIMIT = 64  # step shapes per model: rows x tokens x cache sizes
 
 
@@ -130,5 +132,9 @@ def new_rows(
     if engine == "eager":
         return DynamicCacheRows(model, prompts, per_request, step_log, positions, extras)
     compiled = compiles(model.device) if compiled is None else compiled
-    return StaticCacheRows(model, prompts, capacity=capacity, compiled=compiled, role=role,
+    spread = compiled and model.gpus > 1  # a CUDA graph captures the kernels of one device
+    rows = StaticCacheRows(model, prompts, capacity=capacity, compiled=compiled and not spread, role=role,
                            per_request=per_request, step_log=step_log, positions=positions, extras=extras)
+    if spread:
+        rows.step_log.fallbacks.add(SPREAD_UNCOMPILED)
+    return rows

@@ -43,6 +43,7 @@ import torch
 from pipeline.decoding.prompt_rows import left_padded, padded_positions
 from pipeline.decoding.trees import LevelMask
 from pipeline.models.base import LVLM, StepLog
+from pipeline.models.sharding import on_devices
 
 
 class Rows(Protocol):
@@ -192,11 +193,11 @@ class DynamicCacheRows:
 
     def copy_rows(self, groups: int, source: torch.Tensor, start: int) -> None:
         first, end = self.width + self.base + start, self.width + self.fed
-        sources = source.view(-1)
+        sources = on_devices(source.view(-1))
         for layer in self.cache.layers:
             for states in (layer.keys, layer.values):
-                grouped = states.view(sources.shape[0], groups, -1, *states.shape[1:])[..., first:end, :]
-                index = sources.view(-1, 1, 1, 1, 1, 1).expand(-1, 1, *grouped.shape[2:])
+                grouped = states.view(source.numel(), groups, -1, *states.shape[1:])[..., first:end, :]
+                index = sources(states.device).view(-1, 1, 1, 1, 1, 1).expand(-1, 1, *grouped.shape[2:])
                 grouped.copy_(grouped.gather(1, index).expand_as(grouped))
 
     def _move(self, keep: list[int], order: torch.Tensor | None, span: int) -> None:
@@ -212,11 +213,12 @@ class DynamicCacheRows:
         source = self.width + self.base + order.gather(1, entry)
         kept = self._on_device(self.kept_counts)
         target = torch.where(counts[:, None] > 0, self.width + kept[:, None] + entry, source)
+        sources, targets = on_devices(source), on_devices(target)
         for layer in self.cache.layers:
             for states in (layer.keys, layer.values):
                 heads, size = states.shape[1], states.shape[3]
-                index = lambda slots: slots[:, None, :, None].expand(-1, heads, -1, size)
-                states.scatter_(2, index(target), states.gather(2, index(source)))
+                index = lambda slots: slots(states.device)[:, None, :, None].expand(-1, heads, -1, size)
+                states.scatter_(2, index(targets), states.gather(2, index(sources)))
 
     def _set_skips(self, skips: list[int]) -> None:
         self.skips = skips

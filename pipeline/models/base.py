@@ -54,6 +54,9 @@ class LVLM(ABC):
     #: A state-space model: its cache is a state per row, rolled back by restoring saved states
     #: (`state_tensors` / `replace_states`), and it only drafts (`pipeline.models.families`).
     recurrent: bool = False
+    #: GPUs its weights are spread over (`pipeline.models.sharding`); `device` is the first, where
+    #: its inputs go and its logits, image features and embeddings come back.
+    gpus: int = 1
 
     @property
     def supports_images(self) -> bool:

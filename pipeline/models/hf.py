@@ -18,6 +18,7 @@ from PIL import Image
 from transformers import Cache, CompileConfig, PreTrainedModel, PreTrainedTokenizerBase, StaticCache
 
 from pipeline.models.base import LVLM, ModelInputError, StepLog
+from pipeline.models.sharding import on_each_device
 from pipeline.models.step_graphs import StepGraphs
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class HFModel(LVLM):
         self.name = name
         self.device = model.device
         self.dtype = model.dtype
+        self.gpus = len({d for d in getattr(model, "hf_device_map", {}).values() if isinstance(d, int)}) or 1
         self.image_token_id = None
         self._static_caches: dict[tuple[int, int, str], StaticCache] = {}
         self.cache_config = model.config  # what static caches are built from (its layer kinds and sizes)
@@ -71,10 +73,10 @@ class HFModel(LVLM):
     def rewind_static_cache(self, cache: Cache, length: int) -> None:
         # transformers' StaticLayer writes at its `cumulative_length` (a device tensor, so
         # setting it is no host sync); there is no public crop for static caches. Two fused
-        # kernels set every layer's, instead of one launch per layer.
-        lengths = [layer.cumulative_length for layer in cache.layers]
-        torch._foreach_mul_(lengths, 0)
-        torch._foreach_add_(lengths, length)
+        # kernels per GPU set every layer's, instead of one launch per layer.
+        for lengths in on_each_device([layer.cumulative_length for layer in cache.layers]):
+            torch._foreach_mul_(lengths, 0)
+            torch._foreach_add_(lengths, length)
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -85,7 +87,8 @@ class HFModel(LVLM):
         return set(eos) if isinstance(eos, (list, tuple)) else {eos}
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model.get_input_embeddings()(ids.to(self.device))
+        # `.to`: on a target spread over GPUs the embeddings need not sit on the first (a no-op otherwise)
+        return self.model.get_input_embeddings()(ids.to(self.device)).to(self.device)
 
     @torch.inference_mode()
     def logits(

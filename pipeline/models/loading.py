@@ -20,6 +20,7 @@ from pipeline.models.hf import HFLlava, HFModel
 from pipeline.models.internvl import HFInternVL
 from pipeline.models.qwen_vl import HFQwen3VL, HFQwenVL
 from pipeline.models.recurrent import RecurrentLlava, RecurrentLM, is_hybrid, is_recurrent, layer_kinds
+from pipeline.models.sharding import DoesNotFit, empty_model, gpu_budgets, plan_device_map
 
 EMBEDDED_PREFIX = "embedded:"
 # families driven by another adapter than `HFLlava`
@@ -37,10 +38,12 @@ def default_device() -> torch.device:
 
 
 def load_model(
-    name_or_dir: str, *, dtype: str = "fp32", device: str | torch.device = "cpu", allow_text: bool = False
+    name_or_dir: str, *, dtype: str = "fp32", device: str | torch.device = "cpu", allow_text: bool = False,
+    gpus: int = 1,
 ) -> LVLM:
     """A model ready for the engine, on `device`, in `dtype` (fp32 / fp16 / bf16); a plain
-    causal LM only with `allow_text`."""
+    causal LM only with `allow_text`. `gpus` > 1: spread over that many GPUs, the first of them
+    its home (`pipeline.models.sharding`)."""
     torch_dtype = resolve_dtype(dtype)
     device = torch.device(device)
     if name_or_dir.startswith(EMBEDDED_PREFIX):
@@ -60,18 +63,26 @@ def load_model(
                              f"{sorted(layer_kinds(config))} are not one this engine rolls back "
                              f"(attention, or pure {'/'.join(RECURRENT_TYPES.values())})")
     recurrent = is_recurrent(config)
+    text = family not in FAMILIES
+    model_class = AutoModelForCausalLM if text else getattr(transformers, FAMILIES[family].model_class)
     try:
-        if family in FAMILIES:
-            model = getattr(transformers, FAMILIES[family].model_class).from_pretrained(
-                name_or_dir, dtype=torch_dtype)
-            adapter_class = RecurrentLlava if recurrent else FAMILY_ADAPTERS.get(family, HFLlava)
-            adapter: LVLM = adapter_class(model.to(device), _processor(name_or_dir), name_or_dir)
+        if gpus > 1:
+            placement = plan_device_map(empty_model(model_class, config, torch_dtype), gpu_budgets(gpus),
+                                        name_or_dir)
+            model = model_class.from_pretrained(name_or_dir, dtype=torch_dtype, device_map=placement)
         else:
-            model = AutoModelForCausalLM.from_pretrained(name_or_dir, dtype=torch_dtype)
+            model = model_class.from_pretrained(name_or_dir, dtype=torch_dtype).to(device)
+        if text:
             adapter_class = RecurrentLM if recurrent else TEXT_ADAPTERS.get(config.model_type, HFModel)
-            adapter = adapter_class(model.to(device), AutoTokenizer.from_pretrained(name_or_dir), name_or_dir)
+            adapter: LVLM = adapter_class(model, AutoTokenizer.from_pretrained(name_or_dir), name_or_dir)
+        else:
+            adapter_class = RecurrentLlava if recurrent else FAMILY_ADAPTERS.get(family, HFLlava)
+            adapter = adapter_class(model, _processor(name_or_dir), name_or_dir)
+    except DoesNotFit as err:
+        raise ModelLoadError(str(err)) from None
     except torch.OutOfMemoryError as err:
-        raise ModelLoadError(f"model {name_or_dir!r} does not fit on {device} in {dtype}: {err}") from err
+        where = f"{gpus} GPUs" if gpus > 1 else device
+        raise ModelLoadError(f"model {name_or_dir!r} does not fit on {where} in {dtype}: {err}") from err
     return adapter
 
 
@@ -114,17 +125,28 @@ def load_pair(
 
 def load_target_and_drafts(
     target: str, drafts: dict[str, str], *, dtype: str = "fp32", device: str | torch.device = "cpu",
-    allow_text: bool = False,
+    allow_text: bool = False, gpus: int = 1,
 ) -> tuple[LVLM, dict[str, LVLM]]:
     """A target and several drafts (name -> what to load) on one device, the target once,
-    each draft checked to share its tokenizer."""
-    loaded = load_model(target, dtype=dtype, device=device, allow_text=allow_text)
+    each draft checked to share its tokenizer. `gpus` > 1: the drafts load on the first GPU
+    and the target is spread over the first `gpus` (`pipeline.models.sharding`)."""
+    device = torch.device(device)
+    if gpus > 1 and (device.type != "cuda" or torch.cuda.device_count() < gpus):
+        raise ModelLoadError(f"cannot spread {target!r} over {gpus} GPUs: this process sees "
+                             f"{torch.cuda.device_count() if torch.cuda.is_available() else 0}")
+    home = torch.device("cuda", 0) if gpus > 1 else device
+
+    def load(name: str, spread: int = 1) -> LVLM:
+        return load_model(name, dtype=dtype, device=home, allow_text=allow_text, gpus=spread)
+
+    # spread: the drafts first, so the target's plan sees what they leave free on the first GPU
+    early = {name: load(path) for name, path in drafts.items()} if gpus > 1 else {}
+    loaded = load(target, gpus)
     try:
         drafts_only(target, "target", recurrent=loaded.recurrent)
     except UnsupportedFamily as err:
         raise ModelLoadError(str(err)) from None
-    models = {name: load_model(path, dtype=dtype, device=device, allow_text=allow_text)
-              for name, path in drafts.items()}
+    models = early or {name: load(path) for name, path in drafts.items()}
     for model in models.values():
         check_same_tokenizer(loaded, model)
     return loaded, models

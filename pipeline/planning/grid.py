@@ -231,6 +231,8 @@ class GridSpec:
     #: pairs marked `text_only: true`: their models may be plain causal LMs (pipeline.models.families)
     text_only: tuple[Pair, ...] = ()
     untimed: tuple[Pair, ...] = ()  # pairs marked `timed: false`: replayed on the `live_samples` too
+    #: (target, dtype, GPUs) of pairs given `gpus:`: their actor holds that many, the target spread over them
+    spread: tuple[tuple[str, str, int], ...] = ()
     untimed_verify: tuple[VerifySpec, ...] = ()  # verify kinds marked `timed: false`, likewise
     # verify kinds given `methods:`, with the method sets they run on (the others: every one)
     verify_methods: tuple[tuple[VerifySpec, tuple[str, ...]], ...] = ()

@@ -14,6 +14,7 @@ from pipeline.planning.grid_values import shown
 
 MAX_GAMMA = 64  # proposals per block: the paper uses 5; thousands only make every block slower
 MAX_BATCH = 64  # requests decoded together
+MAX_GPUS_PER_WORKER = 64  # GPUs one actor holds (a pair's `gpus:`): more than any node has
 # Every number has a stated range: a typo (1e9 for 1e3) is refused before it costs anything.
 MAX_SEED = 2**32 - 1
 MAX_TEMPERATURE = 100.0  # past a few, sampling is uniform noise

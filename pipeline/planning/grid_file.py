@@ -20,8 +20,8 @@ from pipeline.planning.grid import (
 )
 from pipeline.planning.catalog import Catalog
 from pipeline.planning.grid_bounds import (
-    MAX_BATCH, MAX_CONFIGURATIONS, MAX_GAMMA, MAX_IMAGE_PIXELS, MAX_NEW_TOKENS, MAX_REPEATS, MAX_SAMPLES,
-    MAX_SEED, MAX_TEMPERATURE, check_name, check_size,
+    MAX_BATCH, MAX_CONFIGURATIONS, MAX_GAMMA, MAX_GPUS_PER_WORKER, MAX_IMAGE_PIXELS, MAX_NEW_TOKENS,
+    MAX_REPEATS, MAX_SAMPLES, MAX_SEED, MAX_TEMPERATURE, check_name, check_size,
 )
 from pipeline.planning.grid_checks import AXES, check_combinations
 from pipeline.planning.grid_values import boolean, choice, integer, listed, number
@@ -80,9 +80,10 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None, base: Path |
         user_datasets=user_datasets,
         drafting_methods=drafting_methods,
         turns=problems.check(_turns, raw.get("turns", [FIRST_TURN]), catalog),
-        pairs=tuple(pair for pair, _, _ in pairs),
-        text_only=tuple(pair for pair, text_only, _ in pairs if text_only),
-        untimed=tuple(pair for pair, _, timed in pairs if not timed),
+        pairs=tuple(pair for pair, *_ in pairs),
+        text_only=tuple(pair for pair, text_only, *_ in pairs if text_only),
+        untimed=tuple(pair for pair, _, timed, _ in pairs if not timed),
+        spread=problems.check(_spread, pairs, default=()),
         methods=methods,
         policies=tuple(problems.each(problems.check(listed, raw.get("policies", ["static"]), "policies",
                                                     default=[]),
@@ -165,12 +166,13 @@ def _turns(value: Any, catalog: Catalog) -> tuple[str, ...]:
     return tuple(turns)
 
 
-PAIR_KEYS = ("target", "draft", "dtype", "text_only", "timed")
+PAIR_KEYS = ("target", "draft", "dtype", "text_only", "timed", "gpus")
 
 
-def _pair(entry: Any, i: int) -> tuple[Pair, bool, bool]:
-    """A pair, whether its models may be plain causal LMs (`text_only: true`) and whether it
-    is timed on the grid's `live_samples` (`timed: false` replays it there too)."""
+def _pair(entry: Any, i: int) -> tuple[Pair, bool, bool, int | None]:
+    """A pair, whether its models may be plain causal LMs (`text_only: true`), whether it
+    is timed on the grid's `live_samples` (`timed: false` replays it there too), and the GPUs
+    its actor holds (`gpus: 2`: a target too large for one, spread over two; None: the run's)."""
     where = f"pairs[{i}]"
     if not isinstance(entry, dict):
         raise GridError(f"{where}: expected a mapping {{target, draft, dtype}}, got {entry!r}")
@@ -188,10 +190,26 @@ def _pair(entry: Any, i: int) -> tuple[Pair, bool, bool]:
     )
     text_only = boolean(entry.get("text_only", False), f"{where}.text_only")
     timed = boolean(entry.get("timed", True), f"{where}.timed")
+    gpus = entry.get("gpus")
+    gpus = None if gpus is None else integer(gpus, f"{where}.gpus", minimum=1, maximum=MAX_GPUS_PER_WORKER)
     check_same_tokenizer(pair.target, pair.draft, where)
     for role in ("target", "draft"):
         check_family_here(getattr(pair, role), f"{where}.{role}", allow_text=text_only)
-    return pair, text_only, timed
+    return pair, text_only, timed, gpus
+
+
+def _spread(pairs: list[tuple[Pair, bool, bool, int | None]]) -> tuple[tuple[str, str, int], ...]:
+    """(target, dtype, GPUs) of each target given `gpus:`; one actor loads a target with all its
+    drafts, so its pairs must agree."""
+    given: dict[tuple[str, str], int] = {}
+    for i, (pair, _, _, gpus) in enumerate(pairs):
+        if gpus is None:
+            continue
+        key = (pair.target, pair.dtype)
+        if given.setdefault(key, gpus) != gpus:
+            raise GridError(f"pairs[{i}].gpus: {gpus}, but an earlier pair of target {pair.target} "
+                            f"({pair.dtype}) gave {given[key]}; one actor loads a target with all its drafts")
+    return tuple((target, dtype, gpus) for (target, dtype), gpus in given.items())
 
 
 def _method(value: Any, i: int) -> str:

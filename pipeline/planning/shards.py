@@ -121,10 +121,12 @@ def _bundles(
 def counts(spec: GridSpec) -> dict[str, Counter]:
     """Work-unit counts per dataset, turn, model pair, method set, policy, engine and verify kind."""
     units = spec.units()
+    gpus = {(target, dtype): f", {n} GPUs per worker" for target, dtype, n in spec.spread}
+    pair = lambda p: p.label + gpus.get((p.target, p.dtype), "")
     return {
         "dataset": Counter(u.dataset for u in units),
         "turn": Counter(u.turn for u in units),
-        "pair": Counter(u.config.pair.label for u in units),
+        "pair": Counter(pair(u.config.pair) for u in units),
         "method set": Counter(u.config.decode.methods for u in units),
         "policy": Counter(u.config.decode.policy.label for u in units),
         "engine": Counter(u.config.engine for u in units),

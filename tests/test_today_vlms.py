@@ -180,6 +180,47 @@ def test_hub_ids_whose_tokenizers_are_in_the_hub_cache_are_compared_when_the_gri
     assert time.perf_counter() - started < 2.0
 
 
+def test_hub_pairs_not_in_the_cache_have_their_tokenizers_fetched_and_compared_before_ray(
+        tiny_dirs, tmp_path, monkeypatch):
+    """Before Ray starts (the job's preflight), each hub model's tokenizer.json that the cache
+    lacks is fetched, and a mismatched pair is refused naming it; offline, or where the hub has
+    none, the pair is left to the check when it loads."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    from pipeline.planning import preflight
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(preflight, "check_hub_id_resolves", lambda name, where: None)  # no hub here
+    served = {"Qwen/Qwen2.5-VL-7B-Instruct": "qwen2_5_vl_target",
+              "Qwen/Qwen2.5-VL-3B-Instruct": "qwen2_5_vl_draft", "google/gemma-3-4b-it": "gemma3_draft"}
+    fetched = []
+
+    def download(repo: str, filename: str, **kwargs) -> str:  # the hub, as it fills the cache
+        fetched.append(repo)
+        if repo not in served:
+            raise huggingface_hub.errors.EntryNotFoundError(f"{repo} has no {filename}")
+        snapshot = tmp_path / f"models--{repo.replace('/', '--')}" / "snapshots" / "0"
+        snapshot.mkdir(parents=True)
+        shutil.copy(Path(tiny_dirs[served[repo]]) / filename, snapshot)
+        (snapshot.parents[1] / "refs").mkdir()
+        (snapshot.parents[1] / "refs" / "main").write_text("0")
+        return str(snapshot / filename)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    target = "Qwen/Qwen2.5-VL-7B-Instruct"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    preflight.check_models(parse_grid(grid(target, "google/gemma-3-4b-it")))  # offline: left to load
+    assert fetched == []
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    with pytest.raises(GridError, match=r"pairs\[0\]: target .*7B.* and draft .*gemma.* different tokeni"):
+        preflight.check_models(parse_grid(grid(target, "google/gemma-3-4b-it")))
+    assert sorted(fetched) == ["Qwen/Qwen2.5-VL-7B-Instruct", "google/gemma-3-4b-it"]
+    preflight.check_models(parse_grid(grid(target, "Qwen/Qwen2.5-VL-3B-Instruct")))  # the same tokenizer
+    preflight.check_models(parse_grid(grid(target, "Qwen/Qwen2.5-VL-32B-Instruct")))  # none there: at load
+    assert fetched.count(target) == 1  # cached once fetched
+
+
 def test_pooled_drafting_runs_where_an_image_is_one_grid_and_is_refused_by_name_where_not(family_dirs):
     """P pools Qwen-VL's merged patch grid and Gemma 3's token grid 2x2; InternVL's tiles are
     refused when the grid is read, before anything loads."""

@@ -92,6 +92,25 @@ def check_model_id(name: Any, where: str) -> str:
     return name
 
 
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def fetch_tokenizer(name: str, timeout: float = HUB_TIMEOUT_S) -> None:
+    """Put hub id `name`'s tokenizer.json (a few MB; its actor fetches it first anyway) in the hub
+    cache, so that `check_same_tokenizer` compares the pair before Ray starts. A repository
+    without one, or no answer, leaves the comparison to the pair's load."""
+    if not HUB_ID.fullmatch(name) or Path(name).expanduser().is_dir() or hub_offline() \
+            or _cached_file(name, "tokenizer.json") is not None:
+        return
+    from huggingface_hub import hf_hub_download
+
+    try:
+        hf_hub_download(name, "tokenizer.json", etag_timeout=timeout)
+    except Exception:  # no tokenizer.json (a sentencepiece-only repo), no network: compared at load
+        return
+
+
 def check_hub_id_resolves(name: str, where: str, timeout: float = HUB_TIMEOUT_S) -> None:
     """A hub id must resolve before Ray starts: its config in this machine's hub cache, or, with
     the hub on, a metadata request for it answered within `timeout` seconds. A model that cannot
@@ -100,7 +119,7 @@ def check_hub_id_resolves(name: str, where: str, timeout: float = HUB_TIMEOUT_S)
     if not HUB_ID.fullmatch(name) or Path(name).expanduser().is_dir() \
             or _cached_file(name, "config.json") is not None:
         return
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+    if hub_offline():
         raise GridError(f"{where}: {name!r} is not in the local hub cache and HF_HUB_OFFLINE is set")
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
     from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
@@ -125,7 +144,9 @@ def check_hub_id_resolves(name: str, where: str, timeout: float = HUB_TIMEOUT_S)
 def check_same_tokenizer(target: str, draft: str, where: str) -> None:
     """Target and draft must share a tokenizer: proposals are token ids. Checked where both
     tokenizers are on this machine, each a local directory's `tokenizer.json` or a hub id's in
-    the hub cache, without loading either (otherwise the pair is checked when it loads)."""
+    the hub cache, without loading either: when the grid is read, and again before Ray starts
+    once `fetch_tokenizer` has fetched what the cache lacked (else the pair is checked when it
+    loads)."""
     vocabularies = []
     for name in (target, draft):
         path = Path(name).expanduser() / "tokenizer.json"

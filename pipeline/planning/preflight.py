@@ -15,7 +15,9 @@ from pathlib import Path
 
 from pipeline.data.sample import turn_count
 from pipeline.planning.grid import GridError, GridSpec
-from pipeline.planning.model_ids import check_hub_id_resolves, context_length
+from pipeline.planning.model_ids import (
+    check_hub_id_resolves, check_same_tokenizer, context_length, fetch_tokenizer,
+)
 from pipeline.planning.problems import Problems
 from pipeline.planning.samples import SampleSource
 
@@ -63,7 +65,8 @@ def _mib(size: int) -> str:
 
 def check_models(spec: GridSpec) -> None:
     """Every hub id resolves: cached here, or answered by the hub (their families, where a
-    config is readable here, were checked with the grid file). Ids are checked side by side,
+    config is readable here, were checked with the grid file); then each pair's tokenizers
+    match, fetched into the hub cache where they were not there. Ids are checked side by side,
     so a grid of many pairs waits one timeout at most; every failure is reported."""
     named = {getattr(pair, role): f"pairs[{i}].{role}"
              for i, pair in enumerate(spec.pairs) for role in ("target", "draft")}
@@ -72,6 +75,10 @@ def check_models(spec: GridSpec) -> None:
         for done in [pool.submit(problems.check, check_hub_id_resolves, name, where)
                      for name, where in named.items()]:
             done.result()
+        problems.raise_all()
+        list(pool.map(fetch_tokenizer, named))
+    for i, pair in enumerate(spec.pairs):
+        problems.check(check_same_tokenizer, pair.target, pair.draft, f"pairs[{i}]")
     problems.raise_all()
 
 

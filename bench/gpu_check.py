@@ -3,6 +3,7 @@ its own with its share of `--budget-s` (time a section leaves unused passes on t
 each printing its `name=value` lines as soon as it finishes, into a raw log as well.
 
     python bench/gpu_check.py --shapes 7b --budget-s 540      # a lent GPU: everything below
+    python bench/gpu_check.py --shapes 7b --family qwen2_5_vl --budget-s 540   # on Qwen2.5-VL 7B/3B shapes
     python bench/gpu_check.py --shapes tiny --budget-s 240    # a CPU: every section it can
 
 Sections (`bench/gpu_sections.py`), most important first:
@@ -50,7 +51,9 @@ MIN_START_S = 5.0  # a section is not started with less time than this left
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", choices=["tiny", "7b", "13b"], default="7b")
-    parser.add_argument("--draft", choices=["68m", "160m"], default="68m")
+    parser.add_argument("--family", choices=["llava", "qwen2_5_vl"], default="llava",
+                        help="qwen2_5_vl: a Qwen2.5-VL 7B target with its 3B draft's shapes (7b or tiny)")
+    parser.add_argument("--draft", choices=["68m", "160m"], default="68m", help="the LLaVA draft's shapes")
     parser.add_argument("--budget-s", type=float, default=540.0)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--log-dir", type=Path, default=ROOT / "bench" / "results")
@@ -58,6 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.budget_s <= 0 or args.max_new_tokens <= 0:
         parser.error("--budget-s and --max-new-tokens must be positive")
+    if args.family == "qwen2_5_vl" and args.shapes == "13b":
+        parser.error("--family qwen2_5_vl has --shapes 7b (the 7B target, 3B draft) or tiny")
     return args
 
 
@@ -131,7 +136,8 @@ def run_child(args: argparse.Namespace, section: str, seconds: float, log: Log) 
 
 def log_path(args: argparse.Namespace, device: str) -> Path:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", f"gpu-check-{args.shapes}-{device}").strip("-").lower()
+    family = "" if args.family == "llava" else f"{args.family}-"
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", f"gpu-check-{family}{args.shapes}-{device}").strip("-").lower()
     return args.log_dir / f"{slug}-{stamp}.txt"
 
 

@@ -21,12 +21,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a plain copy of the repo
 
 from bench import gpu_batch, gpu_engine  # noqa: E402
+from bench.qwen_shapes import build_qwen_pair  # noqa: E402
 from bench.real_shapes import DRAFTS, build_pair, pair_shape, step_weight_bytes  # noqa: E402
 from pipeline.decoding.config import DecodeConfig  # noqa: E402
 from pipeline.decoding.engine import default_engine  # noqa: E402
 from pipeline.decoding.loop import autoregressive_decode, speculative_decode  # noqa: E402
 from pipeline.drafting.policies import GridSearchPolicy, StaticPolicy  # noqa: E402
 from pipeline.models.devices import device_name, energy_meter  # noqa: E402
+from pipeline.models.reference import generate_inputs, reference_greedy  # noqa: E402
 from pipeline.planning.verify_entries import make_verify  # noqa: E402
 
 Figures = Iterator[tuple[str | None, object]]  # a None name: a comment line for the log
@@ -61,14 +63,15 @@ def gpu_tests_section(args: argparse.Namespace) -> Figures:
 
 
 def exact_section(args: argparse.Namespace) -> Figures:
-    """Greedy SD against AR at the same batch (1 and 3) on the tiny pair, every verify kind."""
+    """Greedy SD against AR at the same batch (1 and 3) on the family's tiny pair, every verify kind."""
     from pipeline.models.loading import load_pair
-    from pipeline.models.tiny import build_tiny_pair
+    from pipeline.models.tiny import build_family_pair, build_tiny_pair
 
     device = device_of(args)
     samples = gpu_engine.make_samples(3)
     with tempfile.TemporaryDirectory() as out:
-        target_dir, draft_dir = build_tiny_pair(out)
+        built = build_tiny_pair(out) if args.family == "llava" else build_family_pair(args.family, out)
+        target_dir, draft_dir = built
         for dtype in ("fp32", "fp16", "bf16"):
             target, draft = load_pair(str(target_dir), str(draft_dir), dtype=dtype, device=device)
             pairs = [(sd, ar) for batch in (1, 3) for sd, ar in tiny_outputs(target, draft, samples, batch)]
@@ -100,13 +103,14 @@ def tiny_outputs(target, draft, samples, batch: int) -> list[tuple[list[int], li
 
 
 def decode_section(args: argparse.Namespace) -> Figures:
-    """The 7B-shaped pair built once, its steps compiled and captured once: our AR step against
+    """The family's 7B-shaped pair built once, its steps compiled and captured once: our AR step against
     the floor, SD over AR and transformers' assisted generation, then SD over AR per batch size.
     Comment lines say when each part ended, since compiling is most of a cold machine's time."""
     start = time.perf_counter()
     device = device_of(args)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    pair = build_pair(pair_shape(args.shapes, args.draft), 0.7, device, dtype)
+    pair = (build_pair(pair_shape(args.shapes, args.draft), 0.7, device, dtype) if args.family == "llava"
+            else build_qwen_pair(args.shapes, 0.7, device, dtype))
     for part in (target_step_figures, sd_speedup_figures, batch_figures):
         yield from part(args, *pair)
         yield None, f"{part.__name__.removesuffix('_figures')} done at {time.perf_counter() - start:.0f} s"
@@ -145,8 +149,10 @@ def sd_speedup_figures(args: argparse.Namespace, target, draft) -> Figures:
         decoders[key] = lambda s, c=config: speculative_decode(target, draft, [s], c, engine=engine)[0]
     draft.model.generation_config.num_assistant_tokens_schedule = "constant"
     draft.model.generation_config.num_assistant_tokens = 5
-    decoders["hf_ar"] = lambda s: gpu_engine.hf_generate(target, s, new)
-    decoders["hf_assisted"] = lambda s: gpu_engine.hf_generate(target, s, new, assistant_model=draft.model)
+    inputs = {s.sample_id: generate_inputs(target, s) for s in samples}  # built before anything is timed
+    decoders["hf_ar"] = lambda s: reference_greedy(target, inputs[s.sample_id], new)
+    decoders["hf_assisted"] = lambda s: reference_greedy(target, inputs[s.sample_id], new,
+                                                        assistant_model=draft.model)
     meter = energy_meter(device)
     runs, energy, compiles_while_timed = {}, {}, 0
     for name, decode in decoders.items():

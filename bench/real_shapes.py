@@ -36,6 +36,7 @@ from transformers import (
     LlamaConfig,
     LlavaConfig,
     LlavaForConditionalGeneration,
+    PreTrainedModel,
     PreTrainedTokenizerFast,
 )
 
@@ -120,12 +121,13 @@ def build_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     return llava_tokenizer(tok)
 
 
-def successor_tables(vocab_size: int, agreement: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(target, draft) successor of every token id, -1 for special tokens (never predicted)."""
+def successor_tables(vocab_size: int, agreement: float, seed: int,
+                     specials: int = len(SPECIAL_TOKENS)) -> tuple[torch.Tensor, torch.Tensor]:
+    """(target, draft) successor of every token id, -1 for the `specials` first ids (never predicted)."""
     if not 0.0 <= agreement <= 1.0:
         raise ValueError(f"agreement must lie in [0, 1], got {agreement}")
     gen = torch.Generator().manual_seed(seed)
-    cycle = torch.randperm(vocab_size - len(SPECIAL_TOKENS), generator=gen) + len(SPECIAL_TOKENS)
+    cycle = torch.randperm(vocab_size - specials, generator=gen) + specials
     target = torch.full((vocab_size,), -1, dtype=torch.long)
     target[cycle] = cycle.roll(-1)
     per_run = round(AGREEMENT_RUN * (1.0 - agreement))
@@ -175,7 +177,7 @@ def _config(text: TextShape, vision: VisionShape, tokenizer: PreTrainedTokenizer
 
 
 @torch.no_grad()
-def _arrange_successor(model: LlavaForConditionalGeneration, successor: torch.Tensor) -> None:
+def arrange_successor(model: PreTrainedModel, successor: torch.Tensor) -> None:
     """Make `model` predict `successor[current token]` (see the module docstring)."""
     language = model.model.language_model
     embeddings = language.embed_tokens.weight
@@ -200,7 +202,7 @@ def build_llava(
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForImageTextToText.from_config(_config(text, vision, tokenizer), dtype=dtype)
-    _arrange_successor(model, successor)
+    arrange_successor(model, successor)
     return model.eval()
 
 

@@ -10,14 +10,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def check(tmp_path: Path, budget: int) -> tuple[dict[str, str], str, float]:
+def check(tmp_path: Path, budget: int, family: str = "llava") -> tuple[dict[str, str], str, float]:
     start = time.monotonic()
     run = subprocess.run([sys.executable, "bench/gpu_check.py", "--shapes", "tiny", "--budget-s", str(budget),
-                          "--max-new-tokens", "16", "--log-dir", str(tmp_path)],
+                          "--max-new-tokens", "16", "--log-dir", str(tmp_path), "--family", family],
                          cwd=ROOT, capture_output=True, text=True, timeout=budget + 60)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     figures = dict(line.split("=", 1) for line in run.stdout.splitlines() if "=" in line and not line.startswith("#"))
-    logs = list(tmp_path.glob("gpu-check-tiny-cpu-*.txt"))
+    named = "" if family == "llava" else family.replace("_", "-") + "-"
+    logs = list(tmp_path.glob(f"gpu-check-{named}tiny-cpu-*.txt"))
     assert len(logs) == 1 and logs[0].read_text().splitlines()[-2] == run.stdout.splitlines()[-2]
     return figures, logs[0].read_text(), time.monotonic() - start
 
@@ -49,3 +50,15 @@ def test_a_short_budget_stops_in_time_and_names_what_it_skipped(tmp_path):
     assert skipped != ["none"] and skipped[-1] == "gpu_tests"
     stopped = [name for name, value in figures.items() if value.startswith("unmeasured (out of time")]
     assert all(name not in skipped for name in stopped)
+
+
+def test_the_qwen2_5_vl_check_runs_its_own_pair_on_a_cpu(tmp_path):
+    """`--family qwen2_5_vl`: the exact section on the tiny Qwen2.5-VL pair, the decode section on
+    a Qwen2.5-VL pair of the tiny shapes arranged as the 7B one would be, beside transformers'
+    own `generate` and assisted generation fed what Qwen's processor would write."""
+    figures, log, _ = check(tmp_path, 240, family="qwen2_5_vl")
+    assert "--family qwen2_5_vl" in log and figures["skipped"] == "none"
+    assert figures["exact_fp32"] == figures["exact_fp16"] == "24/24"
+    assert figures["sd_equals_ar"] == "3/3" and figures["hf_assisted_equals_hf_ar"] == "3/3"
+    assert all(figures[f"batch_{b}_sd_equals_ar"] == "4" for b in (1, 2, 4))
+    assert float(figures["sd_speedup_M"]) > 0 and float(figures["target_step_ms"]) > 0

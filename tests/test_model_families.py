@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
@@ -13,6 +12,7 @@ from pipeline.decoding.loop import autoregressive_decode, speculative_decode
 from pipeline.drafting.policies import GridSearchPolicy
 from pipeline.models.families import FAMILIES
 from pipeline.models.loading import ModelLoadError, load_model
+from pipeline.models.reference import generate_inputs, reference_greedy
 from pipeline.models.tiny import build_family_pair
 from pipeline.planning.grid import GridError
 from pipeline.planning.grid_file import parse_grid
@@ -33,26 +33,8 @@ def family_pair(request, tmp_path_factory):
 
 
 def hf_greedy(model, sample: Sample, max_new: int) -> list[int]:
-    """The target's own `generate`: each image placeholder expanded to as many image tokens as
-    the model's features have rows (what its processor would write), pixels from its image processor."""
-    features = model.image_features(sample.pixels())
-    ids, k = [], 0
-    for token in model.tokenize_prompt(sample.prompt):
-        count = features[k].shape[0] if token == model.image_token_id else 1
-        k += token == model.image_token_id
-        ids += [token] * count
-    batch = [list(sample.pixels())] if model.family == "llava_onevision" else list(sample.pixels())
-    pixels = dict(model.processor.image_processor(batch, return_tensors="pt"))
-    pixels.pop("num_patches", None)  # InternVL's processor splits its tiles by it, and passes on none
-    input_ids = torch.tensor([ids])
-    if model.family in ("qwen2_5_vl", "qwen3_vl"):  # their processors mark the image tokens; M-RoPE needs them
-        pixels["mm_token_type_ids"] = (input_ids == model.image_token_id).int()
-    if model.family == "gemma3":  # its processor marks them too: they attend to each other both ways
-        pixels["token_type_ids"] = (input_ids == model.image_token_id).long()
-    pixels.pop("num_crops", None)  # Gemma 3's pan-and-scan crop counts (none here), not a model input
-    out = model.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **pixels,
-                               max_new_tokens=max_new, do_sample=False)
-    return out[0, len(ids):].tolist()
+    """The target's own `generate` on `sample`."""
+    return reference_greedy(model, generate_inputs(model, sample), max_new)
 
 
 @pytest.mark.parametrize("prompt", list(PROMPTS))

@@ -22,7 +22,10 @@ Sections (`bench/gpu_sections.py`), most important first:
   (1, 4, 16; tiny: 1, 2, 4);
 - ssm_step: ssm_step_ms of a Mamba2 draft (130M) beside llama_draft_step_ms (68M) after a
   2048-token context;
-- gpu_tests: gpu_tests_passed / _failed, the GPU-only tests (they compile for a minute or more).
+- gpu_tests: gpu_tests_passed / _failed, the GPU-only tests (they compile for a minute or more);
+- spread, on a machine of two GPUs or more (else `spread=unmeasured`): the real-shaped target on
+  one GPU, then spread over two as a pair given `gpus: 2` runs: spread_ar_equals_one_gpu,
+  spread_sd_equals_one_gpu (greedy outputs, N/3), and one_gpu_/spread_{ar,sd}_tokens_per_s.
 A section that cannot run says `unmeasured` and why; one that outruns its share is stopped and
 said `unmeasured (out of time)`; sections the budget never reached are named in `skipped=`.
 """
@@ -45,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 # H100 at 520 s: exact needs about 22 s per dtype (68 s stopped it before bf16), decode 284 s,
 # ssm_step 19 s, the GPU-only tests 80 s
 SHARES = {"exact": 0.18, "decode": 0.58, "ssm_step": 0.06, "gpu_tests": 0.18}
+SPREAD_SHARE = 0.12  # with two GPUs or more: a spread target's section, the others scaled down to make room
 MIN_START_S = 5.0  # a section is not started with less time than this left
 
 
@@ -57,13 +61,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=540.0)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--log-dir", type=Path, default=ROOT / "bench" / "results")
-    parser.add_argument("--section", choices=list(SHARES), help=argparse.SUPPRESS)  # run one, in this process
+    # the child: one section, in this process
+    parser.add_argument("--section", choices=[*SHARES, "spread"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.budget_s <= 0 or args.max_new_tokens <= 0:
         parser.error("--budget-s and --max-new-tokens must be positive")
     if args.family == "qwen2_5_vl" and args.shapes == "13b":
         parser.error("--family qwen2_5_vl has --shapes 7b (the 7B target, 3B draft) or tiny")
     return args
+
+
+def shares(gpus: int) -> dict[str, float]:
+    """Each section's share of the budget on a machine of `gpus` GPUs."""
+    if gpus < 2:
+        return SHARES
+    return {name: share * (1 - SPREAD_SHARE) for name, share in SHARES.items()} | {"spread": SPREAD_SHARE}
 
 
 def run_section(args: argparse.Namespace) -> int:
@@ -117,7 +129,7 @@ def stream(process: subprocess.Popen, log: Log) -> threading.Thread:
 def run_child(args: argparse.Namespace, section: str, seconds: float, log: Log) -> bool:
     """Run one section in its own process group for at most `seconds`; False if it was stopped."""
     command = [sys.executable, str(Path(__file__).resolve()), "--section", section, "--shapes", args.shapes,
-               "--draft", args.draft, "--max-new-tokens", str(args.max_new_tokens)]
+               "--draft", args.draft, "--family", args.family, "--max-new-tokens", str(args.max_new_tokens)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1"}
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, start_new_session=True)
@@ -160,9 +172,12 @@ def main(argv: list[str] | None = None) -> int:
 
     for name, value in device_section(args):
         log(f"{name}={value}")
-    log(f"# budget {args.budget_s:.0f} s; sections in order: {', '.join(SHARES)}")
+    sections = shares(torch.cuda.device_count())
+    if "spread" not in sections:
+        log(f"spread=unmeasured ({torch.cuda.device_count()} GPUs here: spreading a target takes two)")
+    log(f"# budget {args.budget_s:.0f} s; sections in order: {', '.join(sections)}")
     carried, skipped = 0.0, []
-    for section, share in SHARES.items():
+    for section, share in sections.items():
         left = deadline - time.monotonic()
         if left < MIN_START_S:
             skipped.append(section)

@@ -74,6 +74,8 @@ def exact_section(args: argparse.Namespace) -> Figures:
         target_dir, draft_dir = built
         for dtype in ("fp32", "fp16", "bf16"):
             target, draft = load_pair(str(target_dir), str(draft_dir), dtype=dtype, device=device)
+            if dtype == "fp32":
+                yield "exact_family", target.family
             pairs = [(sd, ar) for batch in (1, 3) for sd, ar in tiny_outputs(target, draft, samples, batch)]
             differ = [next(i for i, (a, b) in enumerate(zip(sd + [-1], ar + [-2])) if a != b)
                       for sd, ar in pairs if sd != ar]
@@ -109,11 +111,18 @@ def decode_section(args: argparse.Namespace) -> Figures:
     start = time.perf_counter()
     device = device_of(args)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    pair = (build_pair(pair_shape(args.shapes, args.draft), 0.7, device, dtype) if args.family == "llava"
-            else build_qwen_pair(args.shapes, 0.7, device, dtype))
+    pair = family_pair(args, device, dtype)
+    yield "decode_pair", f"{pair[0].name} <- {pair[1].name}"
     for part in (target_step_figures, sd_speedup_figures, batch_figures):
         yield from part(args, *pair)
         yield None, f"{part.__name__.removesuffix('_figures')} done at {time.perf_counter() - start:.0f} s"
+
+
+def family_pair(args: argparse.Namespace, device: torch.device, dtype: torch.dtype):
+    """The (target, draft) of `--family` and `--shapes`, the draft agreeing on 70% of tokens."""
+    if args.family == "llava":
+        return build_pair(pair_shape(args.shapes, args.draft), 0.7, device, dtype)
+    return build_qwen_pair(args.shapes, 0.7, device, dtype)
 
 
 def compiled_graphs() -> int:
@@ -232,9 +241,55 @@ def ssm_section(args: argparse.Namespace) -> Figures:
     yield "ssm_kernels", "mamba_ssm" if fused else "reference (transformers' PyTorch path: no mamba_ssm)"
 
 
+def synchronize_all() -> None:
+    """Wait for every GPU (none on a CPU): a spread model's last layers run on the second."""
+    for index in range(torch.cuda.device_count()):
+        torch.cuda.synchronize(index)
+
+
+def spread_section(args: argparse.Namespace) -> Figures:
+    """The family's real-shaped target on the first GPU, then spread over two (its draft on the
+    first, as an actor of a pair given `gpus: 2` holds them): greedy AR and SD M outputs of the
+    two compared, and each one's speed."""
+    from accelerate import dispatch_model
+
+    from pipeline.models.sharding import gpu_budgets, plan_device_map
+
+    device = device_of(args)
+    target, draft = family_pair(args, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    samples, new = gpu_engine.make_samples(3), args.max_new_tokens
+    config = DecodeConfig(methods="M", policy=StaticPolicy(), max_new_tokens=new)
+
+    def timed(model) -> dict[str, tuple[float, list[list[int]]]]:
+        engine = default_engine(model, draft)
+        decoders = {"ar": lambda s: autoregressive_decode(model, [s], max_new_tokens=new, engine=engine)[0],
+                    "sd": lambda s: speculative_decode(model, draft, [s], config, engine=engine)[0]}
+        runs = {}
+        for name, decode in decoders.items():
+            decode(samples[0])  # warm-up: compiles and captures where the model is on one GPU
+            synchronize_all()
+            start = time.perf_counter()
+            records = [decode(s) for s in samples]
+            synchronize_all()
+            runs[name] = (time.perf_counter() - start, [r.output_ids for r in records])
+        return runs
+
+    one = timed(target)
+    dispatch_model(target.model, device_map=plan_device_map(target.model, gpu_budgets(2), target.name))
+    spread = type(target)(target.model, target.processor, target.name)  # an adapter that sees the map
+    two = timed(spread)
+    yield "spread_gpus", spread.gpus
+    for name in ("ar", "sd"):
+        equal = sum(a == b for a, b in zip(one[name][1], two[name][1]))
+        yield f"spread_{name}_equals_one_gpu", f"{equal}/{len(samples)}"
+        for where, runs in (("one_gpu", one), ("spread", two)):
+            yield f"{where}_{name}_tokens_per_s", sum(map(len, runs[name][1])) / runs[name][0]
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace], Figures]] = {
     "exact": exact_section,
     "decode": decode_section,
     "ssm_step": ssm_section,
     "gpu_tests": gpu_tests_section,
+    "spread": spread_section,
 }

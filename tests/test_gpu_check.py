@@ -25,7 +25,7 @@ def check(tmp_path: Path, budget: int, family: str = "llava") -> tuple[dict[str,
 
 def test_every_section_runs_on_a_cpu_and_says_what_it_cannot_measure(tmp_path):
     figures, log, _ = check(tmp_path, 240)
-    assert figures["skipped"] == "none" and "# device: cpu" in log
+    assert figures["skipped"] == "none" and "# device: cpu" in log and figures["exact_family"] == "llava"
     assert figures["gpu_tests"].startswith("unmeasured (no CUDA")
     for dtype in ("fp32", "fp16"):  # greedy SD = AR for every verify kind, batch 1 and 3
         equal, total = map(int, figures[f"exact_{dtype}"].split("/"))
@@ -39,8 +39,9 @@ def test_every_section_runs_on_a_cpu_and_says_what_it_cannot_measure(tmp_path):
     assert all(float(figures[f"batch_speedup_{b}"]) > 0 for b in (1, 2, 4))
     assert all(figures[f"batch_{b}_sd_equals_ar"] == "4" for b in (1, 2, 4))
     assert float(figures["ssm_step_ms"]) > 0 and float(figures["llama_draft_step_ms"]) > 0
+    assert figures["spread"] == "unmeasured (0 GPUs here: spreading a target takes two)"
     assert not [name for name, value in figures.items() if value.startswith("unmeasured (")
-                and name not in ("gpu_tests", "energy")]
+                and name not in ("gpu_tests", "energy", "spread")]
 
 
 def test_a_short_budget_stops_in_time_and_names_what_it_skipped(tmp_path):
@@ -58,7 +59,25 @@ def test_the_qwen2_5_vl_check_runs_its_own_pair_on_a_cpu(tmp_path):
     own `generate` and assisted generation fed what Qwen's processor would write."""
     figures, log, _ = check(tmp_path, 240, family="qwen2_5_vl")
     assert "--family qwen2_5_vl" in log and figures["skipped"] == "none"
+    assert figures["exact_family"] == "qwen2_5_vl"
+    assert figures["decode_pair"] == "qwen2_5_vl-tiny-target <- qwen2_5_vl-tiny-draft"
     assert figures["exact_fp32"] == figures["exact_fp16"] == "24/24"
     assert figures["sd_equals_ar"] == "3/3" and figures["hf_assisted_equals_hf_ar"] == "3/3"
     assert all(figures[f"batch_{b}_sd_equals_ar"] == "4" for b in (1, 2, 4))
     assert float(figures["sd_speedup_M"]) > 0 and float(figures["target_step_ms"]) > 0
+
+
+def test_the_spread_section_compares_the_target_on_one_gpu_with_it_spread(monkeypatch):
+    """On two GPUs it spreads the target with the loader's own plan; on this CPU, with the plan
+    replaced by the only device there is, its comparison and speed lines come out, and the one
+    target decodes the same either way."""
+    from bench import gpu_check, gpu_sections
+    from pipeline.models import sharding
+
+    monkeypatch.setattr(sharding, "gpu_budgets", lambda gpus: dict.fromkeys(range(gpus), 1 << 40))
+    monkeypatch.setattr(sharding, "plan_device_map", lambda model, budgets, name: {"": "cpu"})
+    args = gpu_check.parse_args(["--shapes", "tiny", "--family", "qwen2_5_vl", "--max-new-tokens", "8"])
+    figures = dict(gpu_sections.spread_section(args))
+    assert figures["spread_ar_equals_one_gpu"] == figures["spread_sd_equals_one_gpu"] == "3/3"
+    assert all(figures[f"{where}_{decode}_tokens_per_s"] > 0 for where in ("one_gpu", "spread")
+               for decode in ("ar", "sd"))

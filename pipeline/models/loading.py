@@ -20,7 +20,7 @@ from pipeline.models.hf import HFLlava, HFModel
 from pipeline.models.internvl import HFInternVL
 from pipeline.models.qwen_vl import HFQwen3VL, HFQwenVL
 from pipeline.models.recurrent import RecurrentLlava, RecurrentLM, is_hybrid, is_recurrent, layer_kinds
-from pipeline.models.sharding import DoesNotFit, empty_model, gpu_budgets, plan_device_map
+from pipeline.models.sharding import DoesNotFit, check_fits_one_gpu, empty_model, gpu_budgets, plan_device_map
 
 EMBEDDED_PREFIX = "embedded:"
 # families driven by another adapter than `HFLlava`
@@ -71,6 +71,9 @@ def load_model(
                                         name_or_dir)
             model = model_class.from_pretrained(name_or_dir, dtype=torch_dtype, device_map=placement)
         else:
+            if device.type == "cuda":
+                check_fits_one_gpu(empty_model(model_class, config, torch_dtype),
+                                   torch.cuda.mem_get_info(device)[0], name_or_dir)
             model = model_class.from_pretrained(name_or_dir, dtype=torch_dtype).to(device)
         if text:
             adapter_class = RecurrentLM if recurrent else TEXT_ADAPTERS.get(config.model_type, HFModel)

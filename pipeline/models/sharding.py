@@ -43,6 +43,17 @@ def empty_model(model_class: type, config: PretrainedConfig, dtype: torch.dtype)
         return build(config, dtype=dtype)
 
 
+def check_fits_one_gpu(model: PreTrainedModel, free: int, name: str) -> None:
+    """Refuse `model` (an `empty_model`) whose weights alone exceed the `free` bytes of its one
+    GPU, before its weights are read (loading them first would fill host memory, then fail)."""
+    from accelerate.utils import compute_module_sizes
+
+    size = compute_module_sizes(model)[""]
+    if size > free:
+        raise DoesNotFit(f"{name} ({_gb(size)} GB in {_dtype(model)}) does not fit on one GPU "
+                         f"({_gb(free)} GB free): give its pair more GPUs (`gpus:` in the grid)")
+
+
 def plan_device_map(model: PreTrainedModel, budgets: dict[int, int], name: str) -> dict[str, int]:
     """Module name -> GPU index for `model` (an `empty_model`), balanced over `budgets` (GPU index
     -> bytes), with the prompt-reading modules on GPU 0. Raises `DoesNotFit` naming the sizes."""
@@ -55,7 +66,7 @@ def plan_device_map(model: PreTrainedModel, budgets: dict[int, int], name: str) 
     size = compute_module_sizes(model)[""]
     if any(not isinstance(device, int) for device in placement.values()):
         free = " + ".join(_gb(budget) for budget in budgets.values())
-        raise DoesNotFit(f"{name} ({_gb(size)} GB in {str(model.dtype).removeprefix('torch.')}) does not fit "
+        raise DoesNotFit(f"{name} ({_gb(size)} GB in {_dtype(model)}) does not fit "
                          f"on {len(budgets)} GPUs: {free} GB are left for it after the drafts and "
                          f"{HEADROOM:.0%} headroom for caches; give its pair more GPUs (`gpus:` in the grid)")
     entries = list(placement)
@@ -67,6 +78,10 @@ def plan_device_map(model: PreTrainedModel, budgets: dict[int, int], name: str) 
         raise DoesNotFit(f"{name}: the modules that read the prompt would not all sit on the first GPU "
                          f"({', '.join(ahead)} would not); give GPU 0 more room")
     return dict(placement)
+
+
+def _dtype(model: PreTrainedModel) -> str:
+    return str(model.dtype).removeprefix("torch.")
 
 
 def _gb(size: int) -> str:

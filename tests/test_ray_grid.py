@@ -310,25 +310,31 @@ def test_a_timed_samples_decodes_are_repeated_and_the_fastest_kept(tiny_dirs, mo
     items = tuple((c, s.sample_id) for s in (timed, other) for c in configs)
     shard = Shard("r", group, "toy", "first", "live", items, tuple((s.sample_id, s.prompt_hash) for s in (timed, other)),
                   (timed.sample_id,))
-    # AR rows first: the timed sample's twice, the other's once; then M likewise
-    seconds = iter([3.0, 1.0, 5.0, 2.0, 4.0, 6.0])
+    # the timed sample in two rounds over its configurations (AR first), the other sample once
+    seconds, decoded = iter([3.0, 1.0, 5.0, 2.0, 4.0, 6.0]), []
     real = worker.records._decode_once
 
     def clocked(config, sample):
         record = real(config, sample)
         record.time_total_s = next(seconds)
+        decoded.append((config.decode.methods, sample.sample_id == timed.sample_id))
         return record
 
     monkeypatch.setattr(worker.records, "_decode_once", clocked)
-    rows = worker.run_shard(shard, {s.sample_id: s for s in (timed, other)}).to_pylist()
-    assert [r["time_total_s"] for r in rows] == [1.0, 2.0, 5.0, 6.0]
+    samples = {s.sample_id: s for s in (timed, other)}
+    rows = worker.run_shard(shard, samples).to_pylist()
+    assert decoded == [("AR", True), ("M", True)] * 2 + [("AR", False), ("M", False)]  # rounds, not runs in a row
+    assert [r["time_total_s"] for r in rows] == [3.0, 1.0, 4.0, 6.0]
     assert [r["timed"] for r in rows] == [True, True, False, False] and all(r["error"] is None for r in rows)
     worker.records.timed_repeats, seconds = 1, iter([3.0, 5.0, 4.0, 6.0])  # a grid's `timed_repeats: 1`
-    rows = worker.run_shard(shard, {s.sample_id: s for s in (timed, other)}).to_pylist()
-    assert [r["time_total_s"] for r in rows] == [3.0, 4.0, 5.0, 6.0]  # each decoded once: 4 clock readings
-    flaky = iter([SampleRecord(sample_id="x", mode="live", output_ids=[1]), SampleRecord(sample_id="x", mode="live", output_ids=[2])])
-    monkeypatch.setattr(worker.records, "_decode_once", lambda config, sample: next(flaky))
-    assert "different outputs" in worker.records.decode(configs[1], timed, repeats=2).error
+    rows = worker.run_shard(shard, samples).to_pylist()
+    assert [r["time_total_s"] for r in rows] == [3.0, 5.0, 4.0, 6.0]  # each decoded once: 4 clock readings
+    worker.records.timed_repeats, outputs = 2, iter([[1], [1], [1], [2], [1], [1]])  # M's second run differs
+    monkeypatch.setattr(worker.records, "_decode_once",
+                        lambda config, sample: SampleRecord(sample_id=sample.sample_id, output_ids=next(outputs)))
+    rows = worker.run_shard(shard, samples).to_pylist()
+    assert "2 decodes of one timed sample gave different outputs" in rows[1]["error"]
+    assert [r["error"] is None for r in rows] == [True, False, True, True]
 
 
 def test_live_rows_record_the_machines_load_around_their_decodes(tiny_dirs, monkeypatch):
@@ -345,7 +351,8 @@ def test_live_rows_record_the_machines_load_around_their_decodes(tiny_dirs, monk
     loads = iter([0.5, 1.5, 2.5, 3.5])
     monkeypatch.setattr(records_module, "machine_load", lambda: next(loads))
     rows = worker.run_shard(shard, {timed.sample_id: timed}).to_pylist()
-    assert [(r["mode"], r["load_before"], r["load_after"]) for r in rows] == [("ar", 0.5, 1.5), ("live", 2.5, 3.5)]
+    # rounds over AR and M: before AR's first run, before M's, after AR's last, after M's
+    assert [(r["mode"], r["load_before"], r["load_after"]) for r in rows] == [("ar", 0.5, 2.5), ("live", 1.5, 3.5)]
     assert all(r["cpu_cores"] >= 1 for r in rows)
     replayed = worker.run_shard(replace(shard, mode="replay"), {timed.sample_id: timed}).to_pylist()
     assert [r["load_before"] for r in replayed if r["mode"] == "replay"] == [None]

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 class ShardRecords:
     """The records of shards of one target (`drafts`: by name), decoded on the models' device;
-    a timed sample's live decodes run `timed_repeats` times each, the fastest kept."""
+    a timed sample's live decodes run in `timed_repeats` rounds, the fastest of each kept."""
 
     def __init__(self, target: LVLM, drafts: dict[str, LVLM], captioner: Captioner | None = None,
                  timed_repeats: int = GridSpec.timed_repeats) -> None:
@@ -50,21 +50,11 @@ class ShardRecords:
         """A record for every item of the shard."""
         records = self._replay(shard.items, samples) if shard.mode == "replay" else {}
         records |= self._batches([item for item in shard.items if item[0].batch > 1], samples)
-        # AR is the target alone: one decode serves every draft's row
-        baselines: dict[tuple, SampleRecord] = {}
-        for config, sample_id in sorted(shard.items, key=lambda item: not item[0].decode.is_ar):
-            if (config, sample_id) in records:
-                continue
+        live = [item for item in shard.items if item not in records]
+        for sample_id in dict.fromkeys(sample_id for _, sample_id in live):
             repeats = self.timed_repeats if sample_id in shard.timed else 1
-            decode = config.decode
-            if decode.is_ar:
-                key = (sample_id, self._engine(config), decode.max_new_tokens, decode.temperature,
-                       decode.seed)
-                if key not in baselines:
-                    baselines[key] = self.decode(config, samples[sample_id], repeats)
-                records[(config, sample_id)] = baselines[key]
-            else:
-                records[(config, sample_id)] = self.decode(config, samples[sample_id], repeats)
+            items = [item for item in live if item[1] == sample_id]
+            records |= self._decoded(items, samples[sample_id], repeats)
         if shard.mode == "live":
             self._shadow_replay(shard.items, samples, records)
         return records
@@ -113,19 +103,45 @@ class ShardRecords:
         return speculative_decode(self.target, self.drafts[config.pair.draft], samples, decode,
                                   self.captioner, engine=engine)
 
-    def decode(self, config: RunConfig, sample: Sample, repeats: int = 1) -> SampleRecord:
-        """A live decode (SD or the AR baseline) on the configuration's engine; the fastest of
-        `repeats` decodes, which must give the same output, with the machine's load before and
-        after them (the report flags walltimes taken on an overloaded machine)."""
-        load_before = machine_load()
-        records = [self._decode_once(config, sample) for _ in range(repeats)]
+    def _decoded(self, items: Sequence[Item], sample: Sample, repeats: int) -> Records:
+        """One sample's live decodes (SD, and the AR baseline once for every pair's AR row), in
+        `repeats` rounds over all of them, AR first, the fastest of each kept (a timed sample's).
+        Rounds, not runs back to back: a burst of load on the machine (a process starting beside
+        the worker) slows the decodes of one round, not every run of the configuration it hit.
+        Runs must give the same output; each record has the machine's load before its first
+        run and after its last (the report flags walltimes taken on an overloaded machine)."""
+        first: dict[tuple, Item] = {}
+        for item in sorted(items, key=lambda item: not item[0].decode.is_ar):
+            first.setdefault(self._decode_key(*item), item)
+        runs: dict[tuple, list[SampleRecord]] = defaultdict(list)
+        before, after = {}, {}
+        for round_ in range(repeats):
+            for key, (config, _) in first.items():
+                if round_ == 0:
+                    before[key] = machine_load()
+                runs[key].append(self._decode_once(config, sample))
+                if round_ == repeats - 1:
+                    after[key] = machine_load()
+        kept = {key: self._fastest(runs[key], before[key], after[key]) for key in first}
+        return {item: kept[self._decode_key(*item)] for item in items}
+
+    def _decode_key(self, config: RunConfig, sample_id: str) -> tuple:
+        """What a live decode depends on: AR is the target alone, so one decode serves every draft's row."""
+        decode = config.decode
+        if decode.is_ar:
+            return sample_id, self._engine(config), decode.max_new_tokens, decode.temperature, decode.seed
+        return config, sample_id
+
+    @staticmethod
+    def _fastest(records: list[SampleRecord], load_before: float | None,
+                 load_after: float | None) -> SampleRecord:
         if any(r.error for r in records):
             return next(r for r in records if r.error)
         if any(r.output_ids != records[0].output_ids for r in records):
-            err = RuntimeError(f"{repeats} decodes of one timed sample gave different outputs")
-            return failed(sample.sample_id, records[0].mode, err)
+            err = RuntimeError(f"{len(records)} decodes of one timed sample gave different outputs")
+            return failed(records[0].sample_id, records[0].mode, err)
         fastest = min(records, key=lambda r: r.time_total_s)
-        return replace(fastest, load_before=load_before, load_after=machine_load())
+        return replace(fastest, load_before=load_before, load_after=load_after)
 
     def _decode_once(self, config: RunConfig, sample: Sample) -> SampleRecord:
         on = lambda engine: self._decode(config, [sample], engine)[0]

@@ -22,6 +22,7 @@ from pipeline.data.sample import Sample
 from pipeline.decoding.loop import autoregressive_decode, speculative_decode
 from pipeline.planning.grid import Catalog, ModelGroup, Pair, RunConfig, Shard
 from pipeline.planning.grid_file import parse_grid
+from pipeline.execution.shard_records import WARM_UP_TOKENS
 from pipeline.storage.store import read_results
 
 pytestmark = pytest.mark.slow
@@ -316,19 +317,23 @@ def test_a_timed_samples_decodes_are_repeated_and_the_fastest_kept(tiny_dirs, mo
 
     def clocked(config, sample):
         record = real(config, sample)
-        record.time_total_s = next(seconds)
-        decoded.append((config.decode.methods, sample.sample_id == timed.sample_id))
+        warm_up = config.decode.max_new_tokens == WARM_UP_TOKENS
+        record.time_total_s = None if warm_up else next(seconds)
+        decoded.append(("warm-up " * warm_up + config.decode.methods, sample.sample_id == timed.sample_id))
         return record
 
     monkeypatch.setattr(worker.records, "_decode_once", clocked)
     samples = {s.sample_id: s for s in (timed, other)}
     rows = worker.run_shard(shard, samples).to_pylist()
-    assert decoded == [("AR", True), ("M", True)] * 2 + [("AR", False), ("M", False)]  # rounds, not runs in a row
+    # the process's first timed decodes follow one short untimed run of each; then rounds, not runs in a row
+    assert decoded == [("warm-up AR", True), ("warm-up M", True)] + [("AR", True), ("M", True)] * 2 + [
+        ("AR", False), ("M", False)]
     assert [r["time_total_s"] for r in rows] == [3.0, 1.0, 4.0, 6.0]
     assert [r["timed"] for r in rows] == [True, True, False, False] and all(r["error"] is None for r in rows)
-    worker.records.timed_repeats, seconds = 1, iter([3.0, 5.0, 4.0, 6.0])  # a grid's `timed_repeats: 1`
+    worker.records.timed_repeats, seconds, decoded = 1, iter([3.0, 5.0, 4.0, 6.0]), []  # `timed_repeats: 1`
     rows = worker.run_shard(shard, samples).to_pylist()
     assert [r["time_total_s"] for r in rows] == [3.0, 5.0, 4.0, 6.0]  # each decoded once: 4 clock readings
+    assert not [d for d in decoded if d[0].startswith("warm-up")]  # once a process
     worker.records.timed_repeats, outputs = 2, iter([[1], [1], [1], [2], [1], [1]])  # M's second run differs
     monkeypatch.setattr(worker.records, "_decode_once",
                         lambda config, sample: SampleRecord(sample_id=sample.sample_id, output_ids=next(outputs)))

@@ -114,9 +114,12 @@ class ShardRecords:
         the worker) slows the decodes of one round, not every run of the configuration it hit.
         Runs must give the same output; each record has the machine's load before its first
         run and after its last (the report flags walltimes taken on an overloaded machine)."""
+        # keyed once, before decoding: a static engine failing on the way changes what `auto` resolves to
+        ar_first = sorted(items, key=lambda item: not item[0].decode.is_ar)
+        keys = {item: self._decode_key(*item) for item in ar_first}
         first: dict[tuple, Item] = {}
-        for item in sorted(items, key=lambda item: not item[0].decode.is_ar):
-            first.setdefault(self._decode_key(*item), item)
+        for item, key in keys.items():
+            first.setdefault(key, item)
         runs: dict[tuple, list[SampleRecord]] = defaultdict(list)
         before, after = {}, {}
         for round_ in range(repeats):
@@ -127,7 +130,7 @@ class ShardRecords:
                 if round_ == repeats - 1:
                     after[key] = machine_load()
         kept = {key: self._fastest(runs[key], before[key], after[key]) for key in first}
-        return {item: kept[self._decode_key(*item)] for item in items}
+        return {item: kept[keys[item]] for item in items}
 
     def _warm_up(self, items: Sequence[Item], sample: Sample) -> None:
         """Before a process's first timed decodes, each of their configurations once, short and

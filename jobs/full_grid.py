@@ -87,8 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=bounded(int, 1, MAX_WORKERS),
                         help="number of actors (default: one per GPU, else one per CPU)")
     parser.add_argument("--gpus-per-worker", type=bounded(float, 0, MAX_GPUS_PER_WORKER),
-                        help="GPUs per actor (default: 1 if the cluster has GPUs, else 0); a pair's `gpus:` "
-                             "sets its own; an actor of two or more spreads its target over them")
+                        help="GPUs per actor (default 1 with GPUs, else 0; a pair's gpus: sets its own)")
     parser.add_argument("--cpus-per-worker", type=bounded(float, 0, MAX_CPUS_PER_WORKER, low_allowed=False),
                         default=1,
                         help="CPUs per actor (default: %(default)s)")

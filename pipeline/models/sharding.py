@@ -36,7 +36,7 @@ def gpu_budgets(gpus: int, headroom: float = HEADROOM) -> dict[int, int]:
 
 def empty_model(model_class: type, config: PretrainedConfig, dtype: torch.dtype) -> PreTrainedModel:
     """The model's modules with meta weights (no memory): what a device map is planned on."""
-    from accelerate import init_empty_weights  # imported only where a model is spread
+    from accelerate import init_empty_weights  # imported only where a model loads on a GPU
 
     build = getattr(model_class, "from_config", None) or model_class._from_config  # Auto* or a model class
     with init_empty_weights():

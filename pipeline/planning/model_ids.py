@@ -96,19 +96,24 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
 
 
-def fetch_tokenizer(name: str, timeout: float = HUB_TIMEOUT_S) -> None:
+def _hub_only(name: str) -> bool:
+    """A hub id that names no local directory: what only the hub or its cache can give."""
+    return bool(HUB_ID.fullmatch(name)) and not Path(name).expanduser().is_dir()
+
+
+def fetch_tokenizer(name: str, timeout: float = HUB_TIMEOUT_S) -> bool:
     """Put hub id `name`'s tokenizer.json (a few MB; its actor fetches it first anyway) in the hub
-    cache, so that `check_same_tokenizer` compares the pair before Ray starts. A repository
-    without one, or no answer, leaves the comparison to the pair's load."""
-    if not HUB_ID.fullmatch(name) or Path(name).expanduser().is_dir() or hub_offline() \
-            or _cached_file(name, "tokenizer.json") is not None:
-        return
+    cache, so that `check_same_tokenizer` compares the pair before Ray starts; whether it was
+    fetched now. A repository without one, or no answer, leaves the comparison to the pair's load."""
+    if not _hub_only(name) or hub_offline() or _cached_file(name, "tokenizer.json") is not None:
+        return False
     from huggingface_hub import hf_hub_download
 
     try:
         hf_hub_download(name, "tokenizer.json", etag_timeout=timeout)
     except Exception:  # no tokenizer.json (a sentencepiece-only repo), no network: compared at load
-        return
+        return False
+    return True
 
 
 def check_hub_id_resolves(name: str, where: str, timeout: float = HUB_TIMEOUT_S) -> None:
@@ -116,8 +121,7 @@ def check_hub_id_resolves(name: str, where: str, timeout: float = HUB_TIMEOUT_S)
     the hub on, a metadata request for it answered within `timeout` seconds. A model that cannot
     be downloaded then fails here in seconds, not in the actors after Ray has started. (Not run
     by `--dry-run`, which plans without models.)"""
-    if not HUB_ID.fullmatch(name) or Path(name).expanduser().is_dir() \
-            or _cached_file(name, "config.json") is not None:
+    if not _hub_only(name) or _cached_file(name, "config.json") is not None:
         return
     if hub_offline():
         raise GridError(f"{where}: {name!r} is not in the local hub cache and HF_HUB_OFFLINE is set")

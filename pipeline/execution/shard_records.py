@@ -46,7 +46,7 @@ class ShardRecords:
         self.timed_repeats = timed_repeats
         # why the static engine failed here, once it has: `engine: auto` then decodes on eager
         self._static_failure: str | None = None
-        self._warm = False  # whether this process has decoded before its first timed decodes
+        self._warm = False  # whether this process's first timed sample has had its warm-up round
 
     def of(self, shard: Shard, samples: dict[str, Sample]) -> Records:
         """A record for every item of the shard."""
@@ -55,10 +55,10 @@ class ShardRecords:
         live = [item for item in shard.items if item not in records]
         for sample_id in dict.fromkeys(sample_id for _, sample_id in live):
             repeats = self.timed_repeats if sample_id in shard.timed else 1
+            warm_up = sample_id in shard.timed and not self._warm
+            self._warm |= warm_up
             items = [item for item in live if item[1] == sample_id]
-            if sample_id in shard.timed and not self._warm:
-                self._warm_up(items, samples[sample_id])
-            records |= self._decoded(items, samples[sample_id], repeats)
+            records |= self._decoded(items, samples[sample_id], repeats, warm_up)
         if shard.mode == "live":
             self._shadow_replay(shard.items, samples, records)
         return records
@@ -107,19 +107,28 @@ class ShardRecords:
         return speculative_decode(self.target, self.drafts[config.pair.draft], samples, decode,
                                   self.captioner, engine=engine)
 
-    def _decoded(self, items: Sequence[Item], sample: Sample, repeats: int) -> Records:
+    def _decoded(self, items: Sequence[Item], sample: Sample, repeats: int, warm_up: bool = False) -> Records:
         """One sample's live decodes (SD, and the AR baseline once for every pair's AR row), in
         `repeats` rounds over all of them, AR first, the fastest of each kept (a timed sample's).
         Rounds, not runs back to back: a burst of load on the machine (a process starting beside
         the worker) slows the decodes of one round, not every run of the configuration it hit.
         Runs must give the same output; each record has the machine's load before its first
-        run and after its last (the report flags walltimes taken on an overloaded machine)."""
+        run and after its last (the report flags walltimes taken on an overloaded machine).
+        `warm_up` (a process's first timed sample): first a round short and untimed, since a
+        process's first decodes pay one-time costs (memory the allocator first takes from the
+        system, thread pools starting, kernels chosen for new shapes) that belong to no
+        configuration, and fell on the first timed one, the AR baseline (its prefill took 0.5
+        to 5.8 s where the others' took 0.25 s)."""
         # keyed once, before decoding: a static engine failing on the way changes what `auto` resolves to
         ar_first = sorted(items, key=lambda item: not item[0].decode.is_ar)
         keys = {item: self._decode_key(*item) for item in ar_first}
         first: dict[tuple, Item] = {}
         for item, key in keys.items():
             first.setdefault(key, item)
+        if warm_up:
+            for config, _ in first.values():
+                short = replace(config.decode, max_new_tokens=WARM_UP_TOKENS)
+                self._decode_once(replace(config, decode=short), sample)
         runs: dict[tuple, list[SampleRecord]] = defaultdict(list)
         before, after = {}, {}
         for round_ in range(repeats):
@@ -131,17 +140,6 @@ class ShardRecords:
                     after[key] = machine_load()
         kept = {key: self._fastest(runs[key], before[key], after[key]) for key in first}
         return {item: kept[keys[item]] for item in items}
-
-    def _warm_up(self, items: Sequence[Item], sample: Sample) -> None:
-        """Before a process's first timed decodes, each of their configurations once, short and
-        untimed: a process's first decodes pay one-time costs (memory the allocator first takes
-        from the system, thread pools starting, kernels chosen for new shapes) that belong to no
-        configuration, and fell on the first timed one, the AR baseline (its prefill took 0.5 to
-        5.8 s where the others' took 0.25 s)."""
-        for config, _ in {self._decode_key(*item): item for item in items}.values():
-            short = replace(config, decode=replace(config.decode, max_new_tokens=WARM_UP_TOKENS))
-            self._decode_once(short, sample)
-        self._warm = True
 
     def _decode_key(self, config: RunConfig, sample_id: str) -> tuple:
         """What a live decode depends on: AR is the target alone, so one decode serves every draft's row."""

@@ -84,6 +84,7 @@ class WorkerPool:
         self._attempts: dict[str, int] = defaultdict(int)
         self._suspects: set[str] = set()  # shards a dead worker held: run alone, split on death
         self._cpus = options.cpus_per_worker  # of the workers running now
+        self._spread = {(target, dtype): gpus for target, dtype, gpus in options.spread}
 
     def run(self, shards: list[Shard]) -> None:
         """Every shard to a worker until it is written (or has failed too often), in waves:
@@ -169,8 +170,7 @@ class WorkerPool:
 
     def _need(self, group: ModelGroup) -> float:
         """GPUs a worker of `group` holds: its pair's `gpus:`, else every worker's."""
-        given = {(target, dtype): gpus for target, dtype, gpus in self.options.spread}
-        return given.get((group.target, group.dtype), self._gpus)
+        return self._spread.get((group.target, group.dtype), self._gpus)
 
     def _room_for(self, group: ModelGroup) -> bool:
         """Whether a worker of `group` fits beside the running ones: within the worker slots and,

@@ -87,8 +87,7 @@ class HFModel(LVLM):
         return set(eos) if isinstance(eos, (list, tuple)) else {eos}
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
-        # `.to`: on a target spread over GPUs the embeddings need not sit on the first (a no-op otherwise)
-        return self.model.get_input_embeddings()(ids.to(self.device)).to(self.device)
+        return self.model.get_input_embeddings()(ids.to(self.device))
 
     @torch.inference_mode()
     def logits(

@@ -63,8 +63,8 @@ def plan_device_map(model: PreTrainedModel, budgets: dict[int, int], name: str) 
     no_split = model._no_split_modules
     balanced = get_balanced_memory(model, max_memory=dict(budgets), no_split_module_classes=no_split)
     placement = infer_auto_device_map(model, max_memory=balanced, no_split_module_classes=no_split)
-    size = compute_module_sizes(model)[""]
     if any(not isinstance(device, int) for device in placement.values()):
+        size = compute_module_sizes(model)[""]
         free = " + ".join(_gb(budget) for budget in budgets.values())
         raise DoesNotFit(f"{name} ({_gb(size)} GB in {_dtype(model)}) does not fit "
                          f"on {len(budgets)} GPUs: {free} GB are left for it after the drafts and "

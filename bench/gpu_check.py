@@ -61,6 +61,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=540.0)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--log-dir", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--sections", type=lambda text: text.split(","), default=list(SHARES),
+                        help=f"which to run, comma-separated, in this order: {','.join(SHARES)} (default: all; "
+                             "a GPU's budget is shared among those named)")
+    parser.add_argument("--batch-sizes", type=lambda text: [int(b) for b in text.split(",") if b],
+                        help="decode's batch part: SD over AR at these batch sizes ('' skips it; "
+                             "default 1,4,16, tiny 1,2,4)")
     # the child: one section, in this process
     parser.add_argument("--section", choices=[*SHARES, "spread"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -68,14 +74,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--budget-s and --max-new-tokens must be positive")
     if args.family == "qwen2_5_vl" and args.shapes == "13b":
         parser.error("--family qwen2_5_vl has --shapes 7b (the 7B target, 3B draft) or tiny")
+    if unknown := sorted(set(args.sections) - set(SHARES)):
+        parser.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SHARES)}")
+    if args.batch_sizes is None:
+        args.batch_sizes = [1, 2, 4] if args.shapes == "tiny" else [1, 4, 16]
+    if any(b < 1 for b in args.batch_sizes):
+        parser.error("--batch-sizes must be positive")
     return args
 
 
-def shares(gpus: int) -> dict[str, float]:
-    """Each section's share of the budget on a machine of `gpus` GPUs."""
+def shares(gpus: int, named: list[str] | None = None) -> dict[str, float]:
+    """Each section's share of the budget on a machine of `gpus` GPUs, among the `named` ones
+    (default: all)."""
+    chosen = {name: SHARES[name] for name in SHARES if named is None or name in named}
+    chosen = {name: share / sum(chosen.values()) for name, share in chosen.items()}
     if gpus < 2:
-        return SHARES
-    return {name: share * (1 - SPREAD_SHARE) for name, share in SHARES.items()} | {"spread": SPREAD_SHARE}
+        return chosen
+    return {name: share * (1 - SPREAD_SHARE) for name, share in chosen.items()} | {"spread": SPREAD_SHARE}
 
 
 def run_section(args: argparse.Namespace) -> int:
@@ -129,7 +144,8 @@ def stream(process: subprocess.Popen, log: Log) -> threading.Thread:
 def run_child(args: argparse.Namespace, section: str, seconds: float, log: Log) -> bool:
     """Run one section in its own process group for at most `seconds`; False if it was stopped."""
     command = [sys.executable, str(Path(__file__).resolve()), "--section", section, "--shapes", args.shapes,
-               "--draft", args.draft, "--family", args.family, "--max-new-tokens", str(args.max_new_tokens)]
+               "--draft", args.draft, "--family", args.family, "--max-new-tokens", str(args.max_new_tokens),
+               "--batch-sizes", ",".join(map(str, args.batch_sizes))]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRANSFORMERS_VERBOSITY": "error", "HF_HUB_OFFLINE": "1"}
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, start_new_session=True)
@@ -146,10 +162,10 @@ def run_child(args: argparse.Namespace, section: str, seconds: float, log: Log) 
     return True
 
 
-def log_path(args: argparse.Namespace, device: str) -> Path:
+def log_path(args: argparse.Namespace, device: str, kind: str = "gpu-check") -> Path:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     family = "" if args.family == "llava" else f"{args.family}-"
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", f"gpu-check-{family}{args.shapes}-{device}").strip("-").lower()
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", f"{kind}-{family}{args.shapes}-{device}").strip("-").lower()
     return args.log_dir / f"{slug}-{stamp}.txt"
 
 
@@ -172,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for name, value in device_section(args):
         log(f"{name}={value}")
-    sections = shares(torch.cuda.device_count())
+    sections = shares(torch.cuda.device_count(), args.sections)
     if "spread" not in sections:
         log(f"spread=unmeasured ({torch.cuda.device_count()} GPUs here: spreading a target takes two)")
     log(f"# budget {args.budget_s:.0f} s; sections in order: {', '.join(sections)}")

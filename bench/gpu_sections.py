@@ -194,7 +194,9 @@ def sd_speedup_figures(args: argparse.Namespace, target, draft) -> Figures:
 
 
 def batch_figures(args: argparse.Namespace, target, draft) -> Figures:
-    batches = [1, 4, 16] if args.shapes != "tiny" else [1, 2, 4]
+    batches = args.batch_sizes
+    if not batches:
+        return
     options = gpu_batch.parse_args(["--shapes", args.shapes, "--max-new-tokens", str(args.max_new_tokens),
                                     "--rounds", "1", "--device", str(device_of(args))])
     for batch in batches:

@@ -8,8 +8,8 @@ written to `--log-dir` as it goes.
 Stages, in order (a stage that outruns its share is stopped and says so; the next one starts):
 1. `wheels`: what the device image lacks (Ray, datasets, a newer transformers, the embedded
    scenarios' images), installed from `--wheels` into a private folder on PYTHONPATH: `*.whl`
-   files, and `*.tar.xz` archives of an installed package's folders (a wheel too large to carry,
-   slimmed: see docs/engine.md, "On a lent GPU");
+   files, and `*.tar.xz` archives of a package's folders (`scripts/gpu_wheels.py` builds them all:
+   docs/engine.md, "On a lent GPU: one prepared run");
 2. `smoke`: `jobs/full_grid.py --grid configs/smoke.yaml` (a local Ray that sees the GPU places
    one actor per GPU; the static engine compiles and captures its steps inside the actor), then
    `bench/grid_rows.py` over its rows: lossless count, device, engine, step modes, fallbacks;
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             for command, allowed in stage_commands(stage, args, seconds, Path(scratch)):
                 code = run(command, allowed, env, log)
                 if code is None:
-                    log(f"{stage}=unmeasured (out of time: {' '.join(command[1:2])} stopped after {allowed:.0f} s)")
+                    log(f"# {stage}: {command[1]} stopped at its {allowed:.0f} s (what it wrote so far follows)")
                 elif code:
                     log(f"# {stage}: {' '.join(command[1:2])} exited {code}")
             if stage == "smoke":

@@ -137,6 +137,17 @@ def test_full_grid_job_writes_results_tables_and_plots(smoke_results):
     assert set(calibration["draft"]) == {"tiny:draft", "tiny:mamba_draft", "tiny:mamba2_draft"}
 
 
+def test_grid_rows_says_where_and_how_the_rows_ran(smoke_results):
+    """`bench/grid_rows.py`, what a lent GPU's session reads off its smoke grid."""
+    from bench.grid_rows import figures
+
+    found = figures(smoke_results[0], "smoke")
+    assert (found["rows"], found["failed"], found["lossless"]) == (336, 0, "288/288")
+    assert found["lossless[tiny:target <- tiny:draft, fp32, static]"] == "96/96"
+    assert found["engine"] == "static x336" and found["fallback"] == "none x336"
+    assert found["mode"] == "replay x270; ar x48; live x18" and found["device_name"].startswith("cpu")
+
+
 @pytest.mark.slow
 def test_a_rerun_that_adds_no_rows_reuses_the_calibration_unless_asked(smoke_results):
     out, _ = smoke_results

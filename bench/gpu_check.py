@@ -62,8 +62,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--log-dir", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--sections", type=lambda text: text.split(","), default=list(SHARES),
-                        help=f"which to run, comma-separated, in this order: {','.join(SHARES)} (default: all; "
-                             "a GPU's budget is shared among those named)")
+                        help=f"which to run, comma-separated, in this order: {','.join(SHARES)} "
+                             "(default: all; a GPU's budget is shared among those named)")
     parser.add_argument("--batch-sizes", type=lambda text: [int(b) for b in text.split(",") if b],
                         help="decode's batch part: SD over AR at these batch sizes ('' skips it; "
                              "default 1,4,16, tiny 1,2,4)")

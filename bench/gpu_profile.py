@@ -126,13 +126,14 @@ def analyse(trace: dict, what: str) -> list[str]:
         lines.append(f"#   {sum(values) / n:9.1f} {len(values) / n:6.1f}  {call}")
     gap_total = sum(g for g, _ in gaps)
     small = sum(g for g, _ in gaps if g < 5)
-    lines.append(f"# {what}: idle gaps per period: {len(gaps) / n:.1f}, {gap_total / n:.1f} us; gaps under 5 us "
-                 f"(kernel to kernel) {small / n:.1f} us, 5 us or more {(gap_total - small) / n:.1f} us")
+    lines.append(f"# {what}: idle gaps per period: {len(gaps) / n:.1f}, {gap_total / n:.1f} us; gaps under "
+                 f"5 us (kernel to kernel) {small / n:.1f} us, 5 us or more {(gap_total - small) / n:.1f} us")
     by_next = defaultdict(list)
     for gap, name in gaps:
         if gap >= 5:
             by_next[name[:110]].append(gap)
-    lines.append(f"# {what}: gaps of 5 us or more per period, by the kernel that ended them (us, count per period)")
+    lines.append(f"# {what}: gaps of 5 us or more per period, by the kernel that ended them "
+                 "(us, count per period)")
     for name, values in sorted(by_next.items(), key=lambda item: -sum(item[1]))[:10]:
         lines.append(f"#   {sum(values) / n:9.1f} {len(values) / n:6.1f}  {name}")
     return lines

@@ -64,8 +64,9 @@ def install(wheels: Path, log: Log) -> dict[str, str]:
     SITE.mkdir(parents=True, exist_ok=True)
     files = sorted(wheels.glob("*.whl"))
     if files:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                        "--no-cache-dir", "--upgrade", "--target", str(SITE), *map(str, files)], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                        "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(SITE),
+                        *map(str, files)], check=True)
     for archive in sorted(wheels.glob("*.tar.xz")):
         with tarfile.open(archive) as tar:
             tar.extractall(SITE, filter="fully_trusted")  # our own archives, made by us
@@ -98,7 +99,8 @@ def run(command: list[str], seconds: float, env: dict[str, str], log: Log) -> in
 
 VERSIONS = """import importlib.metadata as m, torch
 print("device=" + (torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"))
-for name in ("torch", "transformers", "ray", "datasets", "pandas", "pyarrow", "numpy", "aiohttp", "accelerate"):
+for name in ("torch", "transformers", "ray", "datasets", "pandas", "pyarrow", "numpy", "aiohttp",
+             "accelerate"):
     try:
         print(f"version_{name}=" + m.version(name))
     except m.PackageNotFoundError:
@@ -113,7 +115,8 @@ def stage_commands(stage: str, args: argparse.Namespace, seconds: float,
     python = sys.executable
     if stage == "smoke":
         out = scratch / "smoke"
-        return [([python, "jobs/full_grid.py", "--grid", "configs/smoke.yaml", "--out", str(out)], seconds - ROWS_S),
+        return [([python, "jobs/full_grid.py", "--grid", "configs/smoke.yaml", "--out", str(out)],
+                 seconds - ROWS_S),
                 ([python, "bench/grid_rows.py", str(out), "--run", "smoke"], ROWS_S)]
     if stage == "profile":
         return [([python, "bench/gpu_profile.py", "--shapes", args.shapes, "--log-dir", str(args.log_dir),
@@ -157,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             for command, allowed in stage_commands(stage, args, seconds, Path(scratch)):
                 code = run(command, allowed, env, log)
                 if code is None:
-                    log(f"# {stage}: {command[1]} stopped at its {allowed:.0f} s (what it wrote so far follows)")
+                    log(f"# {stage}: {command[1]} stopped at its {allowed:.0f} s (what it wrote follows)")
                 elif code:
                     log(f"# {stage}: {' '.join(command[1:2])} exited {code}")
             if stage == "smoke":

@@ -34,8 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DEST = ROOT / ".whl"
 LIMIT = 64 * 2**20  # what travels to the device machine, the tree included
-PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
-             "manylinux1_x86_64", "manylinux_2_24_x86_64"]
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
+             "manylinux2014_x86_64", "manylinux1_x86_64", "manylinux_2_24_x86_64"]
 WHEELS = ["datasets", "dill", "multiprocess", "easy-vqa", "jsonschema", "jsonschema-specifications",
           "referencing", "rpds-py"]
 RAY_DROPPED = ["jars", "rllib", "tune", "train", "serve", "data", "llm", "dashboard/client/build",

@@ -12,6 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
+from pipeline.models.head_names import head_kind
 from pipeline.planning.grid import TINY_PREFIX
 
 TINY_DIR_ENV = "TABED_TINY_DIR"
@@ -23,9 +24,10 @@ def tiny_dir() -> Path:
     import pipeline.models.tiny as builder
     import pipeline.models.tiny_common as common
     import pipeline.models.tiny_families as families_builder
+    import pipeline.models.tiny_heads as heads_builder
     import pipeline.models.tiny_ssm as ssm_builder
 
-    modules = (builder, common, ssm_builder, families_builder)
+    modules = (builder, common, ssm_builder, families_builder, heads_builder)
     sources = b"".join(Path(module.__file__).read_bytes() for module in modules)
     version = hashlib.sha256(sources).hexdigest()[:10]
     default = Path.home() / ".cache" / "tabed" / f"tiny-{version}"
@@ -51,7 +53,9 @@ def ensure_tiny_models(root: Path | None = None) -> Path:
 
 
 def resolve_model(name: str) -> str:
-    """What `load_model` should load for a grid model name."""
+    """What `load_model` should load for a grid model name (a tiny head: `<kind>:<its folder>`)."""
     if name.startswith(TINY_PREFIX):
-        return str(ensure_tiny_models() / name[len(TINY_PREFIX):])
+        folder = str(ensure_tiny_models() / name[len(TINY_PREFIX):])
+        kind = head_kind(name)
+        return folder if kind is None else f"{kind}:{folder}"
     return name

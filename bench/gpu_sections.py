@@ -33,7 +33,8 @@ from pipeline.planning.verify_entries import make_verify  # noqa: E402
 
 Figures = Iterator[tuple[str | None, object]]  # a None name: a comment line for the log
 EXACT_VERIFY = ("chain", "candidates", "dynamic", "bandit")
-GPU_TESTS = ["tests/test_engine_static.py", "tests/test_fallback.py", "-k", "on_gpu"]
+GPU_TESTS = ["tests/test_engine_static.py", "tests/test_fallback.py", "tests/test_head_drafts.py",
+             "-k", "on_gpu"]
 
 
 def device_of(args: argparse.Namespace) -> torch.device:

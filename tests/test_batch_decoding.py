@@ -12,7 +12,7 @@ from PIL import Image
 from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.loop import Decoder, autoregressive_decode, speculative_decode
-from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy
+from pipeline.drafting.policies import GridSearchPolicy, InverseErrorPolicy, StaticPolicy
 from pipeline.models.loading import load_model
 from pipeline.planning.verify_entries import make_verify
 from tests.conftest import FixedCaptioner
@@ -30,7 +30,7 @@ PROMPTS = [
 # so requests of one block verify trees of different sizes once their bandits part ways
 KINDS = {"chain": "chain", "candidates": "candidates", "dynamic": {"kind": "dynamic", "nodes": 8, "top_k": 3},
          "shape": {"kind": "shape", "shape": [3, 2, 1]}, "bandit": {"kind": "bandit", "shapes": [[2, 2], [3, 1, 1, 1]]},
-         "own": OneMethodChain(method=1)}
+         "own": OneMethodChain(method=1), "eagle2": {"kind": "eagle2", "depth": 2, "top_k": 3, "total_tokens": 8}}
 DRAFTS = {"llama": ("target", "draft"), "mamba2": ("bigram_target", "mamba2_draft")}
 
 
@@ -42,8 +42,10 @@ def samples(n: int, first: int = 0) -> list[Sample]:
 def config(kind: str, temperature: float = 0.0, methods: str = "MT", policy=None) -> DecodeConfig:
     verify = make_verify(KINDS[kind])
     gamma = {"shape": 3, "bandit": 4}.get(kind, 3)
-    return DecodeConfig(methods, policy or GridSearchPolicy(), gamma=gamma, temperature=temperature,
-                        max_new_tokens=MAX_NEW, seed=11, verify=verify)
+    # an eagle2 tree serves no learning policy (its history would be unread below most candidates)
+    policy = policy or (StaticPolicy() if kind == "eagle2" else GridSearchPolicy())
+    return DecodeConfig(methods, policy, gamma=gamma, temperature=temperature, max_new_tokens=MAX_NEW, seed=11,
+                        verify=verify)
 
 
 def decode(pair, batch: list[Sample], decode_config: DecodeConfig, engine: str = "static") -> list:

@@ -46,7 +46,9 @@ def run_smoke(out: Path, *extra: str, grid: str = "configs/smoke.yaml") -> str:
 # `shape_per_block`. The bigram target's rows with the Mamba and Mamba2 drafts were added when the smoke grid
 # gained them, the first pair's rows equal to those before. The `batch` (1) and `batch_requests` (null)
 # columns were added to rows whose other columns all matched, and so were `verify_knobs` and
-# `verify_block_shapes` when one decoder came to serve every batch size.
+# `verify_block_shapes` when one decoder came to serve every batch size. The EAGLE head's rows were
+# added when the smoke grid gained it; the Mamba drafts' rows changed only their shard ids (the head
+# joined their target's model group, which names the shards).
 SMOKE_ROWS = ROOT / "tests" / "fixtures" / "smoke_rows.json"
 # where it ran, how busy the machine was, how fast it went and what energy it took, not what it computed
 MACHINE = ("device_name", "torch_version", "transformers_version", "cpu_cores", "load_before", "load_after",
@@ -121,7 +123,7 @@ def test_full_grid_job_writes_results_tables_and_plots(smoke_results):
         assert (report / name).stat().st_size > 0, name
     summary = (report / "summary.md").read_text()
     assert "## Lossless audit" in summary and "Every audited row" in summary  # fp32: exact
-    assert "## Images" in summary and "Complete: all 336 expected rows are present" in summary
+    assert "## Images" in summary and "Complete: all 368 expected rows are present" in summary
     assert "## Replay fidelity" in summary and "## Calibration used" in summary
     assert "Measured walltimes come from these first-turn samples" in summary
     assert list((out / "_calibration").glob("*.parquet"))
@@ -133,8 +135,8 @@ def test_full_grid_job_writes_results_tables_and_plots(smoke_results):
     fidelity = pd.read_csv(report / "fidelity.csv")
     assert fidelity["checked"].sum() == fidelity["live rows"].sum() > 0  # every live greedy SD row checked
     calibration = pd.read_csv(report / "calibration.csv")
-    assert calibration["rounds x repeats"].tolist() == ["5 x 10"] * 3 and calibration["Tq/Tp"].str.contains(r"\[").all()
-    assert set(calibration["draft"]) == {"tiny:draft", "tiny:mamba_draft", "tiny:mamba2_draft"}
+    assert calibration["rounds x repeats"].tolist() == ["5 x 10"] * 4 and calibration["Tq/Tp"].str.contains(r"\[").all()
+    assert set(calibration["draft"]) == {"tiny:draft", "tiny:mamba_draft", "tiny:mamba2_draft", "tiny:eagle_head"}
 
 
 def test_grid_rows_says_where_and_how_the_rows_ran(smoke_results):
@@ -142,10 +144,11 @@ def test_grid_rows_says_where_and_how_the_rows_ran(smoke_results):
     from bench.grid_rows import figures
 
     found = figures(smoke_results[0], "smoke")
-    assert (found["rows"], found["failed"], found["lossless"]) == (336, 0, "288/288")
+    assert (found["rows"], found["failed"], found["lossless"]) == (368, 0, "304/304")
     assert found["lossless[tiny:target <- tiny:draft, fp32, static]"] == "96/96"
-    assert found["engine"] == "static x336" and found["fallback"] == "none x336"
-    assert found["mode"] == "replay x270; ar x48; live x18" and found["device_name"].startswith("cpu")
+    assert found["lossless[tiny:bigram_target <- tiny:eagle_head, fp32, static]"] == "16/16"
+    assert found["engine"] == "static x368" and found["fallback"] == "none x368"
+    assert found["mode"] == "replay x270; ar x64; live x34" and found["device_name"].startswith("cpu")
 
 
 @pytest.mark.slow
@@ -175,10 +178,10 @@ def test_a_scaled_copy_of_the_run_reports_alike_read_whole_or_by_the_columns_it_
     made = subprocess.run([sys.executable, "bench/scale.py", "--rows", "1000", "--template", str(out), "--steps", "",
                            "--work", str(tmp_path), "--log-dir", str(tmp_path)], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
-    assert made.returncode == 0 and "rows=1008" in made.stdout, made.stderr[-2000:]
+    assert made.returncode == 0 and "rows=1104" in made.stdout, made.stderr[-2000:]
     copy = tmp_path / "rows-1000"
     everything = read_results(copy, "smoke")
-    assert len(everything) == 3 * 336 and everything["key"].is_unique
+    assert len(everything) == 3 * 368 and everything["key"].is_unique
 
     def report(rows) -> tuple[str, dict[str, bytes]]:
         text = write_summary(copy, "smoke", rows)
@@ -186,10 +189,10 @@ def test_a_scaled_copy_of_the_run_reports_alike_read_whole_or_by_the_columns_it_
         return text, {p.name: p.read_bytes() for p in files if p.suffix in (".md", ".csv", ".tex", ".png")}
 
     old, new = report(everything), report(read_report_rows(copy, "smoke"))
-    assert "Complete: all 1008 expected rows are present" in new[0] and "weights.png" in new[1]
+    assert "Complete: all 1104 expected rows are present" in new[0] and "weights.png" in new[1]
     assert new[0] == old[0] and new[1] == old[1]
     inputs = read_inputs(copy, "smoke")
-    assert inputs.rows == 1008 and len(inputs.cells[["draft", "dataset"]].drop_duplicates()) > 1  # folders: one by one
+    assert inputs.rows == 1104 and len(inputs.cells[["draft", "dataset"]].drop_duplicates()) > 1  # folders: one by one
     streamed = report(inputs)
     assert streamed[0] == old[0] and streamed[1] == old[1]
 
@@ -199,7 +202,7 @@ def test_notebook_runs_headless_on_smoke_results(smoke_results, tmp_path):
     from tests.test_notebook import executed_notebook
 
     text, outputs = executed_notebook(smoke_results[0], tmp_path)
-    assert "matches pipeline.reports.report.tau_table" in text and "run smoke, target tiny:bigram_target (fp32), drafts ['tiny:mamba2_draft', 'tiny:mamba_draft']" in text
+    assert "matches pipeline.reports.report.tau_table" in text and "run smoke, target tiny:bigram_target (fp32), drafts ['tiny:eagle_head', 'tiny:mamba2_draft', 'tiny:mamba_draft']" in text
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 2  # both figures shown inline
 
 

@@ -101,7 +101,7 @@ def test_only_the_failing_step_shape_falls_back(fresh_pair):
     record = speculative_decode(target, draft, [sample()], CONFIG, engine="static")[0]
     assert record.steps == "compiled+uncompiled"
     assert record.fallback.startswith("compiled 1x4 step failed") and ";" not in record.fallback
-    assert list(target._failed_steps) == [(1, 4, 4, 256)] and not draft._failed_steps
+    assert list(target._failed_steps) == [(1, 4, 4, 256, ())] and not draft._failed_steps
     eager = speculative_decode(target, draft, [sample()], CONFIG, engine="eager")[0]
     assert (record.output_ids, record.accepted_per_block) == (eager.output_ids, eager.accepted_per_block)
 

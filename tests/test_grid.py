@@ -276,7 +276,8 @@ def test_dry_run_counts_without_loading_models_or_data(tmp_path, monkeypatch, ca
     out = capsys.readouterr().out
     spec = load_grid("configs/smoke.yaml")
     assert f"{len(spec.units())} work units" in out
-    assert "embedded_vqa: 42" in out and "MT: 24" in out and "tiny:target <- tiny:draft (fp32): 28" in out
+    assert "embedded_vqa: 46" in out and "MT: 24" in out and "tiny:target <- tiny:draft (fp32): 28" in out
+    assert "tiny:bigram_target <- tiny:eagle_head (fp32): 8" in out  # a head: AR and M only
     assert "\n".join(unit_counts(spec)) in out
 
 

@@ -51,6 +51,7 @@ class DecodeConfig:
         self.policy.validate()
         self.verify.validate()
         self.verify.check_gamma(self.gamma)
+        self.verify.check_policy(self.policy.dynamic and len(self.methods) > 1)
         if not self.verify.samples and not self.greedy:
             raise ValueError(f"a {self.verify.kind} tree verifies greedy decoding only (it keeps children "
                              "by rank, which sampling's acceptance rule cannot correct for); for sampling "

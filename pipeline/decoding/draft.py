@@ -33,7 +33,7 @@ import torch
 from pipeline.decoding.acceptance import probabilities, sample_tokens
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.proposals import CandidateProposal, ChainProposal, Pending, Proposal, Verified
-from pipeline.decoding.rows import Rows
+from pipeline.decoding.rows_protocol import Rows
 from pipeline.decoding.trees import candidate_tree
 from pipeline.decoding.verify_kinds import VerifySpec
 from pipeline.drafting.scoring import mix
@@ -130,8 +130,7 @@ class ChainProposer(Proposer):
         config, branches, m = self.config, self.branches, self.methods
         requests = len(pending.counts)
         self.fed_pending = pending.counts
-        tokens_in, valid = pending.per_row(branches * m)
-        logits = self.rows.feed(tokens_in, valid=valid)[:, -1]
+        logits = pending.feed_into(self.rows, branches * m)[:, -1]
         own = torch.arange(m, device=logits.device)
         tokens, method_probs, draws, steps = [], [], [], self.steps(budgets)
         for i in range(config.gamma):
@@ -166,7 +165,8 @@ class ChainProposer(Proposer):
         kept = [c + min(a, fed) if run else 0
                 for c, a, run in zip(self.fed_pending, verified.accepted, verified.running)]
         self.rows.settle([k for k in kept for _ in range(per)])
-        return Pending.after(verified, proposal.gammas)
+        refeed = [run and a > fed for a, run in zip(verified.accepted, verified.running)]
+        return Pending.after(verified, refeed, self.rows.rereads_kept)
 
     @classmethod
     def replay_rule(cls, config: DecodeConfig) -> StaticRule:

@@ -11,7 +11,7 @@ import torch
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.draft_trees import RankedProposal, ShapeTreeProposer, shape_accepted
 from pipeline.decoding.proposals import Pending, Verified
-from pipeline.decoding.rows import Rows
+from pipeline.decoding.rows_protocol import Rows
 
 
 class UCB1:

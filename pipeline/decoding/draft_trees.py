@@ -22,7 +22,7 @@ from pipeline.decoding.acceptance import TreeOutcome, probabilities, verify_tree
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.draft import Proposer, StaticRule
 from pipeline.decoding.proposals import Pending, Proposal, Verified
-from pipeline.decoding.rows import Rows
+from pipeline.decoding.rows_protocol import Rows
 from pipeline.decoding.tree_shapes import shape_levels
 from pipeline.decoding.trees import Tree
 from pipeline.drafting.scoring import mix
@@ -36,14 +36,23 @@ def log_probability(probs: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Level:
-    """One level of every request's generated tree: `tokens`, `parents` (index within the level
-    above; 0, the root, for the first level), `valid` and path `scores` (None unless ranked by
-    them), each `[B, W]`."""
+    """One level of every request's generated tree: `tokens`, `parents` (index among the fed
+    nodes of the level above; 0, the root, for the first level), `valid` and path `scores` (None
+    unless ranked by them), each `[B, W]`; `fed` `[B, F]`: the nodes the draft reads, whose
+    children make the next level (None: every node)."""
 
     tokens: torch.Tensor
     parents: torch.Tensor
     valid: torch.Tensor
     scores: torch.Tensor | None
+    fed: torch.Tensor | None = None
+
+    def feeds(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(tokens, parents, scores) of the nodes the draft reads."""
+        if self.fed is None:
+            return self.tokens, self.parents, self.scores
+        pick = lambda values: None if values is None else values.gather(1, self.fed)
+        return pick(self.tokens), pick(self.parents), pick(self.scores)
 
 
 @dataclass
@@ -57,6 +66,7 @@ class RankedProposal(Proposal):
     starts: list[int]
     generated: torch.Tensor
     tree_first: int
+    slots: torch.Tensor  # [B, generated]: each generated node's place among the nodes fed after the root
 
     def accept_sampled(self, target_probs: torch.Tensor, uniforms: torch.Tensor) -> TreeOutcome:
         """SpecExec's rule (`acceptance.verify_tree_sampled`): lossless whatever ranked the children."""
@@ -74,6 +84,26 @@ class RankedProposal(Proposal):
             within = (nodes[:, d - 1] - self.starts[d - 1]).clamp(0, q.shape[1] - 1)
             rows.append(q.gather(1, within.view(-1, 1, 1, 1).expand(-1, 1, *q.shape[2:]))[:, 0])
         return torch.stack(rows, 1)
+
+
+def _generated(parents: torch.Tensor, above: Level) -> torch.Tensor:
+    """Parents among the fed nodes of the level `above` as its generated indices."""
+    return parents if above.fed is None else above.fed.gather(1, parents)
+
+
+def _slots(levels: list[Level]) -> torch.Tensor:
+    """`[B, generated]`: each generated node's place among the nodes the draft read after the
+    root, level by level (-1: never read; every node, unless a level reads a subset)."""
+    slots, done = [], 0
+    for level in levels:
+        if level.fed is None:
+            place = torch.arange(level.tokens.shape[1], device=level.tokens.device).expand_as(level.tokens)
+        else:
+            place = torch.full_like(level.tokens, -1).scatter_(
+                1, level.fed, torch.arange(level.fed.shape[1], device=level.fed.device).expand_as(level.fed))
+        slots.append(torch.where(place >= 0, place + done, place))
+        done += level.tokens.shape[1] if level.fed is None else level.fed.shape[1]
+    return torch.cat(slots, 1)
 
 
 class RankedTreeProposer(Proposer):
@@ -112,8 +142,7 @@ class RankedTreeProposer(Proposer):
                 uniforms: torch.Tensor | None) -> Proposal:
         config, rows, requests = self.config, self.rows, len(pending.counts)
         self.fed_pending = pending.counts
-        tokens_in, valid = pending.per_row(self.methods)
-        logits = rows.feed(tokens_in, valid=valid)[:, -1]
+        logits = pending.feed_into(rows, self.methods)[:, -1]
         levels_q = [probabilities(logits, config.temperature).view(requests, 1, self.methods, -1)]
         rows.begin_tree()
         gammas = self.gammas(requests)
@@ -124,14 +153,12 @@ class RankedTreeProposer(Proposer):
         for k in range(depth):
             level = self.children(k, mix(levels_q[-1], weights), scores, gammas)
             levels.append(level)
-            scores = level.scores
+            tokens, parents, scores = level.feeds()
             if k < reads - 1:
-                levels_q.append(
-                    probabilities(rows.feed_level(level.tokens, level.parents), config.temperature)
-                )
+                levels_q.append(probabilities(rows.feed_level(tokens, parents), config.temperature))
             elif k < depth - 1:  # past the budget: each node reuses its parent's, no forward
                 above = levels_q[-1]
-                index = level.parents.view(*level.parents.shape, 1, 1).expand(-1, -1, *above.shape[2:])
+                index = parents.view(*parents.shape, 1, 1).expand(-1, -1, *above.shape[2:])
                 levels_q.append(above.gather(1, index))
         return self._proposal(levels, levels_q, gammas, pending.tokens.shape[1])
 
@@ -143,8 +170,8 @@ class RankedTreeProposer(Proposer):
         device = levels[0].tokens.device
         depths = torch.cat([torch.full((w,), d + 1, device=device) for d, w in enumerate(widths)])
         # generated parent of each generated node (-1: the root)
-        parents = torch.cat([level.parents + starts[d - 1] if d else torch.full_like(level.parents, -1)
-                             for d, level in enumerate(levels)], 1)
+        parents = torch.cat([_generated(level.parents, levels[d - 1]) + starts[d - 1] if d
+                             else torch.full_like(level.parents, -1) for d, level in enumerate(levels)], 1)
         kept = self.select(levels, depths)
         requests, count = kept.shape
         fed = torch.zeros(requests, depths.shape[0] + 1, dtype=torch.long, device=device)
@@ -153,17 +180,22 @@ class RankedTreeProposer(Proposer):
                     fed.gather(1, parents.gather(1, kept) + 1), depths[kept],
                     torch.cat([level.valid for level in levels], 1).gather(1, kept), max(gammas))
         return RankedProposal(
-            tree.tokens, tree, None, gammas, self.arms(), levels_q, starts, kept, tree_first
+            tree.tokens, tree, None, gammas, self.arms(), levels_q, starts, kept, tree_first, _slots(levels)
         )
 
     def arms(self) -> list[int] | None:
         """Each request's bandit arm this block (None: no bandit)."""
         return None
 
+    def kept_path(self, accepted: int, gamma: int) -> int:
+        """Accepted path nodes the draft's rows keep (a later one comes again as pending): every
+        one it read, which is all but the deepest level's."""
+        return min(accepted, gamma - 1)
+
     def learn(self, proposal: RankedProposal, verified: Verified) -> Pending:
-        """Keep the pending tokens and the accepted path's nodes the draft fed (never the deepest):
+        """Keep the pending tokens and the accepted path's nodes the draft fed (`kept_path`):
         their block positions, in order, for every row of the request."""
-        kept = [min(a, g - 1) if run else 0
+        kept = [self.kept_path(a, g) if run else 0
                 for a, g, run in zip(verified.accepted, proposal.gammas, verified.running)]
         counts = self.fed_pending
         deepest, width = max(kept), proposal.tree_first
@@ -172,14 +204,15 @@ class RankedTreeProposer(Proposer):
         real = torch.tensor(counts, device=device)[:, None]
         order = width - real + columns
         if deepest:
-            slots = proposal.tree_first + proposal.nodes_on(verified.path, deepest)
+            slots = proposal.tree_first + proposal.slots.gather(1, proposal.nodes_on(verified.path, deepest))
             order = torch.where(
                 columns < real, order, slots.gather(1, (columns - real).clamp(0, deepest - 1))
             )
         keep = [c + k if run else 0 for c, k, run in zip(counts, kept, verified.running)]
         per = self.methods
         self.rows.settle([k for k in keep for _ in range(per)], order.repeat_interleave(per, 0))
-        return Pending.after(verified, proposal.gammas)
+        refeed = [run and k < a for a, k, run in zip(verified.accepted, kept, verified.running)]
+        return Pending.after(verified, refeed, self.rows.rereads_kept)
 
 
 class DynamicTreeProposer(RankedTreeProposer):

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import os
 from contextlib import nullcontext
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
+from pipeline.decoding.head_rows import HeadDynamicRows, HeadStaticRows
 from pipeline.decoding.inputs import Prompt, check_fits
-from pipeline.decoding.rows import DynamicCacheRows, Rows
+from pipeline.decoding.rows import DynamicCacheRows
+from pipeline.decoding.rows_protocol import Rows
 from pipeline.decoding.state_rows import StateRows
 from pipeline.decoding.static_rows import StaticCacheRows
 from pipeline.decoding.timing import PhaseTimer
@@ -76,7 +78,9 @@ def prefilled_rows(
     span: int | None = None,
     timer: PhaseTimer | None = None,
     whole: bool = False,
-) -> tuple[Rows, torch.Tensor]:
+    hidden: tuple[int, ...] = (),
+    target_states: list[torch.Tensor] | None = None,
+) -> tuple[Rows, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]:
     """A row per prompt and method (request-major) holding `prompt[:-1]` in the cache (the last
     token is fed later), and the prefill's logits after each row's prompt `[rows, 1, V]`.
 
@@ -84,7 +88,9 @@ def prefilled_rows(
     continuation tokens the rows must hold (static engine); `span`: the most tokens fed in one
     block (a state-space draft keeps that many saved states; None: `capacity`); `compiled`
     overrides whether decode steps compile (None: `compiles(device)`); `step_log` collects how
-    steps ran; `timer` times image features and captions as `<role>_vision`."""
+    steps ran; `timer` times image features and captions as `<role>_vision`; `hidden`: the
+    prefill also returns those hidden states at every prompt slot (what a head draft reads);
+    `target_states`: for a head draft, each request's target states at its prompt's positions."""
     cut = None if whole else -1
     for prompt in prompts:
         check_fits(model, len(prompt.ids) + capacity, prompt)  # before anything is embedded or allocated
@@ -103,10 +109,11 @@ def prefilled_rows(
             positions += [_cut(model.prompt_positions(e), cut) for e in spliced]
             extras += [model.prompt_extras(e) for e in spliced]  # noted on the rows as spliced, whole
             embeds += mine
+    states = None if target_states is None else [s for s in target_states for _ in methods]
     rows = new_rows(model, embeds, engine=engine, capacity=capacity, role=role, compiled=compiled,
                     step_log=step_log, span=span, per_request=len(methods), positions=positions,
-                    extras=extras)
-    return rows, rows.prefill()
+                    extras=extras, target_states=states)
+    return rows, rows.prefill(hidden) if hidden else rows.prefill()
 
 
 def _cut(positions: torch.Tensor | None, cut: int | None) -> torch.Tensor | None:
@@ -117,24 +124,69 @@ def new_rows(
     model: LVLM, prompts: list[torch.Tensor], *, engine: str, capacity: int, role: str,
     compiled: bool | None = None, step_log: StepLog | None = None, span: int | None = None,
     per_request: int = 1, positions: list[torch.Tensor | None] | None = None, extras: list | None = None,
+    target_states: list[torch.Tensor] | None = None,
 ) -> Rows:
     """Rows of prompt embeddings `[L_i, hidden]` (not prefilled), `per_request` rows per request,
-    of the kind the model needs: a state-space model's `StateRows` on any engine, else the
-    engine's kind of KV cache; `positions` and `extras`: each prompt's `model.prompt_positions`
-    and `model.prompt_extras`."""
+    of the kind the model drafts with (`model.drafter`, a key of `DRAFTERS`) on `engine`;
+    `positions` and `extras`: each prompt's `model.prompt_positions` and `model.prompt_extras`;
+    `target_states`: each row's target states at its prompt positions (a head's rows read them)."""
     check_engine(engine)
-    if model.recurrent:
-        rows = StateRows(model, prompts, span=capacity if span is None else span, per_request=per_request,
-                         step_log=step_log)
-        if engine == "static" and (compiles(model.device) if compiled is None else compiled):
-            rows.step_log.fallbacks.add(STATE_SPACE_UNCOMPILED)  # a row not compiled throughout says why
-        return rows
-    if engine == "eager":
-        return DynamicCacheRows(model, prompts, per_request, step_log, positions, extras)
+    if model.drafter not in DRAFTERS:
+        raise ValueError(f"{model.name} drafts with {model.drafter!r} rows, which no drafter builds; "
+                         f"known: {sorted(DRAFTERS)}")
     compiled = compiles(model.device) if compiled is None else compiled
+    build = DRAFTERS[model.drafter]
+    return build(model, prompts, engine=engine, capacity=capacity, role=role, compiled=compiled,
+                 step_log=step_log, span=span, per_request=per_request, positions=positions, extras=extras,
+                 target_states=target_states)
+
+
+def kv_rows(model: LVLM, prompts: list[torch.Tensor], *, engine: str, capacity: int, role: str,
+            compiled: bool, step_log: StepLog | None, per_request: int, positions: list | None,
+            extras: list | None, kinds: tuple[type, type] = (DynamicCacheRows, StaticCacheRows),
+            given: dict | None = None, **unused: object) -> Rows:
+    """A KV cache per row: the engine's kind (`kinds`: its eager and static classes, built with
+    `given` besides)."""
+    eager, static = kinds
+    given = given or {}
+    if engine == "eager":
+        return eager(model, prompts, per_request=per_request, step_log=step_log, positions=positions,
+                     extras=extras, **given)
     spread = compiled and model.gpus > 1  # a CUDA graph captures the kernels of one device
-    rows = StaticCacheRows(model, prompts, capacity=capacity, compiled=compiled and not spread, role=role,
-                           per_request=per_request, step_log=step_log, positions=positions, extras=extras)
+    rows = static(model, prompts, capacity=capacity, compiled=compiled and not spread, role=role,
+                  per_request=per_request, step_log=step_log, positions=positions, extras=extras, **given)
     if spread:
         rows.step_log.fallbacks.add(SPREAD_UNCOMPILED)
     return rows
+
+
+def state_rows(model: LVLM, prompts: list[torch.Tensor], *, engine: str, capacity: int, compiled: bool,
+               step_log: StepLog | None, span: int | None, per_request: int, **unused: object) -> Rows:
+    """A state per row, on any engine; never compiled (a row beside compiled steps says why)."""
+    rows = StateRows(model, prompts, span=capacity if span is None else span, per_request=per_request,
+                     step_log=step_log)
+    if engine == "static" and compiled:
+        rows.step_log.fallbacks.add(STATE_SPACE_UNCOMPILED)  # a row not compiled throughout says why
+    return rows
+
+
+def head_rows(model: LVLM, prompts: list[torch.Tensor], *, target_states: list[torch.Tensor] | None,
+              **engine: object) -> Rows:
+    """A head's KV rows over its own layer, reading the target's states (`pipeline.decoding.head_rows`)."""
+    if target_states is None:
+        raise ValueError(f"{model.name} is a head: its rows need the target's states at the prompt")
+    return kv_rows(model, prompts, kinds=(HeadDynamicRows, HeadStaticRows),
+                   given={"target_states": target_states}, **engine)
+
+
+def head_prompt_states(head: LVLM, prompts: list[torch.Tensor], engine: str) -> list[torch.Tensor]:
+    """The head's target's states at each prompt's positions (one target prefill): what a head's
+    rows read, where no decode has prefilled the target (calibration)."""
+    rows = new_rows(head.target, prompts, engine=engine, capacity=1, role="head_states", compiled=False)
+    _, states = rows.prefill(head.target_layers)
+    return rows.prompt_states(states)
+
+
+# what drafts with a model (`LVLM.drafter`): a new kind of drafter is a rows class, a builder here
+# and a model adapter that names it
+DRAFTERS: dict[str, Callable[..., Rows]] = {"kv": kv_rows, "state": state_rows, "head": head_rows}

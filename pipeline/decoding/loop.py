@@ -28,13 +28,14 @@ from pipeline.decoding.draft import Proposer, proposer_class
 from pipeline.decoding.proposals import Pending, Proposal, Verified
 from pipeline.decoding.engine import default_engine, prefilled_rows
 from pipeline.decoding.inputs import tokenize
+from pipeline.decoding.outcomes import finish_records, new_records
 from pipeline.decoding.records import SampleRecord
-from pipeline.decoding.rows import Rows
+from pipeline.decoding.rows_protocol import Rows
 from pipeline.decoding.target import Checked, check, keep_accepted
 from pipeline.decoding.timing import PhaseTimer
 from pipeline.drafting.captioner import Captioner
 from pipeline.drafting.scoring import mixing_weights
-from pipeline.models.base import LVLM, StepLog
+from pipeline.models.base import LAST_HIDDEN, LVLM, StepLog
 
 
 @torch.inference_mode()
@@ -52,26 +53,32 @@ def speculative_decode(
     records = new_records(samples, "live", engine)
     target_capacity, draft_capacity = capacities(config)
     proposer = proposer_class(config.verify)(config)
+    reads = draft.target_layers  # a head reads the target's states at every position
     with timer.phase("prefill"):
         target_prompts = [tokenize(target, s) for s in samples]
         for record, prompt in zip(records, target_prompts):
             record.prompt_tokens = len(prompt.ids)
         draft_prompts = [tokenize(draft, s) for s in samples]
         with timer.phase("target_prefill"):
-            target_rows, _ = prefilled_rows(target, target_prompts, "M", None, engine=engine,
-                                            capacity=target_capacity, role="target", step_log=steps,
-                                            timer=timer)
+            target_rows, prefill = prefilled_rows(target, target_prompts, "M", None, engine=engine,
+                                                  capacity=target_capacity, role="target", step_log=steps,
+                                                  timer=timer, hidden=reads)
+        prompt_states = target_rows.prompt_states(prefill[1]) if reads else None
         # a candidate tree's branches: a row each
         copies = config.verify.copies_per_method(len(config.methods))
         with timer.phase("draft_prefill"):
             draft_rows, _ = prefilled_rows(draft, draft_prompts, config.methods * copies, captioner,
                                            engine=engine, capacity=draft_capacity, role="draft",
                                            step_log=steps, timer=timer,
-                                           span=config.verify.draft_capacity(config.gamma) + 2)
+                                           span=config.verify.draft_capacity(config.gamma) + 2,
+                                           target_states=prompt_states)
     proposer.start(draft_rows)
     first = torch.tensor([p.ids[-1] for p in target_prompts], device=target.device)
+    # the target's states before the prompt's last token: what a head reads beside it
+    first_features = prefill[1][:, -1:] if reads else None
     generators = [sample_generator(config.seed, s.sample_id) for s in samples]
-    decoder = Decoder(target_rows, proposer, first, config, records, generators, target.eos_token_ids, timer)
+    decoder = Decoder(target_rows, proposer, first, config, records, generators, target.eos_token_ids, timer,
+                      reads or ((LAST_HIDDEN,) if proposer.wants_target_hidden else ()), first_features)
     while not decoder.block():
         pass
     return finish_records(records, decoder.outputs, target, timer, steps)
@@ -110,14 +117,17 @@ class Decoder:
 
     def __init__(self, target_rows: Rows, proposer: Proposer, first: torch.Tensor, config: DecodeConfig,
                  records: list[SampleRecord], generators: list[torch.Generator], eos: set[int],
-                 timer: PhaseTimer) -> None:
+                 timer: PhaseTimer, reads: tuple[int, ...] = (),
+                 first_features: torch.Tensor | None = None) -> None:
         self.target_rows, self.proposer, self.records = target_rows, proposer, records
         self.config, self.eos, self.timer = config, eos, timer
+        self.reads = reads  # the target's hidden states each verify returns, for the draft's side
         self.device = first.device
         self.states = [config.policy.start(len(config.methods), self.device) for _ in records]
         self.learns = self.states[0].learns
         self.uniforms = self._draw_uniforms(generators)
-        self.target_pending, self.draft_pending = first, Pending(first[:, None], [1] * len(records))
+        self.target_pending = first
+        self.draft_pending = Pending(first[:, None], [1] * len(records), first_features)
         self.outputs: list[list[int]] = [[] for _ in records]
         self.running = [True] * len(records)
         self.blocks = 0
@@ -137,7 +147,7 @@ class Decoder:
         with timer.phase("verify"):
             checks = None if uniforms is None else uniforms[:, proposer.draws_per_block :]
             checked = check(self.target_rows, self.target_pending, proposal, config, checks, self.learns,
-                            hidden=proposer.wants_target_hidden)
+                            hidden=self.reads)
             result = BlockResult.read(checked, weights)
             history = self._settle(result, proposal)
             if self.learns and any(history):
@@ -248,13 +258,6 @@ def sample_generator(seed: int, sample_id: str) -> torch.Generator:
     return torch.Generator().manual_seed(zlib.crc32(f"{seed}:{sample_id}".encode()))
 
 
-def new_records(samples: Sequence[Sample], mode: str, engine: str) -> list[SampleRecord]:
-    """A record per request; `batch_requests` set when several decode together."""
-    together = len(samples) if len(samples) > 1 else None
-    return [SampleRecord(sample_id=s.sample_id, mode=mode, engine=engine, batch_requests=together)
-            for s in samples]
-
-
 def capacities(config: DecodeConfig) -> tuple[int, int]:
     """Continuation slots the target's and the draft's rows may need: the budget plus what one
     block feeds beyond it (a tree's nodes; a tree's levels in the draft, and a second pending
@@ -262,35 +265,3 @@ def capacities(config: DecodeConfig) -> tuple[int, int]:
     nodes = config.verify.tree_nodes(config.gamma, len(config.methods))
     draft_feeds = config.verify.draft_capacity(config.gamma)
     return config.max_new_tokens + nodes + 1, config.max_new_tokens + draft_feeds + 2
-
-
-def finish_records(records: list[SampleRecord], outputs: list[list[int]], target: LVLM, timer: PhaseTimer,
-                   steps: StepLog) -> list[SampleRecord]:
-    """Fill each record's output and the decode's timings (every request of a batch carries the
-    batch's); a request's `time_request_s` was set as it stopped."""
-    seconds = timer.totals()
-    wall = time.perf_counter() - timer.started
-    energy = timer.energy_j()
-    total = seconds["prefill"] + seconds["draft"] + seconds["verify"]
-    tokens = sum(len(output) for output in outputs)
-    for record, output in zip(records, outputs):
-        record.steps = steps.summary
-        record.fallback = "; ".join(sorted(steps.fallbacks)) or None
-        record.output_ids = output
-        record.output_text = target.tokenizer.decode(output, skip_special_tokens=True)
-        record.time_prefill_s = seconds["prefill"]
-        record.time_draft_s = seconds["draft"]
-        record.time_verify_s = seconds["verify"]
-        record.time_tabed_draft_s = seconds["tabed_draft"]
-        record.time_tabed_s = seconds["tabed_draft"] + seconds["tabed"]
-        record.time_vision_s = seconds["target_vision"] + seconds["draft_vision"]
-        record.time_target_prefill_s = seconds["target_prefill"]
-        record.time_draft_prefill_s = seconds["draft_prefill"]
-        record.time_total_s = total
-        record.time_wall_s = wall
-        if len(records) == 1:
-            record.time_request_s = wall
-        record.batch_tokens_per_s = tokens / total if total > 0 else None
-        if energy is not None:
-            record.energy_j = energy * (len(output) / tokens if tokens else 1 / len(records))
-    return records

@@ -6,35 +6,69 @@ distributions along the accepted path for the TABED history), and what the targe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from pipeline.decoding.acceptance import TreeOutcome, verify_branches_sampling, verify_sampling
 from pipeline.decoding.trees import Tree
 
+if TYPE_CHECKING:
+    from pipeline.decoding.rows_protocol import Rows
+
 
 @dataclass
 class Pending:
     """The tokens each request's rows have not seen yet, right-aligned: `tokens` `[B, width]` on
-    the device, `counts` how many of each request's are real (the rest are fillers)."""
+    the device, `counts` how many of each request's are real (the rest are fillers), and for
+    rows that read the target (a head's) `features` `[B, width, F]`: the target's states before
+    each token."""
 
     tokens: torch.Tensor
     counts: list[int]
+    features: torch.Tensor | None = None
 
     @staticmethod
-    def after(verified: Verified, gammas: list[int]) -> Pending:
-        """What the draft has not seen after a block whose proposals it fed all but the last: the
-        target's token, after the last proposal when a request accepted all `gammas[b]`."""
-        full = [run and a == g for a, g, run in zip(verified.accepted, gammas, verified.running)]
-        if not any(full):
-            return Pending(verified.next_token[:, None], [1] * len(full))
+    def after(verified: Verified, refeed: list[bool], rereads: bool = False) -> Pending:
+        """What the draft has not seen after a block: the target's token, after the last accepted
+        proposal where `refeed` says the rows did not keep it (a chain never feeds its last
+        proposal). `rereads`: the rows kept only what they read with the target's states
+        (`Rows.rereads_kept`), so every accepted proposal comes again, with those states (`reread`)."""
+        if rereads:
+            return Pending.reread(verified)
+        if not any(refeed):
+            return Pending(verified.next_token[:, None], [1] * len(refeed))
         last = verified.path_tokens.gather(1, (verified.accepted_device - 1).clamp_min(0)[:, None])
-        return Pending(torch.cat([last, verified.next_token[:, None]], 1), [1 + f for f in full])
+        return Pending(torch.cat([last, verified.next_token[:, None]], 1), [1 + r for r in refeed])
+
+    @staticmethod
+    def reread(verified: Verified) -> Pending:
+        """Each request's accepted proposals and the target's token after them, each beside the
+        target's states at the position before it (the root's, then the path's)."""
+        if verified.hidden is None:
+            raise ValueError("rows that read the target need its states: the block was verified without them")
+        counts = [a + 1 for a in verified.accepted]
+        width, gamma = max(counts), verified.path_tokens.shape[1]
+        device = verified.path_tokens.device
+        # column j of request b holds its element a_b + 1 - width + j (negative: a filler)
+        element = verified.accepted_device[:, None] + 1 - width + torch.arange(width, device=device)[None]
+        at = element.clamp_min(0)
+        proposals = verified.path_tokens.gather(1, at.clamp_max(gamma - 1))
+        tokens = torch.where(at == verified.accepted_device[:, None], verified.next_token[:, None], proposals)
+        states = verified.hidden.gather(1, at[..., None].expand(-1, -1, verified.hidden.shape[-1]))
+        return Pending(tokens, counts, states)
 
     def per_row(self, rows_per_request: int) -> tuple[torch.Tensor, list[int]]:
         """The tokens and real counts of every row, request-major."""
         counts = [c for c in self.counts for _ in range(rows_per_request)]
         return self.tokens.repeat_interleave(rows_per_request, 0), counts
+
+    def feed_into(self, rows: Rows, rows_per_request: int) -> torch.Tensor:
+        """Feed every row its request's pending tokens (and features, to rows that read them):
+        the block's first feed. Logits after the last `[rows, 1, V]`."""
+        tokens, counts = self.per_row(rows_per_request)
+        features = None if self.features is None else self.features.repeat_interleave(rows_per_request, 0)
+        return rows.feed(tokens, valid=counts, features=features)
 
 
 @dataclass

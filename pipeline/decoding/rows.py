@@ -36,50 +36,12 @@ A state-space draft's rows (`pipeline.decoding.state_rows.StateRows`) offer the 
 """
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 
 from pipeline.decoding.prompt_rows import left_padded, padded_positions
 from pipeline.decoding.trees import LevelMask
 from pipeline.models.base import LVLM, StepLog
 from pipeline.models.sharding import on_devices
-
-
-class Rows(Protocol):
-    """What proposers, verification, replay's traces and calibration ask of a batch of rows:
-    the verbs that feed and roll back, defined once. `engine.new_rows` picks the class from the
-    model (KV rows, or a state-space model's `StateRows`)."""
-
-    model: LVLM
-    rows: int  # rows in the batch
-    per_request: int  # rows of one request (request-major)
-    step_log: StepLog
-
-    def prefill(self) -> torch.Tensor:
-        """Run the prompts once; fp32 logits after each row's last prompt token `[rows, 1, V]`."""
-
-    def feed(self, token_ids: torch.Tensor | list[int], keep: int = 1, valid: list[int] | None = None,
-             hidden: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Append tokens to every row (`[n]`) or each row its own (`[rows, n]`); `valid` (a block's
-        first feed only): row r's last `valid[r]` tokens are real, the others fillers. fp32 logits
-        of the last `keep` `[rows, keep, V]` (and the hidden states the LM head read, `hidden`)."""
-
-    def begin_tree(self) -> None:
-        """The next tree feeds form a tree rooted at the last token fed."""
-
-    def feed_level(self, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-        """A draft tree's next level: each request's `[B, W]` nodes, children of the level above's
-        nodes `parents` (`[B, W]`; the root for the first level); fp32 logits of every node for
-        each of the request's rows `[B, W, per_request, V]`."""
-
-    def settle(self, keep: list[int], order: torch.Tensor | None = None) -> None:
-        """Row r keeps `keep[r]` tokens of the block: its first real ones, or those at block
-        positions `order[r]` (`[rows, span]`), in that order; the rest is dropped."""
-
-    def copy_rows(self, groups: int, source: torch.Tensor, start: int) -> None:
-        """Give every one of `groups` equal groups of each request's rows the block of its group
-        `source[b]` (`[B]`) from block position `start` on."""
 
 
 class DynamicCacheRows:
@@ -89,6 +51,8 @@ class DynamicCacheRows:
     `kept_counts` / `skips` (host) are each row's kept tokens and the block's leading fillers.
     `step_log` collects how the decode steps ran (shared by a decode's target and draft rows).
     """
+
+    rereads_kept = False
 
     def __init__(self, model: LVLM, prompts: list[torch.Tensor], per_request: int = 1,
                  step_log: StepLog | None = None, positions: list[torch.Tensor | None] | None = None,
@@ -119,20 +83,25 @@ class DynamicCacheRows:
         """Every row keeps the slots before the block and no filler: plain causal masks."""
         return all(k == self.base for k in self.kept_counts) and not any(self.skips)
 
-    def prefill(self) -> torch.Tensor:
+    def prefill(self, hidden: tuple[int, ...] = ()) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run the padded prompts once; padded slots get position 0 and are masked out."""
         positions = self._prompt_positions
         if positions is None:
             positions = (self._padding.long().cumsum(-1) - 1).clamp_min(0)
         mask = self._attention_mask(start=0, n=self.width)
         extra = {} if self._extras is None else self.model.prefill_inputs(self._extras, self._padding)
-        logits = self._forward(mask, positions, keep=1, inputs_embeds=self._prompt_embeds, step=False,
-                               **extra)
+        out = self._forward(mask, positions, keep=1, inputs_embeds=self._prompt_embeds, step=False,
+                            hidden=hidden, **extra)
         self._prompt_embeds = None  # the cache holds them now
-        return logits
+        return out
+
+    def prompt_states(self, states: torch.Tensor) -> list[torch.Tensor]:
+        """Each row's part `[L_i, ...]` of what the prefill returned per prompt slot `[rows, width, ...]`."""
+        return [row[real] for row, real in zip(states, self._padding)]
 
     def feed(self, token_ids: list[int] | torch.Tensor, keep: int = 1, valid: list[int] | None = None,
-             hidden: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+             hidden: tuple[int, ...] = (),
+             features: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         ids = torch.as_tensor(token_ids, device=self.model.device)
         ids = ids.view(1, -1).expand(self.rows, -1) if ids.dim() < 2 else ids
         n = ids.shape[1]
@@ -150,7 +119,7 @@ class DynamicCacheRows:
         self._levels.begin()
 
     def feed_tree(self, token_ids: torch.Tensor, offsets: torch.Tensor, sees: torch.Tensor, keep: int,
-                  hidden: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                  hidden: tuple[int, ...] = ()) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Append `n` tokens of a tree to each row (`[rows, n]`): token i at the position a chain
         token fed at the tree's first slot would have, plus `offsets[:, i]` (its depth below
         that slot's token), seeing the prefix before the tree and, within the tree fed since
@@ -286,10 +255,10 @@ class DynamicCacheRows:
         self.cache.crop(length - self.fed)
 
     def _forward(self, mask: torch.Tensor, positions: torch.Tensor, *, keep: int, step: bool,
-                 hidden: bool = False, **inputs) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                 hidden: tuple[int, ...] = (), **inputs) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if step:
             self.step_log.modes.add("uncompiled")
-        if hidden:  # asked only by a proposer that reads them: other forwards never name it
-            inputs["hidden"] = True
+        if hidden:  # asked only where a drafter reads them: other forwards never name it
+            inputs["hidden"] = hidden
         return self.model.logits(cache=self.cache, attention_mask=mask, position_ids=positions, keep=keep,
                                  **inputs)

@@ -29,6 +29,8 @@ class StateRows:
     """The `Rows` verbs over a recurrent model's state (`pipeline.decoding.rows.Rows`); `span`:
     the most tokens fed in one block before it settles (the ring's depth)."""
 
+    rereads_kept = False
+
     def __init__(self, model: LVLM, prompts: list[torch.Tensor], *, span: int, per_request: int = 1,
                  step_log: StepLog | None = None) -> None:
         self.model = model
@@ -57,7 +59,7 @@ class StateRows:
         return logits
 
     def feed(self, token_ids: list[int] | torch.Tensor, keep: int = 1, valid: list[int] | None = None,
-             hidden: bool = False) -> torch.Tensor:
+             hidden: tuple[int, ...] = (), features: torch.Tensor | None = None) -> torch.Tensor:
         """Append tokens to every row (`[n]`) or each row its own (`[rows, n]`), one forward per
         token; fp32 logits of the last `keep`: `[rows, keep, V]`."""
         if hidden:

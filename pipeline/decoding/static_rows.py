@@ -67,8 +67,8 @@ class StaticCacheRows(DynamicCacheRows):
         self.model.rewind_static_cache(self.cache, self.width + length)
 
     def _forward(self, mask: torch.Tensor, positions: torch.Tensor, *, keep: int, step: bool,
-                 hidden: bool = False, **inputs) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if not (self.compiled and step) or hidden:
+                 hidden: tuple[int, ...] = (), **inputs) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if not (self.compiled and step):
             return super()._forward(mask, positions, keep=keep, step=step, hidden=hidden, **inputs)
         return self.model.logits(cache=self.cache, attention_mask=mask, position_ids=positions, keep=keep,
-                                 compiled=True, steps=self.step_log, **inputs)
+                                 compiled=True, steps=self.step_log, hidden=hidden, **inputs)

@@ -27,8 +27,8 @@ from PIL import Image
 from pipeline.data.sample import Sample
 from pipeline.decoding.calibration import MAX_ROWS, Calibration
 from pipeline.decoding.config import DecodeConfig
-from pipeline.decoding.engine import default_engine, new_rows
-from pipeline.decoding.rows import Rows
+from pipeline.decoding.engine import default_engine, head_prompt_states, new_rows
+from pipeline.decoding.rows_protocol import Rows
 from pipeline.drafting.methods import method_embeddings
 from pipeline.models.base import LVLM
 from pipeline.models.devices import cpu_cores, device_name, machine_load
@@ -57,11 +57,17 @@ def _prefilled_context(model: LVLM, tokens: int, engine: str) -> Rows:
                             add_special_tokens=False)["input_ids"]
     ids = (words * (tokens // len(words) + 1))[:tokens]
     prompt = model.embed_tokens(torch.tensor(ids[:-1]))
-    rows = new_rows(model, [prompt], engine=engine, capacity=4, role="context", span=2)
+    rows = _new_rows(model, [prompt], engine, capacity=4, role="context", span=2)
     rows.prefill()
     rows.feed(ids[-1:])
     rows.settle([1])
     return rows
+
+
+def _new_rows(model: LVLM, prompts: list[torch.Tensor], engine: str, **options) -> Rows:
+    """The model's rows over `prompts` (a head's read its target's states there, from an untimed prefill)."""
+    states = head_prompt_states(model, prompts, engine) if model.drafter == "head" else None
+    return new_rows(model, prompts, engine=engine, target_states=states, **options)
 
 
 def _fits(model: LVLM, tokens: int) -> bool:
@@ -72,7 +78,7 @@ def _fits(model: LVLM, tokens: int) -> bool:
 def _prefilled(model: LVLM, sample: Sample, n_rows: int, engine: str, gamma: int) -> Rows:
     ids = model.tokenize_prompt(sample.prompt)
     embeds = method_embeddings(model, "M", ids, sample.pixels())
-    rows = new_rows(model, [embeds] * n_rows, engine=engine, capacity=gamma + 2, role="calibration")
+    rows = _new_rows(model, [embeds] * n_rows, engine, capacity=gamma + 2, role="calibration")
     rows.prefill()
     rows.feed(ids[-1:])
     rows.settle([1] * n_rows)

@@ -12,7 +12,7 @@ import torch
 from pipeline.decoding.acceptance import probabilities, verify_greedy, verify_tree_greedy
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.proposals import Proposal
-from pipeline.decoding.rows import Rows
+from pipeline.decoding.rows_protocol import Rows
 
 
 @dataclass
@@ -33,11 +33,11 @@ class Checked:
 
 
 def check(rows: Rows, pending: torch.Tensor, proposal: Proposal, config: DecodeConfig,
-          uniforms: torch.Tensor | None, keep_probs: bool, hidden: bool = False) -> Checked:
+          uniforms: torch.Tensor | None, keep_probs: bool, hidden: tuple[int, ...] = ()) -> Checked:
     """Score each request's `pending` token (`[B]`) and proposals in ONE target forward and
     accept: greedy follows the target's argmax, sampling keeps the target's distribution by the
     rule of the proposal's kind (`accept_sampled`). `uniforms`: sampling's draws for acceptance
-    `[B, checks]`; `keep_probs`: return p; `hidden`: return the LM head's input states."""
+    `[B, checks]`; `keep_probs`: return p; `hidden`: return those hidden states (`LVLM.logits`)."""
     tree = proposal.tree
     fed = torch.cat([pending[:, None], proposal.tokens], 1)
     keep = fed.shape[1]

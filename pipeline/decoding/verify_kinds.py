@@ -54,6 +54,9 @@ class VerifySpec:
     def check_gamma(self, gamma: int) -> None:
         """ValueError when a knob disagrees with the configuration's draft steps per block."""
 
+    def check_policy(self, learns: bool) -> None:
+        """ValueError when the kind cannot serve a weight policy that learns from the history."""
+
     def settled(self, methods: int, gamma: int) -> tuple[VerifySpec, int]:
         """The spec and gamma a configuration of `methods` drafting methods runs (normalised:
         equivalent grid points collapse into one)."""

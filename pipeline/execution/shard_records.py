@@ -172,8 +172,8 @@ class ShardRecords:
         beside live's (`replay_accepted_per_block`): the report's check that replay-scored rows
         are what live decoding gives. The shard's own greedy AR decode, when it has one, is
         the traces' y. A replay that fails leaves the live row as it is."""
-        replayable = lambda c: c.decode.greedy and not c.decode.is_ar and c.decode.verify.replayable
-        checked = [(c, s) for c, s in items if replayable(c) and records[(c, s)].error is None]
+        checked = [(c, s) for c, s in items
+                   if c.replayable and not c.decode.is_ar and records[(c, s)].error is None]
         decoded = {(s, self._engine(c), c.decode.max_new_tokens): records[(c, s)] for c, s in items
                    if c.decode.is_ar and c.decode.greedy and records[(c, s)].error is None}
         for item, shadow in self._replay(checked, samples, decoded).items():

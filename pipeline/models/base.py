@@ -20,6 +20,8 @@ class ModelInputError(ValueError):
     """A prompt or image this model cannot take (clear message, raised before decoding)."""
 
 
+LAST_HIDDEN = -1  # `hidden_states[-1]`: what a model's LM head reads (after its final norm)
+
 # How a decode step ran: replayed from a captured CUDA graph, through the compiled forward
 # without a graph, or as a plain forward.
 STEP_MODES = ("captured", "compiled", "uncompiled")
@@ -54,6 +56,13 @@ class LVLM(ABC):
     #: A state-space model: its cache is a state per row, rolled back by restoring saved states
     #: (`state_tensors` / `replace_states`), and it only drafts (`pipeline.models.families`).
     recurrent: bool = False
+    #: What kind of rows drafts with this model (`pipeline.decoding.drafters` builds them): `kv`,
+    #: a KV cache per row; `state`, a recurrent state per row; `head`, a head that reads the
+    #: target's hidden states. The model says it; the decoder never probes for it.
+    drafter: str = "kv"
+    #: The target's hidden states a head draft reads with every token (`logits(hidden=...)`'s
+    #: indices); () for a model that reads tokens alone.
+    target_layers: tuple[int, ...] = ()
     #: GPUs its weights are spread over (`pipeline.models.sharding`); `device` is the first, where
     #: its inputs go and its logits, image features and embeddings come back.
     gpus: int = 1
@@ -94,17 +103,19 @@ class LVLM(ABC):
         keep: int = 1,
         compiled: bool = False,
         steps: StepLog | None = None,
-        hidden: bool = False,
+        hidden: tuple[int, ...] = (),
         **prefill: Any,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """One forward of the language model over new positions, extending `cache`; `prefill`:
         the prompt rows' `prefill_inputs`, at the prefill only.
         Returns fp32 logits for the last `keep` positions: `[batch, keep, vocab]`, and with
-        `hidden` also the states the LM head read there `[batch, keep, hidden]` (a plain
-        forward). `compiled` asks for the compiled forward (static-shape decode steps over a
-        static cache; on a GPU, replayed as captured CUDA graphs); a model whose compiled step
-        fails runs it uncompiled instead and notes in `steps` how the step ran and why it fell
-        back."""
+        `hidden` (indices into transformers' `hidden_states`: 0 the embeddings, i the input of
+        layer i, -1 what the LM head reads) also those states at every position fed, side by
+        side: `[batch, fed, hidden * len(hidden)]`, what a head draft reads. `compiled` asks
+        for the compiled forward (static-shape decode steps over a static cache; on a GPU,
+        replayed as captured CUDA graphs); a model whose compiled step fails runs it
+        uncompiled instead and notes in `steps` how the step ran and why it fell back. Every
+        forward, hidden states or not, goes through the family's own (its masks, its extras)."""
 
     def spliced(self, embeds: torch.Tensor, parts: Sequence[torch.Tensor | Sequence[int]]) -> torch.Tensor:
         """`embeds`, the prompt row made of `parts` in order (image rows as `image_features`

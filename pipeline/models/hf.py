@@ -101,30 +101,27 @@ class HFModel(LVLM):
         keep: int = 1,
         compiled: bool = False,
         steps: StepLog | None = None,
-        hidden: bool = False,
+        hidden: tuple[int, ...] = (),
         **prefill: Any,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         ids = None if input_ids is None else input_ids.to(self.device)
         mask, positions = attention_mask.to(self.device), position_ids.to(self.device)
-        if hidden:
-            out = self.model(input_ids=ids, inputs_embeds=inputs_embeds, attention_mask=mask,
-                             position_ids=positions, cache=cache, use_cache=True,
-                             logits_to_keep=keep, output_hidden_states=True)
-            return out.logits[:, -keep:].float(), out.hidden_states[-1][:, -keep:]
-        if compiled and ids is not None:
-            return self._compiled_step(cache, keep, ids, mask, positions,
-                                       StepLog() if steps is None else steps)
+        if compiled and ids is not None:  # a decode step (a head's also carries its `features`)
+            return self._compiled_step(cache, keep, StepLog() if steps is None else steps, hidden,
+                                       input_ids=ids, attention_mask=mask, position_ids=positions, **prefill)
         return self._forward(cache, keep, False, input_ids=ids, inputs_embeds=inputs_embeds,
-                             attention_mask=mask, position_ids=positions, **prefill)
+                             attention_mask=mask, position_ids=positions, hidden=hidden, **prefill)
 
-    def _compiled_step(self, cache: StaticCache, keep: int, ids: torch.Tensor, mask: torch.Tensor,
-                       positions: torch.Tensor, steps: StepLog) -> torch.Tensor:
+    def _compiled_step(self, cache: StaticCache, keep: int, steps: StepLog, hidden: tuple[int, ...],
+                       **tensors: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """A decode step through the compiled forward (on a GPU captured as a CUDA graph). If
         compiling or capturing fails, the step runs as a plain forward, and so does every later
         step of that shape: a failure is met once per model and step shape, logged once, and
         noted in `steps` each time. A failure counts only when the plain forward then works;
         otherwise that forward's own error is raised (a bad input fails either way)."""
-        shape = (ids.shape[0], ids.shape[1], keep, cache.layers[0].max_cache_len)
+        ids = tensors["input_ids"]
+        shape = (ids.shape[0], ids.shape[1], keep, cache.layers[0].max_cache_len, hidden)
+        plain = lambda: self._forward(cache, keep, False, hidden=hidden, **tensors)
         failure = self._failed_steps.get(shape)
         if failure is None:
             key = (id(cache), shape)
@@ -132,47 +129,56 @@ class HFModel(LVLM):
             # a first compile or capture may fail after some layers wrote: keep their write positions
             saved = None if key in self._proven_steps else [length.clone() for length in lengths]
             try:
-                logits, mode = self._fast_step(cache, keep, ids, mask, positions)
+                out, mode = self._fast_step(cache, keep, hidden, tensors)
             except Exception as err:
                 if saved is None:  # a step that ran compiled before: its cache state is unknown now
                     raise
                 torch._foreach_copy_(lengths, saved)
                 failure = f"compiled {ids.shape[0]}x{ids.shape[1]} step failed ({one_line(err)})"
-                logits = self._forward(cache, keep, False, input_ids=ids, attention_mask=mask,
-                                       position_ids=positions)
+                out = plain()
                 self._failed_steps[shape] = failure
                 log.warning("%s: %s; this step shape runs uncompiled from now on", self.name, failure)
             else:
                 self._proven_steps.add(key)
                 steps.modes.add(mode)
-                return logits
+                return out
         else:
-            logits = self._forward(cache, keep, False, input_ids=ids, attention_mask=mask,
-                                   position_ids=positions)
+            out = plain()
         steps.modes.add("uncompiled")
         steps.fallbacks.add(failure)
-        return logits
+        return out
 
-    def _fast_step(self, cache: StaticCache, keep: int, ids: torch.Tensor, mask: torch.Tensor,
-                   positions: torch.Tensor) -> tuple[torch.Tensor, str]:
-        """(logits, mode) of the compiled path: a captured CUDA graph on a GPU, else the compiled forward."""
+    def _fast_step(self, cache: StaticCache, keep: int, hidden: tuple[int, ...],
+                   tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor | tuple[torch.Tensor, ...], str]:
+        """(output, mode) of the compiled path: a captured CUDA graph on a GPU, else the compiled forward."""
         if self.device.type == "cuda":
-            step = lambda i, m, p: self._forward(cache, keep, True, input_ids=i, attention_mask=m,
-                                                 position_ids=p)
-            return self._step_graphs.run(step, cache, ids, mask, positions, keep), "captured"
-        return self._forward(cache, keep, True, input_ids=ids, attention_mask=mask,
-                             position_ids=positions), "compiled"
+            names = tuple(tensors)
+            step = lambda *values: self._forward(cache, keep, True, hidden=hidden, **dict(zip(names, values)))
+            out = self._step_graphs.run(step, cache, tuple(tensors.values()), (keep, hidden, names))
+            return out, "captured"
+        return self._forward(cache, keep, True, hidden=hidden, **tensors), "compiled"
 
-    def _forward(self, cache: Cache, keep: int, compiled: bool, **inputs) -> torch.Tensor:
+    def _forward(self, cache: Cache, keep: int, compiled: bool, hidden: tuple[int, ...] = (),
+                 **inputs) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """fp32 logits of the last `keep` positions, `[B, keep, V]`; `compiled`: through
-        transformers' compiled call (one compile per model, reused for each static shape)."""
+        transformers' compiled call (one compile per model, reused for each static shape);
+        `hidden`: also the hidden states at those indices (`hidden_states` of transformers' own
+        output: 0 the embeddings, i the input of layer i, -1 the final norm's output) at every
+        position fed, concatenated: `[B, fed, H * len(hidden)]`."""
         forward = self.model.get_compiled_call(self.step_compile) if compiled else self.model
-        out = forward(**inputs, cache=cache, use_cache=True, logits_to_keep=keep)
-        return out.logits[:, -keep:].float()
+        out = forward(**inputs, cache=cache, use_cache=True, logits_to_keep=keep,
+                      output_hidden_states=bool(hidden))
+        logits = out.logits[:, -keep:].float()
+        return (logits, chosen_states(out.hidden_states, hidden)) if hidden else logits
 
     def image_features(self, images: Sequence[Image.Image], pooled: bool = False) -> list[torch.Tensor]:
         raise ModelInputError(f"{self.name} is a text-only model: it cannot read images "
                               "(use T or C drafting)")
+
+
+def chosen_states(states: Sequence[torch.Tensor], indices: tuple[int, ...]) -> torch.Tensor:
+    """The hidden states at `indices` of a forward's `hidden_states`, side by side."""
+    return torch.cat([states[i] for i in indices], -1)
 
 
 def one_line(err: BaseException) -> str:

@@ -16,6 +16,7 @@ from pipeline.models.families import (
     FAMILIES, RECURRENT_TYPES, UnsupportedFamily, check_family, drafts_only, is_recurrent_config,
 )
 from pipeline.models.gemma3 import HFGemma3, HFGemma3Text
+from pipeline.models.head_names import head_kind, head_path
 from pipeline.models.hf import HFLlava, HFModel
 from pipeline.models.internvl import HFInternVL
 from pipeline.models.qwen_vl import HFQwen3VL, HFQwenVL
@@ -143,13 +144,26 @@ def load_target_and_drafts(
         return load_model(name, dtype=dtype, device=home, allow_text=allow_text, gpus=spread)
 
     # spread: the drafts first, so the target's plan sees what they leave free on the first GPU
-    early = {name: load(path) for name, path in drafts.items()} if gpus > 1 else {}
+    early = {name: load(path) for name, path in drafts.items() if head_kind(path) is None} if gpus > 1 else {}
     loaded = load(target, gpus)
     try:
         drafts_only(target, "target", recurrent=loaded.recurrent)
     except UnsupportedFamily as err:
         raise ModelLoadError(str(err)) from None
-    models = early or {name: load(path) for name, path in drafts.items()}
+    models = early or {name: load(path) for name, path in drafts.items() if head_kind(path) is None}
     for model in models.values():
         check_same_tokenizer(loaded, model)
-    return loaded, models
+    for name, path in drafts.items():  # a head reads the target, so it loads after it, with its tokenizer
+        if head_kind(path) is not None:
+            models[name] = load_head_of(path, loaded)
+    return loaded, {name: models[name] for name in drafts}
+
+
+def load_head_of(name: str, target: LVLM) -> LVLM:
+    """The head `name` (`<kind>:<path>`, `pipeline.models.head_names`) drafting for `target`."""
+    from pipeline.models.heads import HeadMismatch, load_head
+
+    try:
+        return load_head(head_kind(name), head_path(name), target)
+    except (HeadMismatch, OSError) as err:
+        raise ModelLoadError(f"cannot load head {name!r} for {target.name!r}: {err}") from None

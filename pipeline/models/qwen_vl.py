@@ -28,6 +28,7 @@ from transformers import PreTrainedModel
 from pipeline.models.base import ModelInputError
 from pipeline.models.chat_models import HFChatModel
 from pipeline.models.grids import grid_positions, pooled_grid
+from pipeline.models.hf import chosen_states
 
 
 class HFQwenVL(HFChatModel):
@@ -142,11 +143,14 @@ class HFQwen3VL(HFQwenVL):
         return {"visual_pos_masks": mask.to(self.device),
                 "deepstack_visual_embeds": [torch.cat(layer) for layer in zip(*layers)]}
 
-    def _forward(self, cache, keep: int, compiled: bool, **inputs) -> torch.Tensor:
+    def _forward(self, cache, keep: int, compiled: bool, hidden: tuple[int, ...] = (),
+                 **inputs) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if "visual_pos_masks" not in inputs:
-            return super()._forward(cache, keep, compiled, **inputs)
-        hidden = self.model.model.language_model(**inputs, cache=cache, use_cache=True).last_hidden_state
-        return self.model.lm_head(hidden[:, -keep:]).float()
+            return super()._forward(cache, keep, compiled, hidden=hidden, **inputs)
+        out = self.model.model.language_model(**inputs, cache=cache, use_cache=True,
+                                              output_hidden_states=bool(hidden))
+        logits = self.model.lm_head(out.last_hidden_state[:, -keep:]).float()
+        return (logits, chosen_states(out.hidden_states, hidden)) if hidden else logits
 
 
 @dataclass

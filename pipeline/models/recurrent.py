@@ -52,6 +52,7 @@ class RecurrentMixin:
     state the rows save and restore."""
 
     recurrent = True
+    drafter = "state"
     language_model: torch.nn.Module
     lm_head: torch.nn.Module
     text_config: Any
@@ -81,7 +82,7 @@ class RecurrentMixin:
     def logits(self, *, cache: Cache, attention_mask: torch.Tensor | None,
                position_ids: torch.Tensor | None = None, input_ids: torch.Tensor | None = None,
                inputs_embeds: torch.Tensor | None = None, keep: int = 1, compiled: bool = False,
-               steps: StepLog | None = None, hidden: bool = False) -> torch.Tensor:
+               steps: StepLog | None = None, hidden: tuple[int, ...] = ()) -> torch.Tensor:
         """fp32 logits of the last `keep` positions; `attention_mask`: None or `[B, L]` 0/1
         (positions are implicit in a recurrence)."""
         if hidden:

@@ -12,56 +12,58 @@ its cache writes land past the valid length and are undone by restoring the writ
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Hashable
 
 import torch
 from transformers import StaticCache
 
-Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (ids, mask, positions) -> logits
+# (ids, mask, positions, ...) -> logits, or logits and the hidden states a head reads
+Step = Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]
 
 
 class CapturedStep:
     """One step shape over one static cache: static input buffers, a graph, its output."""
 
-    def __init__(self, step: Step, cache: StaticCache, ids: torch.Tensor, mask: torch.Tensor,
-                 positions: torch.Tensor, pool: tuple[int, int]) -> None:
-        self.ids, self.mask, self.positions = ids.clone(), mask.clone(), positions.clone()
+    def __init__(self, step: Step, cache: StaticCache, inputs: tuple[torch.Tensor, ...],
+                 pool: tuple[int, int]) -> None:
+        self.inputs = tuple(tensor.clone() for tensor in inputs)
         lengths = [layer.cumulative_length for layer in cache.layers]
         saved = [length.clone() for length in lengths]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up off the main stream, as capture requires
-            step(self.ids, self.mask, self.positions)
+            step(*self.inputs)
         torch.cuda.current_stream().wait_stream(side)
         torch._foreach_copy_(lengths, saved)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            self.logits = step(self.ids, self.mask, self.positions)
+            self.out = step(*self.inputs)
 
-    def __call__(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        self.ids.copy_(ids)
-        self.mask.copy_(mask)
-        self.positions.copy_(positions)
+    def __call__(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        for buffer, tensor in zip(self.inputs, inputs):
+            buffer.copy_(tensor)
         self.graph.replay()
-        return self.logits.clone()  # the next replay overwrites the output buffer
+        # the next replay overwrites the output buffers
+        return tuple(t.clone() for t in self.out) if isinstance(self.out, tuple) else self.out.clone()
 
 
 class StepGraphs:
-    """A model's captured steps, keyed by cache and step shape; they share one memory pool
-    (steps run one at a time and their outputs are copied out at once)."""
+    """A model's captured steps, keyed by cache, input shapes and `variant` (what else changes
+    the graph: the logits kept, the hidden states returned); they share one memory pool (steps
+    run one at a time and their outputs are copied out at once)."""
 
     def __init__(self) -> None:
-        self._steps: dict[tuple[int, tuple[int, ...], int], CapturedStep] = {}
+        self._steps: dict[tuple, CapturedStep] = {}
         self._pool: tuple[int, int] | None = None
 
-    def run(self, step: Step, cache: StaticCache, ids: torch.Tensor, mask: torch.Tensor,
-            positions: torch.Tensor, keep: int) -> torch.Tensor:
-        key = (id(cache), tuple(ids.shape), keep)
+    def run(self, step: Step, cache: StaticCache, inputs: tuple[torch.Tensor, ...],
+            variant: Hashable) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        key = (id(cache), tuple(tuple(t.shape) for t in inputs), variant)
         captured = self._steps.get(key)
         if captured is None:
             self._pool = self._pool or torch.cuda.graph_pool_handle()
-            captured = self._steps[key] = CapturedStep(step, cache, ids, mask, positions, self._pool)
-        return captured(ids, mask, positions)
+            captured = self._steps[key] = CapturedStep(step, cache, inputs, self._pool)
+        return captured(inputs)
 
     def forget(self, cache: StaticCache) -> None:
         """Drop the graphs of a cache about to be freed (they point into its tensors)."""

@@ -21,6 +21,7 @@ from pipeline.decoding.config import AR, DecodeConfig
 from pipeline.decoding.verify_kinds import Chain, VerifySpec
 from pipeline.drafting.methods import needs_captions
 from pipeline.drafting.policies import StaticPolicy, WeightPolicy
+from pipeline.models.head_names import HEAD_METHODS, head_kind
 from pipeline.planning.catalog import Catalog  # noqa: F401  (grids are validated against it)
 
 TINY_PREFIX = "tiny:"  # tiny random models built locally on each node (pipeline.models.tiny)
@@ -107,6 +108,12 @@ class RunConfig:
     def decode_engine(self) -> str | None:
         """The engine to ask the decoding core for; None lets it pick by device."""
         return None if self.engine == AUTO_ENGINE else self.engine
+
+    @property
+    def replayable(self) -> bool:
+        """Greedy trace replay scores it exactly: its tree's shape follows the target's path, and
+        its draft is no head (which drafts from its own guesses, never made by a forced pass)."""
+        return self.decode.greedy and self.decode.verify.replayable and head_kind(self.pair.draft) is None
 
     def key(self) -> str:
         """Hash of every field that changes results (not the run name or decoding mode); the
@@ -247,7 +254,7 @@ class GridSpec:
     def configs(self) -> list[RunConfig]:
         """Every distinct grid point, in file order, after normalisation. Greedy decoding draws
         nothing, so temperature 0 runs with the first seed only (its key, as before, hashes that
-        seed: rows written under it resume; the others were the same work again)."""
+        seed: rows written under it resume; the others were the same work again). Head pairs run AR, M."""
         seen: dict[RunConfig, None] = {}
         only = dict(self.verify_methods)  # AR verifies nothing: a restriction never removes it
         runs = lambda verify, methods: methods == AR or methods in only.get(verify, (methods,))
@@ -257,7 +264,8 @@ class GridSpec:
         )
         for pair, methods, policy, window, distance, gamma, temperature, seed, engine, verify, batch in grid:
             greedy_repeat = temperature == 0 and seed != self.seed[0]
-            if greedy_repeat or not policy.applies_to(methods) or not runs(verify, methods):
+            not_head = head_kind(pair.draft) is not None and methods not in (AR, *HEAD_METHODS)
+            if greedy_repeat or not_head or not policy.applies_to(methods) or not runs(verify, methods):
                 continue
             decode = DecodeConfig(methods, replace(policy.policy, window=window, distance=distance), gamma,
                                   temperature, self.max_new_tokens, seed, verify)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from pipeline.models.head_names import head_kind
 from pipeline.data.sample import FOLLOWUP_TURNS, previous_turn
 from pipeline.drafting.methods import METHODS, needs_captions
 from pipeline.names import did_you_mean
@@ -96,6 +97,10 @@ def _combinations(spec: GridSpec) -> Iterator[str]:
             if methods not in spec.methods or methods == AR:
                 yield (f"verify[{i}].methods: {methods!r} is not a method set of this grid's methods "
                        f"{[m for m in spec.methods if m != AR]}{did_you_mean(methods, spec.methods)}")
+    heads = [pair.draft for pair in spec.pairs if head_kind(pair.draft) is not None]
+    if spec.mode == "replay" and heads:
+        yield (f"mode 'replay' cannot score head drafts ({', '.join(heads)}): a head drafts from its own "
+               "guesses past a block's first token, which a teacher-forced pass never makes; use 'auto'")
     for kind in sorted({v.kind for v in spec.verify if not v.replayable} if spec.mode == "replay" else ()):
         yield (f"mode 'replay' cannot score {kind} trees (their shape needs the draft off the target's "
                "path); use 'auto' to run them live")

@@ -26,7 +26,7 @@ from pipeline.planning.grid_bounds import (
 from pipeline.planning.grid_checks import AXES, check_combinations
 from pipeline.planning.grid_values import boolean, choice, integer, listed, number
 from pipeline.planning.grid_yaml import read_grid_yaml
-from pipeline.planning.model_ids import check_family_here, check_model_id, check_same_tokenizer
+from pipeline.planning.model_ids import check_model_id, check_pair_here
 from pipeline.planning.plugins import load_drafting_methods, parse_datasets, plugin_kind
 from pipeline.planning.problems import Problems
 from pipeline.planning.verify_entries import make_verify
@@ -192,9 +192,7 @@ def _pair(entry: Any, i: int) -> tuple[Pair, bool, bool, int | None]:
     timed = boolean(entry.get("timed", True), f"{where}.timed")
     gpus = entry.get("gpus")
     gpus = None if gpus is None else integer(gpus, f"{where}.gpus", minimum=1, maximum=MAX_GPUS_PER_WORKER)
-    check_same_tokenizer(pair.target, pair.draft, where)
-    for role in ("target", "draft"):
-        check_family_here(getattr(pair, role), f"{where}.{role}", allow_text=text_only)
+    check_pair_here(pair, where, allow_text=text_only)
     return pair, text_only, timed, gpus
 
 

@@ -1,5 +1,5 @@
 """Model names a grid may use, checked without loading anything: hub ids, local directories
-(whose config.json says the model class), `tiny:` and `embedded:` models.
+(whose config.json says the model class), `tiny:` and `embedded:` models, and head drafts.
 """
 from __future__ import annotations
 
@@ -12,12 +12,15 @@ from typing import Any
 from pipeline.models.families import (
     FAMILIES, TEXT_DRAFTS, TINY_FAMILIES, UnsupportedFamily, check_family, check_role, drafts_only,
 )
+from pipeline.models.head_names import (
+    HEAD_KINDS, TINY_HEAD_TARGET, TINY_HEADS, HeadMismatch, check_head, head_kind, head_path,
+)
 from pipeline.names import did_you_mean
-from pipeline.planning.grid import TINY_PREFIX, GridError
+from pipeline.planning.grid import TINY_PREFIX, GridError, Pair
 
 TINY_MODELS = ("target", "draft", "next_target", "bigram_target", "mamba_draft", "mamba2_draft",
                *(f"{family}_{role}" for family in TINY_FAMILIES for role in ("target", "draft")),
-               "gemma3_text_draft")
+               "gemma3_text_draft", *TINY_HEADS)
 EMBEDDED_MODELS = ("embedded:target", "embedded:draft", "embedded:small_draft", "embedded:ssm_draft")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 # Hub ids of families whose drafting methods are limited (P; M for text-only drafts),
@@ -64,10 +67,19 @@ def _cached_file(name: str, filename: str) -> Path | None:
 
 
 def check_model_id(name: Any, where: str) -> str:
-    """A model is a hub id `org/name`, an existing local directory, `embedded:target|draft|small_draft`
-    or a `tiny:` model (`TINY_MODELS`)."""
+    """A model is a hub id `org/name`, an existing local directory, `embedded:target|draft|small_draft`,
+    a `tiny:` model (`TINY_MODELS`) or, as a draft, a head `<kind>:<hub id or directory>`
+    (`pipeline.models.head_names`; a grid file may write `{head: <kind>, path: ...}`)."""
+    if isinstance(name, dict) and where.endswith(".draft"):
+        name = head_name(name, where)
     if not isinstance(name, str) or not name:
         raise GridError(f"{where}: a model must be a non-empty string, got {name!r}")
+    kind, _, path = name.partition(":")
+    if kind in HEAD_KINDS:
+        if not where.endswith(".draft"):
+            raise GridError(f"{where}: {name!r} is a {kind} head: a head drafts, it is never a target")
+        check_model_id(path, f"{where} (the {kind} head's files)")
+        return name
     if name.startswith("embedded:"):
         if name not in EMBEDDED_MODELS:
             raise GridError(f"{where}: unknown embedded model {name!r}{did_you_mean(name, EMBEDDED_MODELS)}; "
@@ -92,6 +104,39 @@ def check_model_id(name: Any, where: str) -> str:
     return name
 
 
+def head_name(entry: dict, where: str) -> str:
+    """`{head: <kind>, path: <hub id or directory>}` as the draft name `<kind>:<path>`."""
+    if set(entry) != {"head", "path"}:
+        raise GridError(f"{where}: a head draft is {{head: <kind>, path: <hub id or directory>}}, got "
+                        f"{sorted(entry)}")
+    if entry["head"] not in HEAD_KINDS:
+        raise GridError(f"{where}.head: unknown head kind {entry['head']!r}"
+                        f"{did_you_mean(str(entry['head']), HEAD_KINDS)}; known: {', '.join(HEAD_KINDS)}")
+    if not isinstance(entry["path"], str) or not entry["path"]:
+        raise GridError(f"{where}.path: a head's path is a hub id or a directory, got {entry['path']!r}")
+    return f"{entry['head']}:{entry['path']}"
+
+
+def check_head_here(target: str, draft: str, where: str) -> None:
+    """A head drafts only for the target it reads: a tiny head for the tiny model it was built
+    for; another, where both configs are readable here (local directories, cached hub ids),
+    one of the same hidden size and vocabulary (`check_head`). Before any weight loads."""
+    kind = head_kind(draft)
+    if kind is None:
+        return
+    if draft.startswith(TINY_PREFIX):
+        if target != TINY_PREFIX + TINY_HEAD_TARGET:
+            raise GridError(f"{where}: {draft} drafts for {TINY_PREFIX}{TINY_HEAD_TARGET}, the tiny model it "
+                            f"was built to read, not for {target}")
+        return
+    head_config, target_config = readable_config(head_path(draft)), readable_config(target)
+    if head_config is not None and target_config is not None:
+        try:
+            check_head(kind, head_config, target_config, head_path(draft), target)
+        except HeadMismatch as err:
+            raise GridError(f"{where}: {err}") from None
+
+
 def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
 
@@ -105,13 +150,22 @@ def fetch_tokenizer(name: str, timeout: float = HUB_TIMEOUT_S) -> bool:
     """Put hub id `name`'s tokenizer.json (a few MB; its actor fetches it first anyway) in the hub
     cache, so that `check_same_tokenizer` compares the pair before Ray starts; whether it was
     fetched now. A repository without one, or no answer, leaves the comparison to the pair's load."""
-    if not _hub_only(name) or hub_offline() or _cached_file(name, "tokenizer.json") is not None:
+    return _fetch(name, "tokenizer.json", timeout)
+
+
+def fetch_config(name: str, timeout: float = HUB_TIMEOUT_S) -> bool:
+    """Put hub id `name`'s config.json in the hub cache (for `check_head_here` before Ray starts)."""
+    return _fetch(name, "config.json", timeout)
+
+
+def _fetch(name: str, filename: str, timeout: float) -> bool:
+    if not _hub_only(name) or hub_offline() or _cached_file(name, filename) is not None:
         return False
     from huggingface_hub import hf_hub_download
 
     try:
-        hf_hub_download(name, "tokenizer.json", etag_timeout=timeout)
-    except Exception:  # no tokenizer.json (a sentencepiece-only repo), no network: compared at load
+        hf_hub_download(name, filename, etag_timeout=timeout)
+    except Exception:  # not in the repository, no network: checked at load
         return False
     return True
 
@@ -151,6 +205,8 @@ def check_same_tokenizer(target: str, draft: str, where: str) -> None:
     the hub cache, without loading either: when the grid is read, and again before Ray starts
     once `fetch_tokenizer` has fetched what the cache lacked (else the pair is checked when it
     loads)."""
+    if head_kind(draft) is not None:  # a head speaks its target's tokenizer, being part of it
+        return
     vocabularies = []
     for name in (target, draft):
         path = Path(name).expanduser() / "tokenizer.json"
@@ -196,9 +252,20 @@ def readable_config(name: str) -> dict | None:
     return _json_file(path)
 
 
+def check_pair_here(pair: Pair, where: str, *, allow_text: bool) -> None:
+    """What can be checked of a grid's pair from files on this machine, without loading it: one
+    tokenizer, a head drafting for its own target, each model's family."""
+    check_same_tokenizer(pair.target, pair.draft, where)
+    check_head_here(pair.target, pair.draft, f"{where}.draft")
+    for role in ("target", "draft"):
+        check_family_here(getattr(pair, role), f"{where}.{role}", allow_text=allow_text)
+
+
 def check_family_here(name: str, where: str, *, allow_text: bool) -> None:
     """Refuse, by name, a model whose config (where readable here) is of no supported family
     (`pipeline.models.families`), or text-only where the pair does not say `text_only`."""
+    if head_kind(name) is not None:  # a head is no family's model: `check_head_here` checks it
+        return
     config, role = readable_config(name), where.rsplit(".", 1)[-1]
     if config is None:
         try:

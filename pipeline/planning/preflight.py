@@ -14,9 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pipeline.data.sample import turn_count
-from pipeline.planning.grid import GridError, GridSpec
+from pipeline.models.head_names import head_kind, head_path
+from pipeline.planning.grid import TINY_PREFIX, GridError, GridSpec
 from pipeline.planning.model_ids import (
-    check_hub_id_resolves, check_same_tokenizer, context_length, fetch_tokenizer,
+    check_head_here, check_hub_id_resolves, check_same_tokenizer, context_length, fetch_config,
+    fetch_tokenizer,
 )
 from pipeline.planning.problems import Problems
 from pipeline.planning.samples import SampleSource
@@ -69,7 +71,8 @@ def check_models(spec: GridSpec) -> None:
     lacked are fetched, and each pair with one of them is compared (the others were when the
     grid was read). Ids are checked side by side, so a grid of many pairs waits one timeout at
     most; every failure is reported."""
-    named = {getattr(pair, role): f"pairs[{i}].{role}"
+    files = lambda name: head_path(name) if head_kind(name) and not name.startswith(TINY_PREFIX) else name
+    named = {files(getattr(pair, role)): f"pairs[{i}].{role}"
              for i, pair in enumerate(spec.pairs) for role in ("target", "draft")}
     problems = Problems()
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -81,6 +84,10 @@ def check_models(spec: GridSpec) -> None:
     for i, pair in enumerate(spec.pairs):
         if {pair.target, pair.draft} & fetched:
             problems.check(check_same_tokenizer, pair.target, pair.draft, f"pairs[{i}]")
+        if files(pair.draft) != pair.draft:  # a hub or local head: its config against its target's
+            for name in (files(pair.draft), pair.target):
+                fetch_config(name)
+            problems.check(check_head_here, pair.target, pair.draft, f"pairs[{i}].draft")
     problems.raise_all()
 
 

@@ -16,12 +16,13 @@ from pipeline.planning.timed_samples import choose_timed
 
 
 def decode_mode(config: RunConfig, grid_mode: str) -> str:
-    """`replay` for greedy configurations unless the grid forces live runs; sampling, and trees
-    whose shape depends on the draft off the target's path (dynamic), are always live. Greedy AR
-    rides along with replay: trace collection decodes y with the plain AR loop, and that decode
-    (timings included) is the AR row."""
-    decode = config.decode
-    if not decode.greedy or grid_mode == "live" or not decode.verify.replayable or config.batch > 1:
+    """`replay` for greedy configurations unless the grid forces live runs; sampling, trees
+    whose shape depends on the draft off the target's path (dynamic) and head drafts are always
+    live (`RunConfig.replayable`). Greedy AR rides along with replay: trace collection decodes y
+    with the plain AR loop, and that decode (timings included) is the AR row."""
+    if config.decode.is_ar:
+        return "live" if grid_mode == "live" or config.batch > 1 or not config.decode.greedy else "replay"
+    if not config.replayable or grid_mode == "live" or config.batch > 1:
         return "live"
     return "replay"
 

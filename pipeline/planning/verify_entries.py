@@ -3,15 +3,17 @@ of your own by import path) or a result row's structured columns (or, for rows f
 its label). Every built-in kind is imported here, so each is registered before a lookup."""
 from __future__ import annotations
 
+import json
 from dataclasses import fields
 from typing import Any
 
+from pipeline.decoding.eagle2_kind import Eagle2Tree
 from pipeline.decoding.verify_kinds import (
     VERIFY_KINDS, BanditTree, CandidateTree, Chain, DynamicTree, ShapeTree, VerifySpec,
 )
 from pipeline.registry import parse_entry
 
-__all__ = ["make_verify", "verify_of_row", "ShapeTree", "BanditTree"]
+__all__ = ["make_verify", "verify_of_row", "ShapeTree", "BanditTree", "Eagle2Tree"]
 
 
 def make_verify(entry: Any) -> VerifySpec:
@@ -35,6 +37,9 @@ def verify_of_row(row: dict) -> VerifySpec:
                  "shape": shapes[0] if shapes else None}
         cls = VERIFY_KINDS.find(kind)
         known = {f.name for f in fields(cls)}
+        stored = json.loads(row["verify_knobs"]) if isinstance(row.get("verify_knobs"), str) else {}
+        knobs = {k: v for k, v in stored.items() if k not in knobs or knobs[k] is None} | \
+            {k: v for k, v in knobs.items() if v is not None}  # knobs no structured column holds
         return cls(**{k: _plain(v) for k, v in knobs.items() if k in known and v is not None})
     label = row.get("verify")
     if not isinstance(label, str) or label == "chain":

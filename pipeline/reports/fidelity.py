@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from pipeline.models.head_names import head_kind
+
 GROUP_KEYS = ["target", "draft", "dtype", "engine"]
 COLUMNS = GROUP_KEYS + ["live rows", "checked", "identical", "rate %", "mean abs dtau", "max abs dtau"]
 NEAR_TIE_NOTE = (
@@ -26,11 +28,13 @@ def _tau(accepted) -> float:
 
 def fidelity_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """The live greedy speculative rows that decoded, with `checked` (replay counts present),
-    `identical` (same accepted count in every block) and `dtau` (|tau live - tau replay|)."""
+    `identical` (same accepted count in every block) and `dtau` (|tau live - tau replay|). A
+    head draft's rows are left out: replay never scores a head (it drafts from its own guesses)."""
     if "replay_accepted_per_block" not in rows.columns:
         rows = rows.assign(replay_accepted_per_block=None)
+    heads = rows["draft"].astype(str).map(lambda draft: head_kind(draft) is not None)
     live = rows[(rows["mode"] == "live") & (rows["temperature"] == 0) & (rows["methods"] != "AR")
-                & rows["error"].isna()]
+                & rows["error"].isna() & ~heads]
     checked, identical, dtau = [], [], []
     for accepted, replayed in zip(live["accepted_per_block"], live["replay_accepted_per_block"]):
         has_replay = hasattr(replayed, "__len__")  # not None, NaN or pd.NA (a null Arrow list)

@@ -1,0 +1,47 @@
+"""Which draft names are heads, without torch: what grid checks and planning need to know of a
+head before anything loads. A head is named `<kind>:<hub id or folder>` (in a grid file also
+`{head: <kind>, path: ...}`), or `tiny:<kind>_head`, a tiny head built for the bigram target."""
+from __future__ import annotations
+
+from typing import Any
+
+HEAD_KINDS = ("eagle",)  # `pipeline.models.heads.HEAD_KINDS` holds their modules
+TINY_PREFIX = "tiny:"
+TINY_HEADS = {f"{kind}_head": kind for kind in HEAD_KINDS}  # tiny:<name> -> its kind
+TINY_HEAD_TARGET = "bigram_target"  # the tiny model they read
+HEAD_METHODS = ("M",)  # a head reads the target's own prompt: it drafts with that prompt alone
+
+
+def head_kind(name: str) -> str | None:
+    """The head kind a draft name names, or None for a model that is not a head."""
+    if name.startswith(TINY_PREFIX):
+        return TINY_HEADS.get(name[len(TINY_PREFIX):])
+    kind, sep, path = name.partition(":")
+    return kind if sep and kind in HEAD_KINDS and path else None
+
+
+def head_path(name: str) -> str:
+    """Where a `<kind>:<path>` head's files are (a `tiny:` head is resolved to one first)."""
+    return name.partition(":")[2]
+
+
+class HeadMismatch(ValueError):
+    """A head that cannot draft for its target, or whose files are not its kind's layout."""
+
+
+def text_config_of(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of a config (a VLM's `text_config`, else the whole)."""
+    return config.get("text_config") or config
+
+
+def check_head(kind: str, head_config: dict[str, Any], target_config: dict[str, Any], head: str,
+               target: str) -> None:
+    """HeadMismatch naming both when a `kind` head's config cannot draft for the target's: it
+    reads the target's states (hidden size) and speaks its vocabulary."""
+    if kind not in HEAD_KINDS:
+        raise HeadMismatch(f"unknown head kind {kind!r} for {head!r}; choose one of {list(HEAD_KINDS)}")
+    mine, theirs = text_config_of(head_config), text_config_of(target_config)
+    for key in ("hidden_size", "vocab_size"):
+        if mine.get(key) != theirs.get(key):
+            raise HeadMismatch(f"{kind} head {head!r} has {key} {mine.get(key)} but target {target!r} has "
+                               f"{theirs.get(key)}: a head drafts only for the target it was trained on")

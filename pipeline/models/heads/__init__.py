@@ -1,0 +1,64 @@
+"""Head drafts: small modules that read the target's hidden states and borrow its embeddings and
+LM head (EAGLE-1/2 today), each loaded from the layout its reference code publishes.
+
+A grid names a head as a pair's draft: `draft: {head: eagle, path: <hub id or folder>}`, which
+reads as the draft name `eagle:<path>` (`pipeline.planning.model_ids`). A head is checked
+against its target from the two configs alone (hidden size, vocabulary), before any weight is
+read, so a grid with a mismatched head is refused before Ray starts.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig
+
+from pipeline.models.base import LVLM
+from pipeline.models.head_names import HEAD_KINDS as KIND_NAMES
+from pipeline.models.head_names import HeadMismatch, check_head, text_config_of
+from pipeline.models.heads.draft import HeadDraft
+from pipeline.models.heads.eagle import EagleHead
+
+HEAD_KINDS = {"eagle": EagleHead}  # a grid's `head:` -> the module that loads its layout
+assert tuple(HEAD_KINDS) == KIND_NAMES, "pipeline.models.head_names lists the same kinds, torch-free"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+NOT_READ = ("embed_tokens.weight",)  # a copy of the target's, in some checkpoints
+
+
+def head_files(path: str) -> Path:
+    """The folder holding a head's `config.json` and weights: `path` itself, or the hub's copy."""
+    if Path(path).is_dir():
+        return Path(path)
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(path, allow_patterns=["config.json", *WEIGHT_FILES]))
+
+
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    for name in WEIGHT_FILES:
+        if (folder / name).is_file():
+            if name.endswith(".safetensors"):
+                from safetensors.torch import load_file
+
+                return load_file(folder / name)
+            return torch.load(folder / name, map_location="cpu", weights_only=True)
+    raise HeadMismatch(f"head folder {str(folder)!r} has none of {', '.join(WEIGHT_FILES)}")
+
+
+def load_head(kind: str, path: str, target: LVLM, *, dtype: torch.dtype | None = None) -> HeadDraft:
+    """A `kind` head from `path` (folder or hub id) drafting for `target`, on its device and in its dtype."""
+    folder = head_files(path)
+    config = json.loads((folder / "config.json").read_text())
+    check_head(kind, config, target.model.config.to_dict(), path, target.name)
+    with torch.device(target.device):  # its rotary tables are made, not read
+        module = HEAD_KINDS[kind](LlamaConfig(**text_config_of(config))).to(dtype or target.dtype)
+    weights = {k: v for k, v in read_weights(folder).items() if k not in NOT_READ}
+    expected = set(module.state_dict())
+    if missing := sorted(expected - set(weights)):
+        raise HeadMismatch(f"{kind} head {path!r} lacks {', '.join(missing[:6])}: not the {kind} layout")
+    if unexpected := sorted(set(weights) - expected):
+        raise HeadMismatch(f"{kind} head {path!r} holds {', '.join(unexpected[:6])}, which the {kind} layout "
+                           "does not name")
+    module.load_state_dict(weights)
+    return HeadDraft(module.eval(), target, f"{kind}:{path}", kind)

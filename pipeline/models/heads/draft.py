@@ -1,0 +1,73 @@
+"""A head draft behind the `LVLM` interface: it speaks the target's prompts (tokens, image rows,
+positions) and borrows the target's embeddings and LM head, while its own module (an
+`EagleHead`, say) turns a token and the features before it into the next features. Its rows are
+`pipeline.decoding.head_rows`'s (`drafter = "head"`): they hand every token its features, the
+target's at a block's start and the head's own while it drafts."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from PIL import Image
+from transformers import Cache, PreTrainedModel
+
+from pipeline.models.base import LVLM, ModelInputError
+from pipeline.models.hf import HFModel
+
+
+class HeadDraft(HFModel):
+    """`module` (an `EagleHead`-like model: `fuse`, a forward over fused rows, `target_layers`)
+    drafting for `target`. `logits` returns the head's predicted features beside the logits."""
+
+    drafter = "head"
+
+    def __init__(self, module: PreTrainedModel, target: LVLM, name: str, kind: str) -> None:
+        super().__init__(module, target.tokenizer, name)
+        self.target, self.kind = target, kind
+        self.target_layers = module.target_layers
+        self.image_token_id = target.image_token_id
+        self._lm_head = target.model.get_output_embeddings()
+
+    @property
+    def max_positions(self) -> int | None:
+        return self.target.max_positions
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        return self.target.eos_token_ids
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        return self.target.tokenize_prompt(text)
+
+    def image_features(self, images: Sequence[Image.Image], pooled: bool = False) -> list[torch.Tensor]:
+        if pooled:
+            raise ModelInputError(f"{self.name}: a head reads the target's own prompt; it has no pooled rows")
+        return self.target.image_features(images)
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.target.embed_tokens(ids)
+
+    def spliced(self, embeds: torch.Tensor, parts: Sequence[torch.Tensor | Sequence[int]]) -> torch.Tensor:
+        return self.target.spliced(embeds, parts)
+
+    def prompt_positions(self, embeds: torch.Tensor) -> torch.Tensor | None:
+        return self.target.prompt_positions(embeds)
+
+    def fuse(self, embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """A prompt's input rows: its embeddings, each beside the target's features before it."""
+        return self.model.fuse(embeds, features)
+
+    def _forward(self, cache: Cache, keep: int, compiled: bool, hidden: tuple[int, ...] = (), *,
+                 attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                 input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
+                 features: torch.Tensor | None = None, **unused: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(fp32 logits of the last `keep` positions, the predicted features at every row fed):
+        `inputs_embeds` are fused prompt rows; `input_ids` come with `features`."""
+        if hidden:
+            raise ModelInputError(f"{self.name}: a head only drafts; it has no hidden states to give")
+        if input_ids is not None:
+            inputs_embeds = self.model.fuse(self.target.embed_tokens(input_ids), features)
+        body = self.model.get_compiled_call(self.step_compile) if compiled else self.model
+        states = body(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
+                      cache=cache)
+        return self._lm_head(states[:, -keep:].to(self._lm_head.weight.dtype)).float(), states

@@ -1,0 +1,345 @@
+"""Head drafts (EAGLE-1/2's layout) through the drafter seam: the tiny head loads from exactly the
+files EAGLE's code writes; greedy SD with it is the target's own greedy output for every verify
+kind, batch 1 and 3, both engines; its proposals are EAGLE's (an uncached reference loop, written
+here from the algorithm, accepts what the decoder accepts); sampling keeps the target's
+distribution; a mismatched head is refused before anything loads."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import DynamicCache
+
+from pipeline.data.sample import Sample
+from pipeline.decoding.config import DecodeConfig
+from pipeline.decoding.loop import autoregressive_decode, speculative_decode
+from pipeline.drafting.methods import method_embeddings
+from pipeline.models.heads import HeadMismatch, load_head
+from pipeline.models.loading import load_model
+from pipeline.models.tiny_heads import build_eagle_head
+from pipeline.planning.grid import GridError
+from pipeline.planning.grid_file import parse_grid
+from pipeline.planning.verify_entries import make_verify
+from tests.conftest import solid
+
+MAX_NEW = 24
+# every verify kind a head drafts: one method, so a candidate tree is its chain
+VERIFY = ("chain", "candidates", {"kind": "dynamic", "nodes": 8, "top_k": 3}, {"kind": "shape", "shape": [3, 2, 1]},
+          "bandit", {"kind": "eagle2", "depth": 3, "top_k": 8, "total_tokens": 30})
+# the layout EAGLE-1/2's code writes (SafeAILab/EAGLE `cnets1.py`): no input norm in layer 0, no final norm
+PUBLISHED = {"fc.weight", "fc.bias", "layers.0.post_attention_layernorm.weight",
+             *(f"layers.0.self_attn.{p}_proj.weight" for p in "qkvo"),
+             *(f"layers.0.mlp.{p}_proj.weight" for p in ("gate", "up", "down"))}
+
+
+def prompts(n: int) -> list[Sample]:
+    """Requests of different lengths and images, so a batch is left-padded."""
+    words = ["Describe the image.", "What colour is the shape in this picture?", "What is this?"]
+    colours = [(200, 30, 30), (20, 90, 210), (30, 160, 60)]
+    return [Sample("unit", "test", i, "first", f"USER: <image>\n{words[i % 3]} ASSISTANT:", (solid(colours[i % 3]),))
+            for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def bigram(tiny_dirs):
+    target = load_model(tiny_dirs["bigram_target"])
+    return target, load_head("eagle", tiny_dirs["eagle_head"], target)
+
+
+def test_the_tiny_head_is_written_in_eagles_own_layout(tiny_dirs):
+    folder = Path(tiny_dirs["eagle_head"])
+    assert set(load_file(folder / "model.safetensors")) == PUBLISHED
+    config = json.loads((folder / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1 and config["bias"] is True
+    hidden = config["hidden_size"]
+    assert load_file(folder / "model.safetensors")["fc.weight"].shape == (hidden, 2 * hidden)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["static", "eager"])
+def test_greedy_sd_with_a_head_is_the_targets_own_greedy_output(bigram, engine):
+    """Every verify kind, gamma 1/3/5 on chains, batch 1 and 3; blocks accept none, some and all."""
+    target, head = bigram
+    batch = prompts(3)
+    reference = [r.output_ids for r in autoregressive_decode(target, batch, max_new_tokens=MAX_NEW, engine=engine)]
+    accepted = []
+    for verify in VERIFY:
+        spec = make_verify(verify)
+        for gamma in ((1, 3, 5) if spec.is_chain else (3,)):
+            config = DecodeConfig("M", gamma=gamma, max_new_tokens=MAX_NEW, verify=spec)
+            config = replace(config, gamma=spec.settled(1, gamma)[1], verify=spec.settled(1, gamma)[0])
+            alone = [speculative_decode(target, head, [s], config, engine=engine)[0] for s in batch]
+            together = speculative_decode(target, head, batch, config, engine=engine)
+            for one, many, ar in zip(alone, together, reference):
+                assert one.output_ids == ar == many.output_ids, (verify, gamma)
+                assert one.accepted_per_block == many.accepted_per_block, (verify, gamma)  # batching changes nothing
+                accepted += [(a, config.gamma) for a in one.accepted_per_block]
+    assert any(a == 0 for a, _ in accepted) and any(0 < a < g for a, g in accepted)
+    assert any(a == g >= 3 for a, g in accepted)
+
+
+def eagle_reference(target, head, sample: Sample, gamma: int) -> list[int]:
+    """EAGLE-1's chain written from the algorithm, with no cache, in the decoder's block order: a
+    block starts at the last token known; the head reads the whole sequence again (token p beside
+    the target's last hidden state at p - 1), drafts `gamma` tokens on its own predictions, and
+    the target keeps its greedy tokens. Accepted proposals of each block that had room for
+    `gamma` proposals and the target's token after them."""
+    ids = target.tokenize_prompt(sample.prompt)
+    prompt = method_embeddings(target, "M", ids, sample.pixels())
+    output, accepted = [], []
+    lm_head = target.model.get_output_embeddings()
+    greedy_after = lambda sequence: int(target.model(inputs_embeds=sequence[None]).logits[0, -1].argmax())
+    with torch.no_grad():
+        while len(output) + gamma + 1 <= MAX_NEW:
+            sequence = torch.cat([prompt, target.embed_tokens(torch.tensor(output, dtype=torch.long))])
+            features = target.model(inputs_embeds=sequence[None], output_hidden_states=True).hidden_states[-1][0]
+            rows, drafted = head.fuse(sequence[1:], features[:-1]), []
+            for _ in range(gamma):
+                n = rows.shape[0]
+                mask = torch.full((n, n), torch.finfo(rows.dtype).min, dtype=rows.dtype).triu(1)[None, None]
+                states = head.model(inputs_embeds=rows[None], attention_mask=mask,
+                                    position_ids=torch.arange(n)[None], cache=DynamicCache())[0]
+                drafted.append(int(lm_head(states[-1]).argmax()))
+                rows = torch.cat([rows, head.fuse(target.embed_tokens(torch.tensor(drafted[-1:])), states[-1:])])
+            block = [greedy_after(sequence)]  # the target's own tokens from here
+            for proposal in drafted:
+                if proposal != block[-1]:
+                    break
+                block.append(greedy_after(torch.cat([sequence, target.embed_tokens(torch.tensor(block))])))
+            accepted.append(len(block) - 1)
+            output += block
+    return accepted
+
+
+def test_the_heads_proposals_are_eagles(bigram):
+    """fp64, eager: the decoder's accepted counts per block are the uncached reference's."""
+    target, head = bigram
+    for model in (target, head):
+        model.model.double()
+        model.dtype = torch.float64
+    try:
+        for sample in prompts(2):
+            for gamma in (2, 4):
+                config = DecodeConfig("M", gamma=gamma, max_new_tokens=MAX_NEW)
+                live = speculative_decode(target, head, [sample], config, engine="eager")[0]
+                reference = eagle_reference(target, head, sample, gamma)
+                assert len(reference) >= 3 and live.accepted_per_block[: len(reference)] == reference
+    finally:
+        for model in (target, head):
+            model.model.float()
+            model.dtype = torch.float32
+
+
+def test_a_head_is_refused_by_a_target_it_was_not_trained_for(tiny_dirs, tmp_path):
+    """Named with both, in the grid, before anything loads (under 2 s), and again at load."""
+    config = json.loads((Path(tiny_dirs["eagle_head"]) / "config.json").read_text())
+    wrong = tmp_path / "wrong_head"
+    wrong.mkdir()
+    (wrong / "config.json").write_text(json.dumps({**config, "hidden_size": 32}))
+    save_file(load_file(Path(tiny_dirs["eagle_head"]) / "model.safetensors"), wrong / "model.safetensors")
+    grid = {"datasets": ["embedded_vqa"], "methods": ["AR", "M"],
+            "pairs": [{"target": tiny_dirs["bigram_target"], "draft": {"head": "eagle", "path": str(wrong)}}]}
+    start = time.monotonic()
+    with pytest.raises(GridError, match=r"pairs\[0\]\.draft: eagle head .*wrong_head.* hidden_size 32 but target "
+                                        r".*bigram_target.* has 64"):
+        parse_grid(grid)
+    assert time.monotonic() - start < 2
+    with pytest.raises(HeadMismatch, match="hidden_size 32"):
+        load_head("eagle", str(wrong), load_model(tiny_dirs["bigram_target"]))
+
+
+def test_a_head_pair_runs_ar_and_m_and_only_live(tiny_dirs):
+    """A head reads the target's own prompt (M alone), and drafts from its own guesses, which no
+    teacher-forced replay makes: its rows run live; the separate draft's still replay."""
+    from pipeline.planning.shards import decode_mode
+
+    grid = {"datasets": ["embedded_vqa"], "methods": ["AR", "M", "T", "MT"], "mode": "auto",
+            "pairs": [{"target": "tiny:bigram_target", "draft": "tiny:eagle_head"},
+                      {"target": "tiny:bigram_target", "draft": "tiny:mamba_draft"}]}
+    spec = parse_grid(grid)
+    by_draft = {}
+    for config in spec.configs():
+        by_draft.setdefault(config.pair.draft, set()).add((config.decode.methods, decode_mode(config, "auto")))
+    assert by_draft["tiny:eagle_head"] == {("AR", "replay"), ("M", "live")}
+    assert {mode for methods, mode in by_draft["tiny:mamba_draft"] if methods != "AR"} == {"replay"}
+    with pytest.raises(GridError, match="mode 'replay' cannot score head drafts"):
+        parse_grid({**grid, "mode": "replay"})
+    with pytest.raises(GridError, match="tiny:eagle_head drafts for tiny:bigram_target"):
+        parse_grid({**grid, "pairs": [{"target": "tiny:target", "draft": "tiny:eagle_head"}]})
+
+
+@pytest.fixture(scope="module")
+def word_head():
+    """test_sampling's 11-word target with a random EAGLE head of its shape, far from it."""
+    from pipeline.models.heads.draft import HeadDraft
+    from pipeline.models.heads.eagle import EagleHead
+    from pipeline.models.hf import HFLlava
+    from pipeline.models.tiny import build_llava, llava_processor
+    from pipeline.models.tiny_heads import eagle_config
+    from tests.test_sampling import word_tokenizer
+
+    tokenizer = word_tokenizer()
+    target = HFLlava(build_llava(tokenizer, seed=0), llava_processor(tokenizer), "word-target")
+    torch.manual_seed(11)
+    head = EagleHead(eagle_config(target.model)).eval()
+    return target, HeadDraft(head, target, "eagle:word-head", "eagle")
+
+
+def first_token_distributions(target, head) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's and the head's next-token distributions after test_sampling's prompt."""
+    from pipeline.decoding.inputs import tokenize
+    from pipeline.decoding.engine import prefilled_rows
+    from pipeline.models.base import LAST_HIDDEN
+    from tests.test_sampling import SAMPLE
+
+    prompt = tokenize(target, SAMPLE)
+    rows, (_, states) = prefilled_rows(target, [prompt], "M", None, engine="eager", capacity=4, role="target",
+                                       hidden=(LAST_HIDDEN,))
+    head_rows, _ = prefilled_rows(head, [prompt], "M", None, engine="eager", capacity=4, role="draft",
+                                  target_states=rows.prompt_states(states))
+    last = torch.tensor([[prompt.ids[-1]]])
+    p = torch.softmax(rows.feed(last)[0, -1], -1)
+    q = torch.softmax(head_rows.feed(last, valid=[1], features=states[:, -1:])[0, -1], -1)
+    return p, q
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verify,batch", [("chain", 1), ("chain", 4), ({"kind": "dynamic", "nodes": 4, "top_k": 2}, 4),
+                                          ({"kind": "eagle2", "depth": 1, "top_k": 2, "total_tokens": 5}, 4)])
+def test_sampling_with_a_head_keeps_the_targets_distribution(word_head, verify, batch):
+    from tests.test_sampling import RUNS, SAMPLE, TOLERANCE, exact_two_token_distribution, total_variation
+
+    target, head = word_head
+    p, q = first_token_distributions(target, head)
+    assert 0.5 * float((p - q).abs().sum()) > 0.3  # the head alone is far off
+    exact = exact_two_token_distribution(target)
+    config = DecodeConfig("M", gamma=2, temperature=1.0, max_new_tokens=2, verify=make_verify(verify))
+    counts: dict[tuple[int, ...], int] = {}
+    for start in range(0, RUNS, batch):
+        requests = [replace(SAMPLE, row=start + i) for i in range(batch)] if batch > 1 else [SAMPLE]
+        for record in speculative_decode(target, head, requests, replace(config, seed=start if batch == 1 else 0)):
+            counts[tuple(record.output_ids)] = counts.get(tuple(record.output_ids), 0) + 1
+    assert total_variation({k: v / RUNS for k, v in counts.items()}, exact) < TOLERANCE
+
+
+def test_gemma3_hidden_states_keep_its_sliding_window_masks(tiny_dirs):
+    """What a head reads of a Gemma 3 target goes through the family's own forward: the prefill's
+    states equal the language model's own (its sliding-window layers masked past 8 keys), and
+    differ from a forward that skipped those masks."""
+    from pipeline.decoding.engine import prefilled_rows
+    from pipeline.decoding.inputs import tokenize
+    from pipeline.models.base import LAST_HIDDEN
+    from pipeline.models.hf import HFModel
+
+    target = load_model(tiny_dirs["gemma3_target"])
+    sample = Sample("unit", "test", 0, "first", "USER: " + "describe the red square in detail " * 3 + "ASSISTANT:", ())
+    prompt = tokenize(target, sample)
+    assert len(prompt.ids) > 2 * target.window
+    rows, (_, states) = prefilled_rows(target, [prompt], "M", None, engine="eager", capacity=4, role="target",
+                                       hidden=(LAST_HIDDEN,))
+    embeds = target.embed_tokens(torch.tensor(prompt.ids[:-1]))[None]
+    with torch.no_grad():
+        own = target.model.model.language_model(inputs_embeds=embeds, output_hidden_states=True).hidden_states[-1]
+        causal = torch.zeros(1, 1, embeds.shape[1], embeds.shape[1]).masked_fill_(
+            torch.ones(embeds.shape[1], embeds.shape[1], dtype=torch.bool).triu(1), torch.finfo(torch.float32).min)
+        _, unmasked = HFModel._forward(target, DynamicCache(), 1, False, (LAST_HIDDEN,), inputs_embeds=embeds,
+                                       attention_mask=causal, position_ids=torch.arange(embeds.shape[1])[None])
+    torch.testing.assert_close(states, own, atol=1e-5, rtol=1e-5)
+    assert (states - unmasked).abs().max() > 1e-3  # skipping the window would show
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_heads_captured_steps_match_eager_on_gpu(tiny_dirs):
+    """fp32 on a GPU: the head's steps replayed as CUDA graphs (its features an input of the
+    graph) and the target's verify returning its states from a captured graph give eager's tokens
+    and accepted counts, on a chain and a tree, at batch 1 and 3."""
+    target = load_model(tiny_dirs["bigram_target"], device="cuda")
+    head = load_head("eagle", tiny_dirs["eagle_head"], target)
+    for verify in ("chain", {"kind": "dynamic", "nodes": 8, "top_k": 3}):
+        config = DecodeConfig("M", gamma=3, max_new_tokens=MAX_NEW, verify=make_verify(verify))
+        for batch in (prompts(1), prompts(3)):
+            static = speculative_decode(target, head, batch, config, engine="static")
+            eager = speculative_decode(target, head, batch, config, engine="eager")
+            assert [(r.output_ids, r.accepted_per_block) for r in static] == \
+                [(r.output_ids, r.accepted_per_block) for r in eager], verify
+            assert all(r.steps == "captured" for r in static), [r.steps for r in static]
+
+
+def eagle2_reference(target, head, sample: Sample, depth: int, top_k: int, total_tokens: int) -> set[tuple]:
+    """EAGLE-2's tree for the first block, written from the algorithm with no cache: the root's
+    `top_k` children; `depth` times, each of the `top_k` best nodes of the newest level (by path
+    log-probability) gets its `top_k` children; the tree is the best `total_tokens - 1` of every
+    node so made. Each node as its path of tokens from the root."""
+    ids = target.tokenize_prompt(sample.prompt)
+    prompt = method_embeddings(target, "M", ids, sample.pixels())[:-1]  # the block starts at the last token
+    lm_head = target.model.get_output_embeddings()
+    features = target.model(inputs_embeds=prompt[None], output_hidden_states=True).hidden_states[-1][0]
+    context = torch.cat([head.fuse(prompt[1:], features[:-1]),
+                         head.fuse(target.embed_tokens(torch.tensor(ids[-1:])), features[-1:])])
+
+    def after(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's features and log-probabilities after the last of `rows`."""
+        n = rows.shape[0]
+        mask = torch.full((n, n), torch.finfo(rows.dtype).min, dtype=rows.dtype).triu(1)[None, None]
+        state = head.model(inputs_embeds=rows[None], attention_mask=mask, position_ids=torch.arange(n)[None],
+                           cache=DynamicCache())[0, -1]
+        return state, torch.log_softmax(lm_head(state).double(), -1)
+
+    state, logp = after(context)
+    top = logp.topk(top_k)
+    # a node: (score, path, rows the head read to reach it, its state)
+    level = [(float(s), (int(t),), context, state) for s, t in zip(top.values, top.indices)]
+    candidates = list(level)
+    for _ in range(depth):
+        children = []
+        for score, path, rows, state in sorted(level, key=lambda node: -node[0])[:top_k]:
+            rows = torch.cat([rows, head.fuse(target.embed_tokens(torch.tensor(path[-1:])), state[None])])
+            child_state, logp = after(rows)
+            top = logp.topk(top_k)
+            children += [(score + float(s), path + (int(t),), rows, child_state) for s, t in zip(top.values, top.indices)]
+        candidates += children
+        level = children
+    best = sorted(candidates, key=lambda node: (-node[0], len(node[1])))[: total_tokens - 1]
+    return {path for _, path, _, _ in best}
+
+
+def test_the_eagle2_tree_is_eagles(bigram):
+    """fp64: the first block's tree (every node as its path from the root) is the uncached
+    reference's, at MMSpec's setting and a small one."""
+    from pipeline.decoding.draft_eagle2 import Eagle2TreeProposer
+    from pipeline.decoding.engine import prefilled_rows
+    from pipeline.decoding.inputs import tokenize
+    from pipeline.decoding.proposals import Pending
+
+    target, head = bigram
+    for model in (target, head):
+        model.model.double()
+        model.dtype = torch.float64
+    try:
+        for sample in prompts(2):
+            for depth, top_k, total in ((3, 8, 30), (2, 3, 6)):
+                config = DecodeConfig("M", gamma=depth + 1, max_new_tokens=MAX_NEW,
+                                      verify=make_verify({"kind": "eagle2", "depth": depth, "top_k": top_k,
+                                                          "total_tokens": total}))
+                prompt = tokenize(target, sample)
+                rows, (_, states) = prefilled_rows(target, [prompt], "M", None, engine="eager", capacity=64,
+                                                   role="target", hidden=head.target_layers)
+                head_rows, _ = prefilled_rows(head, [prompt], "M", None, engine="eager", capacity=64,
+                                              role="draft", target_states=rows.prompt_states(states))
+                proposer = Eagle2TreeProposer(config)
+                proposer.start(head_rows)
+                first = Pending(torch.tensor([[prompt.ids[-1]]]), [1], states[:, -1:])
+                tree = proposer.propose(first, torch.ones(1, 1, dtype=torch.float64), [MAX_NEW], None).tree
+                tokens, parents = tree.tokens[0].tolist(), tree.parents[0].tolist()
+                path = lambda i: () if i == 0 else path(parents[i - 1]) + (tokens[i - 1],)
+                ours = {path(i) for i in range(1, len(tokens) + 1)}
+                assert len(ours) == total - 1 and ours == eagle2_reference(target, head, sample, depth, top_k, total)
+    finally:
+        for model in (target, head):
+            model.model.float()
+            model.dtype = torch.float32

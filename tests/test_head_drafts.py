@@ -1,8 +1,9 @@
-"""Head drafts (EAGLE-1/2's layout) through the drafter seam: the tiny head loads from exactly the
-files EAGLE's code writes; greedy SD with it is the target's own greedy output for every verify
-kind, batch 1 and 3, both engines; its proposals are EAGLE's (an uncached reference loop, written
-here from the algorithm, accepts what the decoder accepts); sampling keeps the target's
-distribution; a mismatched head is refused before anything loads."""
+"""Head drafts (EAGLE-1/2's and EAGLE-3's layouts) through the drafter seam: each tiny head loads
+from exactly the files its reference code writes (EAGLE-3's also in the speculators format);
+greedy SD with it is the target's own greedy output for every verify kind, batch 1 and 3, both
+engines; its proposals are its paper's (an uncached reference loop, written here from the
+algorithm, accepts what the decoder accepts, and EAGLE-2's tree is the reference's); sampling keeps
+the target's distribution; a mismatched head is refused before anything loads."""
 from __future__ import annotations
 
 import json
@@ -31,10 +32,16 @@ MAX_NEW = 24
 # every verify kind a head drafts: one method, so a candidate tree is its chain
 VERIFY = ("chain", "candidates", {"kind": "dynamic", "nodes": 8, "top_k": 3}, {"kind": "shape", "shape": [3, 2, 1]},
           "bandit", {"kind": "eagle2", "depth": 3, "top_k": 8, "total_tokens": 30})
-# the layout EAGLE-1/2's code writes (SafeAILab/EAGLE `cnets1.py`): no input norm in layer 0, no final norm
-PUBLISHED = {"fc.weight", "fc.bias", "layers.0.post_attention_layernorm.weight",
-             *(f"layers.0.self_attn.{p}_proj.weight" for p in "qkvo"),
-             *(f"layers.0.mlp.{p}_proj.weight" for p in ("gate", "up", "down"))}
+KINDS = ("eagle", "eagle3")
+# the layouts the reference code writes (SafeAILab/EAGLE `cnets1.py`, `cnets.py`): EAGLE-1/2's layer 0
+# has no input norm and the head no final norm; EAGLE-3's layer reads [embedding; state], and the
+# head has its own norm, LM head and vocabulary maps
+LAYER = {*(f"self_attn.{p}_proj.weight" for p in "qkvo"), *(f"mlp.{p}_proj.weight" for p in ("gate", "up", "down"))}
+PUBLISHED = {
+    "eagle": {"fc.weight", "fc.bias", "layers.0.post_attention_layernorm.weight", *(f"layers.0.{w}" for w in LAYER)},
+    "eagle3": {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", *(f"midlayer.{w}" for w in LAYER),
+               *(f"midlayer.{n}.weight" for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm"))},
+}
 
 
 def prompts(n: int) -> list[Sample]:
@@ -45,25 +52,53 @@ def prompts(n: int) -> list[Sample]:
             for i in range(n)]
 
 
-@pytest.fixture(scope="module")
-def bigram(tiny_dirs):
+@pytest.fixture(scope="module", params=KINDS)
+def bigram(request, tiny_dirs):
     target = load_model(tiny_dirs["bigram_target"])
-    return target, load_head("eagle", tiny_dirs["eagle_head"], target)
+    return target, load_head(request.param, tiny_dirs[f"{request.param}_head"], target)
 
 
-def test_the_tiny_head_is_written_in_eagles_own_layout(tiny_dirs):
-    folder = Path(tiny_dirs["eagle_head"])
-    assert set(load_file(folder / "model.safetensors")) == PUBLISHED
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_tiny_heads_are_written_in_their_reference_codes_layouts(tiny_dirs, kind):
+    folder = Path(tiny_dirs[f"{kind}_head"])
+    weights = load_file(folder / "model.safetensors")
     config = json.loads((folder / "config.json").read_text())
-    assert config["num_hidden_layers"] == 1 and config["bias"] is True
-    hidden = config["hidden_size"]
-    assert load_file(folder / "model.safetensors")["fc.weight"].shape == (hidden, 2 * hidden)
+    assert set(weights) == PUBLISHED[kind] and config["num_hidden_layers"] == 1
+    hidden, reads = config["hidden_size"], 2 if kind == "eagle" else 3
+    assert weights["fc.weight"].shape == (hidden, reads * hidden) and config["bias"] is (kind == "eagle")
+    if kind == "eagle3":  # its own vocabulary: the target's ordinary tokens, mapped back by d2t
+        drafted = config["draft_vocab_size"]
+        assert weights["lm_head.weight"].shape == (drafted, hidden) and drafted < config["vocab_size"]
+        assert int(weights["t2d"].sum()) == drafted and bool(weights["d2t"].any())
+        assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+
+
+def test_an_eagle3_head_in_the_speculators_format_loads_the_same(tiny_dirs, tmp_path):
+    """speculators' rename: the layer's config nested under `transformer_layer_config`, the layer's
+    weights under `layers.0.` instead of `midlayer.`; the head drafts exactly as EAGLE's files do."""
+    folder = Path(tiny_dirs["eagle3_head"])
+    config = json.loads((folder / "config.json").read_text())
+    head_keys = ("draft_vocab_size", "eagle_aux_hidden_state_layer_ids", "bias")
+    speculators = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+                   "transformer_layer_config": {k: v for k, v in config.items() if k not in head_keys},
+                   **{k: config[k] for k in head_keys}, "speculators_config": {"algorithm": "eagle3"}}
+    renamed = tmp_path / "speculators"
+    renamed.mkdir()
+    (renamed / "config.json").write_text(json.dumps(speculators))
+    save_file({k.replace("midlayer.", "layers.0."): v for k, v in load_file(folder / "model.safetensors").items()},
+              renamed / "model.safetensors")
+    target = load_model(tiny_dirs["bigram_target"])
+    config = DecodeConfig("M", gamma=3, max_new_tokens=MAX_NEW)
+    records = [speculative_decode(target, load_head("eagle3", str(path), target), prompts(2), config)
+               for path in (folder, renamed)]
+    assert [r.accepted_per_block for r in records[0]] == [r.accepted_per_block for r in records[1]]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["static", "eager"])
 def test_greedy_sd_with_a_head_is_the_targets_own_greedy_output(bigram, engine):
-    """Every verify kind, gamma 1/3/5 on chains, batch 1 and 3; blocks accept none, some and all."""
+    """Every verify kind, gamma 1/3/5 on chains, batch 1 and 3; blocks accept none, some and all
+    (of 3 at least)."""
     target, head = bigram
     batch = prompts(3)
     reference = [r.output_ids for r in autoregressive_decode(target, batch, max_new_tokens=MAX_NEW, engine=engine)]
@@ -83,6 +118,13 @@ def test_greedy_sd_with_a_head_is_the_targets_own_greedy_output(bigram, engine):
     assert any(a == g >= 3 for a, g in accepted)
 
 
+def target_states(target, head, sequence: torch.Tensor) -> torch.Tensor:
+    """The target's states a head reads at every position of `sequence`: its `target_layers`
+    of transformers' own `hidden_states`, side by side."""
+    states = target.model(inputs_embeds=sequence[None], output_hidden_states=True).hidden_states
+    return torch.cat([states[i][0] for i in head.target_layers], -1)
+
+
 def eagle_reference(target, head, sample: Sample, gamma: int) -> list[int]:
     """EAGLE-1's chain written from the algorithm, with no cache, in the decoder's block order: a
     block starts at the last token known; the head reads the whole sequence again (token p beside
@@ -92,12 +134,12 @@ def eagle_reference(target, head, sample: Sample, gamma: int) -> list[int]:
     ids = target.tokenize_prompt(sample.prompt)
     prompt = method_embeddings(target, "M", ids, sample.pixels())
     output, accepted = [], []
-    lm_head = target.model.get_output_embeddings()
+    lm_head = lambda states: head.model.next_logits(states, target.model.get_output_embeddings())
     greedy_after = lambda sequence: int(target.model(inputs_embeds=sequence[None]).logits[0, -1].argmax())
     with torch.no_grad():
         while len(output) + gamma + 1 <= MAX_NEW:
             sequence = torch.cat([prompt, target.embed_tokens(torch.tensor(output, dtype=torch.long))])
-            features = target.model(inputs_embeds=sequence[None], output_hidden_states=True).hidden_states[-1][0]
+            features = target_states(target, head, sequence)
             rows, drafted = head.fuse(sequence[1:], features[:-1]), []
             for _ in range(gamma):
                 n = rows.shape[0]
@@ -151,6 +193,18 @@ def test_a_head_is_refused_by_a_target_it_was_not_trained_for(tiny_dirs, tmp_pat
     assert time.monotonic() - start < 2
     with pytest.raises(HeadMismatch, match="hidden_size 32"):
         load_head("eagle", str(wrong), load_model(tiny_dirs["bigram_target"]))
+    # an EAGLE-3 head reading layers the target does not have
+    config = json.loads((Path(tiny_dirs["eagle3_head"]) / "config.json").read_text())
+    (wrong / "config.json").write_text(json.dumps({**config, "eagle_aux_hidden_state_layer_ids": [1, 2, 5]}))
+    with pytest.raises(GridError, match=r"eagle3 head .*wrong_head.* reads layers \[5\] but target .*bigram_target.* "
+                                        r"has 2 \(hidden states 0 to 2\)"):
+        parse_grid({**grid, "pairs": [{"target": tiny_dirs["bigram_target"],
+                                       "draft": {"head": "eagle3", "path": str(wrong)}}]})
+    config.pop("eagle_aux_hidden_state_layer_ids")  # EAGLE's default (2, L // 2, L - 3) needs six layers
+    (wrong / "config.json").write_text(json.dumps(config))
+    with pytest.raises(GridError, match="need a target of six layers or more, not 2"):
+        parse_grid({**grid, "pairs": [{"target": tiny_dirs["bigram_target"],
+                                       "draft": {"head": "eagle3", "path": str(wrong)}}]})
 
 
 def test_a_head_pair_runs_ar_and_m_and_only_live(tiny_dirs):
@@ -173,21 +227,30 @@ def test_a_head_pair_runs_ar_and_m_and_only_live(tiny_dirs):
         parse_grid({**grid, "pairs": [{"target": "tiny:target", "draft": "tiny:eagle_head"}]})
 
 
-@pytest.fixture(scope="module")
-def word_head():
-    """test_sampling's 11-word target with a random EAGLE head of its shape, far from it."""
+@pytest.fixture(scope="module", params=KINDS)
+def word_head(request):
+    """test_sampling's 11-word target with a random head of its shape, far from it (EAGLE-3's
+    drafting 9 of the 11 words)."""
+    from pipeline.models.head_names import eagle3_layers
     from pipeline.models.heads.draft import HeadDraft
     from pipeline.models.heads.eagle import EagleHead
+    from pipeline.models.heads.eagle3 import Eagle3Head
     from pipeline.models.hf import HFLlava
     from pipeline.models.tiny import build_llava, llava_processor
-    from pipeline.models.tiny_heads import eagle_config
+    from pipeline.models.tiny_heads import eagle3_config, eagle_config
     from tests.test_sampling import word_tokenizer
 
     tokenizer = word_tokenizer()
     target = HFLlava(build_llava(tokenizer, seed=0), llava_processor(tokenizer), "word-target")
     torch.manual_seed(11)
-    head = EagleHead(eagle_config(target.model)).eval()
-    return target, HeadDraft(head, target, "eagle:word-head", "eagle")
+    if request.param == "eagle":
+        return target, HeadDraft(EagleHead(eagle_config(target.model)).eval(), target, "eagle:word", "eagle")
+    head = Eagle3Head(eagle3_config(target.model, 9)).eval()
+    with torch.no_grad():
+        head.d2t.copy_(torch.tensor([0, 0, 0, 0, 2, 2, 2, 2, 2]))  # the words and one special: ids 0-3, 6-10
+        head.t2d.copy_(torch.tensor([True] * 4 + [False] * 2 + [True] * 5))
+    head.target_layers = eagle3_layers(head.config.to_dict(), 2)
+    return target, HeadDraft(head, target, "eagle3:word", "eagle3")
 
 
 def first_token_distributions(target, head) -> tuple[torch.Tensor, torch.Tensor]:
@@ -277,8 +340,8 @@ def eagle2_reference(target, head, sample: Sample, depth: int, top_k: int, total
     node so made. Each node as its path of tokens from the root."""
     ids = target.tokenize_prompt(sample.prompt)
     prompt = method_embeddings(target, "M", ids, sample.pixels())[:-1]  # the block starts at the last token
-    lm_head = target.model.get_output_embeddings()
-    features = target.model(inputs_embeds=prompt[None], output_hidden_states=True).hidden_states[-1][0]
+    lm_head = lambda states: head.model.next_logits(states, target.model.get_output_embeddings())
+    features = target_states(target, head, prompt)
     context = torch.cat([head.fuse(prompt[1:], features[:-1]),
                          head.fuse(target.embed_tokens(torch.tensor(ids[-1:])), features[-1:])])
 

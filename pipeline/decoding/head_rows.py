@@ -4,6 +4,8 @@ where every token comes with features, the state the target's LM head would read
 - The prompt: the head sees token p beside the target's features at p - 1, so a prompt row is
   the target's spliced prompt without its first token, each row fused with the target's
   features one position earlier (`model.fuse`); image rows come in as the target embeds them.
+  Positions are the rows' plain indices (a head's layer rotates by them, even for an M-RoPE
+  target: heads trained on M-RoPE positions are not served yet).
 - A block starts with the tokens the head has not read with the target's features: the target's
   token after the last block and the proposals it accepted there (`Pending.reread`), each beside
   the target's features before it. Drafting on, each token takes the head's own prediction at
@@ -35,8 +37,9 @@ class HeadRows:
             raise ModelInputError(f"{model.name}: a head needs a prompt of at least three tokens")
         with torch.inference_mode():
             fused = [model.fuse(embeds[1:], states[:-1]) for embeds, states in zip(prompts, target_states)]
-        positions = None if positions is None else [None if p is None else p[:, 1:] for p in positions]
-        super().__init__(model, fused, per_request=per_request, step_log=step_log, positions=positions,
+        # plain positions: a head's one layer rotates by sequence index, whatever the target's positions
+        # (M-RoPE's three coordinates for a Qwen-VL target) are
+        super().__init__(model, fused, per_request=per_request, step_log=step_log, positions=None,
                          extras=None, **engine)
         self._features: torch.Tensor | None = None  # each token's features in the next forward
         self._last: torch.Tensor | None = None  # the head's prediction at each row's last position

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-HEAD_KINDS = ("eagle",)  # `pipeline.models.heads.HEAD_KINDS` holds their modules
+HEAD_KINDS = ("eagle", "eagle3")  # `pipeline.models.heads.HEAD_KINDS` holds their modules
 TINY_PREFIX = "tiny:"
 TINY_HEADS = {f"{kind}_head": kind for kind in HEAD_KINDS}  # tiny:<name> -> its kind
 TINY_HEAD_TARGET = "bigram_target"  # the tiny model they read
@@ -30,8 +30,24 @@ class HeadMismatch(ValueError):
 
 
 def text_config_of(config: dict[str, Any]) -> dict[str, Any]:
-    """The language model's part of a config (a VLM's `text_config`, else the whole)."""
+    """The language model's part of a config: a VLM's `text_config`; the speculators format's
+    `transformer_layer_config` with the keys beside it; else the whole."""
+    nested = ("transformer_layer_config", "speculators_config")
+    if nested[0] in config:  # speculators: the layer's config nested, the head's keys beside it
+        return {**config[nested[0]], **{k: v for k, v in config.items() if k not in nested}}
     return config.get("text_config") or config
+
+
+def eagle3_layers(head_config: dict[str, Any], target_layers: int) -> tuple[int, ...]:
+    """The target's hidden states an EAGLE-3 head reads: its config's, else EAGLE's default
+    (inputs of layers 2, L // 2 and L - 3), which needs a target of six layers or more."""
+    named = text_config_of(head_config).get("eagle_aux_hidden_state_layer_ids")
+    if named:
+        return tuple(named)
+    if target_layers < 6:
+        raise HeadMismatch(f"EAGLE-3's default layers (2, L // 2, L - 3) need a target of six layers or "
+                           f"more, not {target_layers}: name them in eagle_aux_hidden_state_layer_ids")
+    return 2, target_layers // 2, target_layers - 3
 
 
 def check_head(kind: str, head_config: dict[str, Any], target_config: dict[str, Any], head: str,
@@ -45,3 +61,9 @@ def check_head(kind: str, head_config: dict[str, Any], target_config: dict[str, 
         if mine.get(key) != theirs.get(key):
             raise HeadMismatch(f"{kind} head {head!r} has {key} {mine.get(key)} but target {target!r} has "
                                f"{theirs.get(key)}: a head drafts only for the target it was trained on")
+    if kind == "eagle3":
+        layers = theirs.get("num_hidden_layers", 0)
+        wrong = [i for i in eagle3_layers(head_config, layers) if not -layers - 1 <= i <= layers]
+        if wrong:
+            raise HeadMismatch(f"eagle3 head {head!r} reads layers {wrong} but target {target!r} has "
+                               f"{layers} (hidden states 0 to {layers})")

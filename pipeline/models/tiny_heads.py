@@ -16,12 +16,16 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import LlamaConfig, PreTrainedModel
+from transformers import LlamaConfig, PreTrainedModel, PreTrainedTokenizerFast
 
 from pipeline.models.heads.eagle import EagleHead
+from pipeline.models.heads.eagle3 import Eagle3Head
 
 # fc's noise on the token, its weight on the features before it, the attention output's scale
 EAGLE_NOISE, EAGLE_FEATURES, EAGLE_ATTENTION = 1.5, 0.6, 6.0
+# EAGLE-3's: fc's weight on the three states, how sharply attention looks at the token, how strongly
+# the layer passes it on (above the state before it, which its residual carries), the MLP's scale
+EAGLE3_FEATURES, EAGLE3_FOCUS, EAGLE3_PASS, EAGLE3_MLP = 2.5, 3.0, 2.0, 0.1
 
 
 def eagle_config(target: PreTrainedModel) -> LlamaConfig:
@@ -49,8 +53,62 @@ def build_eagle_head(target: PreTrainedModel, out_dir: Path, seed: int = 5) -> P
     layer = head.layers[0]
     layer.self_attn.o_proj.weight.mul_(EAGLE_ATTENTION)
     layer.mlp.down_proj.weight.mul_(0.1)
+    return save_head(head, config, out_dir)
+
+
+def save_head(head: torch.nn.Module, config: LlamaConfig, out_dir: Path) -> Path:
+    """`config.json` and `model.safetensors`, as the heads' reference code writes them."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
     save_file({name: tensor.contiguous() for name, tensor in head.state_dict().items()},
               out_dir / "model.safetensors")
     return out_dir
+
+
+def eagle3_config(target: PreTrainedModel, drafted: int) -> LlamaConfig:
+    """EAGLE-3's config as its code writes it: one layer, the draft vocabulary's size, and the
+    target layers it reads named (EAGLE's default, 2, L // 2 and L - 3, needs six layers)."""
+    config = eagle_config(target)
+    config.architectures = ["LlamaForCausalLMEagle3"]
+    config.draft_vocab_size = drafted
+    config.eagle_aux_hidden_state_layer_ids = [0, 1, 2]
+    config.bias = False
+    return config
+
+
+@torch.no_grad()
+def build_eagle3_head(target: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, out_dir: Path,
+                      seed: int = 6) -> Path:
+    """An EAGLE-3 head for the bigram `target`, written to `out_dir` in EAGLE's layout. Its draft
+    vocabulary is the target's ordinary tokens (`d2t`, `t2d` map it back). Each attention head
+    looks at the token itself (its query and key are the same slice of the token's normed
+    embedding, so only the token's own key matches it), and the layer passes that slice on; the
+    LM head's row of a token is the slice of the embedding of the token it follows. The three
+    states before the token, through `fc`, and the MLP add the noise."""
+    torch.manual_seed(seed)
+    specials = set(tokenizer.all_special_ids)
+    words = torch.tensor([i for i in range(len(tokenizer)) if i not in specials])
+    config = eagle3_config(target, len(words))
+    head = Eagle3Head(config).eval()
+    hidden, heads, groups = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
+    width, per_group = hidden // heads, heads // groups
+    head.fc.weight.copy_(EAGLE3_FEATURES * torch.randn_like(head.fc.weight) / head.fc.weight.shape[1] ** 0.5)
+    attention = head.midlayer.self_attn
+    for projection in (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj):
+        projection.weight.zero_()
+    for group in range(groups):  # query heads of group g, its key and value head: slice g of the embedding
+        part = slice(group * width, (group + 1) * width)
+        attention.k_proj.weight[part, part] = EAGLE3_FOCUS * torch.eye(width)
+        attention.v_proj.weight[part, part] = torch.eye(width)
+        for j in range(per_group):
+            query = (group * per_group + j) * width
+            attention.q_proj.weight[query : query + width, part] = EAGLE3_FOCUS * torch.eye(width)
+        first = group * per_group * width
+        attention.o_proj.weight[part, first : first + width] = EAGLE3_PASS * torch.eye(width)  # first head
+    head.midlayer.mlp.down_proj.weight.mul_(EAGLE3_MLP)
+    passed = groups * width  # the embedding's first dimensions, which the layer passes on
+    head.lm_head.weight.zero_()
+    head.lm_head.weight[:, :passed] = target.lm_head.weight[words, :passed]
+    head.d2t.copy_(words - torch.arange(len(words)))
+    head.t2d.zero_()[words] = True
+    return save_head(head, config, out_dir)

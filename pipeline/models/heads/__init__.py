@@ -16,14 +16,18 @@ from transformers import LlamaConfig
 
 from pipeline.models.base import LVLM
 from pipeline.models.head_names import HEAD_KINDS as KIND_NAMES
-from pipeline.models.head_names import HeadMismatch, check_head, text_config_of
+from pipeline.models.head_names import HeadMismatch, check_head, eagle3_layers, text_config_of
 from pipeline.models.heads.draft import HeadDraft
 from pipeline.models.heads.eagle import EagleHead
+from pipeline.models.heads.eagle3 import SPECULATORS_LAYER, Eagle3Head
 
-HEAD_KINDS = {"eagle": EagleHead}  # a grid's `head:` -> the module that loads its layout
+HEAD_KINDS = {"eagle": EagleHead, "eagle3": Eagle3Head}  # a grid's `head:` -> the module of its layout
 assert tuple(HEAD_KINDS) == KIND_NAMES, "pipeline.models.head_names lists the same kinds, torch-free"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 NOT_READ = ("embed_tokens.weight",)  # a copy of the target's, in some checkpoints
+# buffers a checkpoint may leave out, keeping their defaults: EAGLE-3's vocabulary maps, when
+# the draft vocabulary is the target's (its d2t all zeros)
+OPTIONAL = ("d2t", "t2d")
 
 
 def head_files(path: str) -> Path:
@@ -53,12 +57,21 @@ def load_head(kind: str, path: str, target: LVLM, *, dtype: torch.dtype | None =
     check_head(kind, config, target.model.config.to_dict(), path, target.name)
     with torch.device(target.device):  # its rotary tables are made, not read
         module = HEAD_KINDS[kind](LlamaConfig(**text_config_of(config))).to(dtype or target.dtype)
-    weights = {k: v for k, v in read_weights(folder).items() if k not in NOT_READ}
+    weights = {_layout_name(kind, k): v for k, v in read_weights(folder).items() if k not in NOT_READ}
     expected = set(module.state_dict())
-    if missing := sorted(expected - set(weights)):
+    if missing := sorted(expected - set(weights) - set(OPTIONAL)):
         raise HeadMismatch(f"{kind} head {path!r} lacks {', '.join(missing[:6])}: not the {kind} layout")
     if unexpected := sorted(set(weights) - expected):
         raise HeadMismatch(f"{kind} head {path!r} holds {', '.join(unexpected[:6])}, which the {kind} layout "
                            "does not name")
-    module.load_state_dict(weights)
+    module.load_state_dict(weights, strict=False)
+    if kind == "eagle3":
+        module.target_layers = eagle3_layers(config, target.model.config.get_text_config().num_hidden_layers)
     return HeadDraft(module.eval(), target, f"{kind}:{path}", kind)
+
+
+def _layout_name(kind: str, name: str) -> str:
+    """A weight's name as the module holds it: speculators' `layers.0.` is EAGLE-3's `midlayer.`."""
+    if kind == "eagle3" and name.startswith(SPECULATORS_LAYER):
+        return "midlayer." + name[len(SPECULATORS_LAYER):]
+    return name

@@ -16,8 +16,9 @@ from pipeline.models.hf import HFModel
 
 
 class HeadDraft(HFModel):
-    """`module` (an `EagleHead`-like model: `fuse`, a forward over fused rows, `target_layers`)
-    drafting for `target`. `logits` returns the head's predicted features beside the logits."""
+    """`module` (an `EagleHead`-like model: `target_layers`, `fuse`, a forward over fused rows and
+    `next_logits`) drafting for `target`. `logits` returns the head's predicted features beside
+    the logits."""
 
     drafter = "head"
 
@@ -70,4 +71,4 @@ class HeadDraft(HFModel):
         body = self.model.get_compiled_call(self.step_compile) if compiled else self.model
         states = body(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
                       cache=cache)
-        return self._lm_head(states[:, -keep:].to(self._lm_head.weight.dtype)).float(), states
+        return self.model.next_logits(states[:, -keep:], self._lm_head), states

@@ -55,3 +55,7 @@ class EagleHead(LlamaPreTrainedModel):
             states = layer(states, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
                            use_cache=True, position_embeddings=position_embeddings)
         return states
+
+    def next_logits(self, states: torch.Tensor, target_head: nn.Module) -> torch.Tensor:
+        """fp32 logits of the token after each state: the target's own LM head reads them."""
+        return target_head(states.to(target_head.weight.dtype)).float()

@@ -8,6 +8,10 @@ each printing its `name=value` lines as soon as it finishes, into a raw log as w
 
 Sections (`bench/gpu_sections.py`), most important first:
 - (first, no share) device, torch, transformers: what ran;
+- head: a real-shaped EAGLE head (`bench/head_shapes.py`) on the LLaVA target: head_params_m,
+  head_step_ms, head_tau_chain / head_tau_eagle2 (EAGLE-2's tree at MMSpec's setting),
+  head_sd_speedup_chain / _eagle2 over our AR, head_chain_equals_ar / head_eagle2_equals_ar, and
+  head_steps (captured on a GPU); LLaVA shapes only (`--family llava`);
 - exact: exact_fp32 / exact_fp16, greedy SD outputs equal to AR's on the device (tiny pair, every
   verify kind, batch 1 and 3, eager engine: the GPU-only tests hold captured steps to eager's),
   and bf16_divergence, the share that differ in bf16, with
@@ -46,8 +50,8 @@ sys.path.insert(0, str(ROOT))
 
 # shares of the budget (device, torch and transformers are read in the parent first), from a cold
 # H100 at 520 s: exact needs about 22 s per dtype (68 s stopped it before bf16), decode 284 s,
-# ssm_step 19 s, the GPU-only tests 80 s
-SHARES = {"exact": 0.18, "decode": 0.58, "ssm_step": 0.06, "gpu_tests": 0.18}
+# ssm_step 19 s, the GPU-only tests 80 s; the head section (first: the newest drafter) is unmeasured
+SHARES = {"head": 0.16, "exact": 0.15, "decode": 0.49, "ssm_step": 0.05, "gpu_tests": 0.15}
 SPREAD_SHARE = 0.12  # with two GPUs or more: a spread target's section, the others scaled down to make room
 MIN_START_S = 5.0  # a section is not started with less time than this left
 

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a plain copy of the repo
 
 from bench import gpu_batch, gpu_engine  # noqa: E402
+from bench.gpu_heads import head_section  # noqa: E402
 from bench.qwen_shapes import build_qwen_pair  # noqa: E402
 from bench.real_shapes import DRAFTS, build_pair, pair_shape, step_weight_bytes  # noqa: E402
 from pipeline.decoding.config import DecodeConfig  # noqa: E402
@@ -290,6 +291,7 @@ def spread_section(args: argparse.Namespace) -> Figures:
 
 
 SECTIONS: dict[str, Callable[[argparse.Namespace], Figures]] = {
+    "head": head_section,
     "exact": exact_section,
     "decode": decode_section,
     "ssm_step": ssm_section,

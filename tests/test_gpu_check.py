@@ -27,6 +27,9 @@ def test_every_section_runs_on_a_cpu_and_says_what_it_cannot_measure(tmp_path):
     figures, log, _ = check(tmp_path, 240)
     assert figures["skipped"] == "none" and "# device: cpu" in log and figures["exact_family"] == "llava"
     assert figures["gpu_tests"].startswith("unmeasured (no CUDA")
+    # the head section: a real-shaped EAGLE head's figures, its outputs the target's own
+    assert figures["head_chain_equals_ar"] == figures["head_eagle2_equals_ar"] == "3/3"
+    assert float(figures["head_tau_chain"]) > 1 and float(figures["head_step_ms"]) > 0
     for dtype in ("fp32", "fp16"):  # greedy SD = AR for every verify kind, batch 1 and 3
         equal, total = map(int, figures[f"exact_{dtype}"].split("/"))
         assert equal == total == 24
@@ -65,6 +68,7 @@ def test_the_qwen2_5_vl_check_runs_its_own_pair_on_a_cpu(tmp_path):
     assert figures["sd_equals_ar"] == "3/3" and figures["hf_assisted_equals_hf_ar"] == "3/3"
     assert all(figures[f"batch_{b}_sd_equals_ar"] == "4" for b in (1, 2, 4))
     assert float(figures["sd_speedup_M"]) > 0 and float(figures["target_step_ms"]) > 0
+    assert figures["head"] == "unmeasured (the head section has LLaVA shapes only, not qwen2_5_vl's)"
 
 
 def test_the_spread_section_compares_the_target_on_one_gpu_with_it_spread(monkeypatch):

@@ -32,13 +32,14 @@ MAX_NEW = 24
 # every verify kind a head drafts: one method, so a candidate tree is its chain
 VERIFY = ("chain", "candidates", {"kind": "dynamic", "nodes": 8, "top_k": 3}, {"kind": "shape", "shape": [3, 2, 1]},
           "bandit", {"kind": "eagle2", "depth": 3, "top_k": 8, "total_tokens": 30})
-KINDS = ("eagle", "eagle3")
+KINDS = ("eagle", "eagle3", "msd")
 # the layouts the reference code writes (SafeAILab/EAGLE `cnets1.py`, `cnets.py`): EAGLE-1/2's layer 0
 # has no input norm and the head no final norm; EAGLE-3's layer reads [embedding; state], and the
 # head has its own norm, LM head and vocabulary maps
 LAYER = {*(f"self_attn.{p}_proj.weight" for p in "qkvo"), *(f"mlp.{p}_proj.weight" for p in ("gate", "up", "down"))}
 PUBLISHED = {
     "eagle": {"fc.weight", "fc.bias", "layers.0.post_attention_layernorm.weight", *(f"layers.0.{w}" for w in LAYER)},
+    "msd": {"fc.weight", "fc.bias", "layers.0.post_attention_layernorm.weight", *(f"layers.0.{w}" for w in LAYER)},
     "eagle3": {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", *(f"midlayer.{w}" for w in LAYER),
                *(f"midlayer.{n}.weight" for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm"))},
 }
@@ -64,8 +65,8 @@ def test_the_tiny_heads_are_written_in_their_reference_codes_layouts(tiny_dirs, 
     weights = load_file(folder / "model.safetensors")
     config = json.loads((folder / "config.json").read_text())
     assert set(weights) == PUBLISHED[kind] and config["num_hidden_layers"] == 1
-    hidden, reads = config["hidden_size"], 2 if kind == "eagle" else 3
-    assert weights["fc.weight"].shape == (hidden, reads * hidden) and config["bias"] is (kind == "eagle")
+    hidden, reads = config["hidden_size"], 3 if kind == "eagle3" else 2
+    assert weights["fc.weight"].shape == (hidden, reads * hidden) and config["bias"] is (kind != "eagle3")
     if kind == "eagle3":  # its own vocabulary: the target's ordinary tokens, mapped back by d2t
         drafted = config["draft_vocab_size"]
         assert weights["lm_head.weight"].shape == (drafted, hidden) and drafted < config["vocab_size"]
@@ -118,6 +119,14 @@ def test_greedy_sd_with_a_head_is_the_targets_own_greedy_output(bigram, engine):
     assert any(a == g >= 3 for a, g in accepted)
 
 
+def image_rows(target, ids: list[int], images) -> torch.Tensor:
+    """`[L]` bool: which rows of the spliced prompt of `ids` are image feature rows (the prompt's
+    image placeholders, each replaced by its image's rows), counted here from the features."""
+    counts = iter(f.shape[0] for f in target.image_features(images))
+    return torch.tensor([flag for t in ids for flag in ([True] * next(counts) if t == target.image_token_id
+                                                           else [False])])
+
+
 def target_states(target, head, sequence: torch.Tensor) -> torch.Tensor:
     """The target's states a head reads at every position of `sequence`: its `target_layers`
     of transformers' own `hidden_states`, side by side."""
@@ -133,6 +142,7 @@ def eagle_reference(target, head, sample: Sample, gamma: int) -> list[int]:
     `gamma` proposals and the target's token after them."""
     ids = target.tokenize_prompt(sample.prompt)
     prompt = method_embeddings(target, "M", ids, sample.pixels())
+    visual = image_rows(target, ids, sample.pixels())  # MSD reads these unfused
     output, accepted = [], []
     lm_head = lambda states: head.model.next_logits(states, target.model.get_output_embeddings())
     greedy_after = lambda sequence: int(target.model(inputs_embeds=sequence[None]).logits[0, -1].argmax())
@@ -140,7 +150,8 @@ def eagle_reference(target, head, sample: Sample, gamma: int) -> list[int]:
         while len(output) + gamma + 1 <= MAX_NEW:
             sequence = torch.cat([prompt, target.embed_tokens(torch.tensor(output, dtype=torch.long))])
             features = target_states(target, head, sequence)
-            rows, drafted = head.fuse(sequence[1:], features[:-1]), []
+            read = torch.cat([visual, torch.zeros(len(output), dtype=torch.bool)])[1:]
+            rows, drafted = head.fuse(sequence[1:], features[:-1], read), []
             for _ in range(gamma):
                 n = rows.shape[0]
                 mask = torch.full((n, n), torch.finfo(rows.dtype).min, dtype=rows.dtype).triu(1)[None, None]
@@ -342,7 +353,7 @@ def eagle2_reference(target, head, sample: Sample, depth: int, top_k: int, total
     prompt = method_embeddings(target, "M", ids, sample.pixels())[:-1]  # the block starts at the last token
     lm_head = lambda states: head.model.next_logits(states, target.model.get_output_embeddings())
     features = target_states(target, head, prompt)
-    context = torch.cat([head.fuse(prompt[1:], features[:-1]),
+    context = torch.cat([head.fuse(prompt[1:], features[:-1], image_rows(target, ids, sample.pixels())[1:-1]),
                          head.fuse(target.embed_tokens(torch.tensor(ids[-1:])), features[-1:])])
 
     def after(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,7 +3,8 @@ where every token comes with features, the state the target's LM head would read
 
 - The prompt: the head sees token p beside the target's features at p - 1, so a prompt row is
   the target's spliced prompt without its first token, each row fused with the target's
-  features one position earlier (`model.fuse`); image rows come in as the target embeds them.
+  features one position earlier (`model.fuse`, told which rows are image rows: MSD reads those
+  unfused); image rows come in as the target embeds them.
   Positions are the rows' plain indices (a head's layer rotates by them, even for an M-RoPE
   target: heads trained on M-RoPE positions are not served yet).
 - A block starts with the tokens the head has not read with the target's features: the target's
@@ -35,8 +36,10 @@ class HeadRows:
                  **engine: object) -> None:
         if any(p.shape[0] < 2 for p in prompts):
             raise ModelInputError(f"{model.name}: a head needs a prompt of at least three tokens")
+        visual = extras or [None] * len(prompts)  # each row's image rows (`HeadDraft.prompt_extras`)
         with torch.inference_mode():
-            fused = [model.fuse(embeds[1:], states[:-1]) for embeds, states in zip(prompts, target_states)]
+            fused = [model.fuse(embeds[1:], states[:-1], None if rows is None else rows[1 : embeds.shape[0]])
+                     for embeds, states, rows in zip(prompts, target_states, visual)]
         # plain positions: a head's one layer rotates by sequence index, whatever the target's positions
         # (M-RoPE's three coordinates for a Qwen-VL target) are
         super().__init__(model, fused, per_request=per_request, step_log=step_log, positions=None,

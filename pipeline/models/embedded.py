@@ -38,6 +38,7 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets" / "embedded"
 PROJECTOR_FILE = ASSETS / "projector.safetensors"
 CAPTIONER_FILE = ASSETS / "captioner.safetensors"
 SMALL_DRAFT_DIR = ASSETS / "small_draft"
+HEAD_DIR = ASSETS / "head"  # embedded:head, an EAGLE-1/2 head in EAGLE's own files
 SSM_DRAFT_DIR = ASSETS / "ssm_draft"
 VARIANTS = ("target", "draft", "small_draft", "ssm_draft")
 DRAFT_FULL_PRECISION = ("down_proj", "lm_head")

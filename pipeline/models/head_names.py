@@ -1,14 +1,16 @@
 """Which draft names are heads, without torch: what grid checks and planning need to know of a
 head before anything loads. A head is named `<kind>:<hub id or folder>` (in a grid file also
-`{head: <kind>, path: ...}`), or `tiny:<kind>_head`, a tiny head built for the bigram target."""
+`{head: <kind>, path: ...}`), `tiny:<kind>_head` (a tiny head built for the bigram target) or
+`embedded:head` (the embedded target's, trained and shipped with the package)."""
 from __future__ import annotations
 
 from typing import Any
 
-HEAD_KINDS = ("eagle", "eagle3")  # `pipeline.models.heads.HEAD_KINDS` holds their modules
+HEAD_KINDS = ("eagle", "eagle3", "msd")  # `pipeline.models.heads.HEAD_KINDS` holds their modules
 TINY_PREFIX = "tiny:"
 TINY_HEADS = {f"{kind}_head": kind for kind in HEAD_KINDS}  # tiny:<name> -> its kind
 TINY_HEAD_TARGET = "bigram_target"  # the tiny model they read
+EMBEDDED_HEADS = {"embedded:head": ("eagle", "embedded:target")}  # name -> (its kind, the target it reads)
 HEAD_METHODS = ("M",)  # a head reads the target's own prompt: it drafts with that prompt alone
 
 
@@ -16,6 +18,8 @@ def head_kind(name: str) -> str | None:
     """The head kind a draft name names, or None for a model that is not a head."""
     if name.startswith(TINY_PREFIX):
         return TINY_HEADS.get(name[len(TINY_PREFIX):])
+    if name in EMBEDDED_HEADS:
+        return EMBEDDED_HEADS[name][0]
     kind, sep, path = name.partition(":")
     return kind if sep and kind in HEAD_KINDS and path else None
 
@@ -53,11 +57,13 @@ def eagle3_layers(head_config: dict[str, Any], target_layers: int) -> tuple[int,
 def check_head(kind: str, head_config: dict[str, Any], target_config: dict[str, Any], head: str,
                target: str) -> None:
     """HeadMismatch naming both when a `kind` head's config cannot draft for the target's: it
-    reads the target's states (hidden size) and speaks its vocabulary."""
+    reads the target's states (hidden size); an EAGLE-3 head's own LM head maps into the
+    target's vocabulary (EAGLE-1/2's and MSD's borrow the target's, whatever size their config
+    copied: original LLaVA's 32000, llava-hf's 32064), and reads layers the target has."""
     if kind not in HEAD_KINDS:
         raise HeadMismatch(f"unknown head kind {kind!r} for {head!r}; choose one of {list(HEAD_KINDS)}")
     mine, theirs = text_config_of(head_config), text_config_of(target_config)
-    for key in ("hidden_size", "vocab_size"):
+    for key in ("hidden_size", "vocab_size") if kind == "eagle3" else ("hidden_size",):
         if mine.get(key) != theirs.get(key):
             raise HeadMismatch(f"{kind} head {head!r} has {key} {mine.get(key)} but target {target!r} has "
                                f"{theirs.get(key)}: a head drafts only for the target it was trained on")

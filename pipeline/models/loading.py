@@ -16,7 +16,7 @@ from pipeline.models.families import (
     FAMILIES, RECURRENT_TYPES, UnsupportedFamily, check_family, drafts_only, is_recurrent_config,
 )
 from pipeline.models.gemma3 import HFGemma3, HFGemma3Text
-from pipeline.models.head_names import head_kind, head_path
+from pipeline.models.head_names import EMBEDDED_HEADS, head_kind, head_path
 from pipeline.models.hf import HFLlava, HFModel
 from pipeline.models.internvl import HFInternVL
 from pipeline.models.qwen_vl import HFQwen3VL, HFQwenVL
@@ -163,7 +163,12 @@ def load_head_of(name: str, target: LVLM) -> LVLM:
     """The head `name` (`<kind>:<path>`, `pipeline.models.head_names`) drafting for `target`."""
     from pipeline.models.heads import HeadMismatch, load_head
 
+    path = head_path(name)
+    if name in EMBEDDED_HEADS:  # shipped with the package
+        from pipeline.models.embedded import HEAD_DIR
+
+        path = str(HEAD_DIR)
     try:
-        return load_head(head_kind(name), head_path(name), target)
+        return load_head(head_kind(name), path, target)
     except (HeadMismatch, OSError) as err:
         raise ModelLoadError(f"cannot load head {name!r} for {target.name!r}: {err}") from None

@@ -219,6 +219,7 @@ def build_tiny_pair(out_dir: str | Path, noise: float = 0.02) -> tuple[Path, Pat
         processor.save_pretrained(out / name)
     build_eagle_head(bigram_target, out / "eagle_head")  # in their reference code's layouts: no processor
     build_eagle3_head(bigram_target, tokenizer, out / "eagle3_head")
+    build_eagle_head(bigram_target, out / "msd_head", seed=8)  # MSD's files are EAGLE's
     for family in TINY_FAMILIES:
         build_family_pair(family, out, noise=noise, names=(f"{family}_target", f"{family}_draft"))
     build_gemma3_text_draft(out / "gemma3_target", out / "gemma3_text_draft", noise=noise)
@@ -232,7 +233,7 @@ def main() -> None:
     args = parser.parse_args()
     target, draft = build_tiny_pair(args.out_dir, noise=args.noise)
     for name in ("target", "draft", "next_target", "bigram_target", "mamba_draft", "mamba2_draft",
-                 "eagle_head", "eagle3_head",
+                 "eagle_head", "eagle3_head", "msd_head",
                  *(f"{family}_{role}" for family in TINY_FAMILIES for role in ("target", "draft")),
                  "gemma3_text_draft"):
         print(f"{name}={Path(args.out_dir) / name}")

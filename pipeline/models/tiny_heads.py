@@ -30,7 +30,7 @@ EAGLE3_FEATURES, EAGLE3_FOCUS, EAGLE3_PASS, EAGLE3_MLP = 2.5, 3.0, 2.0, 0.1
 
 def eagle_config(target: PreTrainedModel) -> LlamaConfig:
     """The head's config as EAGLE writes it: the target's text config, one decoder layer."""
-    text = target.config.text_config
+    text = target.config.get_text_config()
     return LlamaConfig(
         vocab_size=text.vocab_size, hidden_size=text.hidden_size, intermediate_size=text.intermediate_size,
         num_hidden_layers=1, num_attention_heads=text.num_attention_heads,
@@ -42,7 +42,8 @@ def eagle_config(target: PreTrainedModel) -> LlamaConfig:
 
 @torch.no_grad()
 def build_eagle_head(target: PreTrainedModel, out_dir: Path, seed: int = 5) -> Path:
-    """An EAGLE-1/2 head for the bigram `target`, written to `out_dir` in EAGLE's layout."""
+    """An EAGLE-1/2 head for the bigram `target`, written to `out_dir` in EAGLE's layout (MSD's
+    too: the same files; MSD reads a prompt's image rows apart)."""
     torch.manual_seed(seed)
     config = eagle_config(target)
     head = EagleHead(config).eval()

@@ -13,7 +13,7 @@ from pipeline.models.families import (
     FAMILIES, TEXT_DRAFTS, TINY_FAMILIES, UnsupportedFamily, check_family, check_role, drafts_only,
 )
 from pipeline.models.head_names import (
-    HEAD_KINDS, TINY_HEAD_TARGET, TINY_HEADS, HeadMismatch, check_head, head_kind, head_path,
+    EMBEDDED_HEADS, HEAD_KINDS, TINY_HEAD_TARGET, TINY_HEADS, HeadMismatch, check_head, head_kind, head_path,
 )
 from pipeline.names import did_you_mean
 from pipeline.planning.grid import TINY_PREFIX, GridError, Pair
@@ -21,7 +21,8 @@ from pipeline.planning.grid import TINY_PREFIX, GridError, Pair
 TINY_MODELS = ("target", "draft", "next_target", "bigram_target", "mamba_draft", "mamba2_draft",
                *(f"{family}_{role}" for family in TINY_FAMILIES for role in ("target", "draft")),
                "gemma3_text_draft", *TINY_HEADS)
-EMBEDDED_MODELS = ("embedded:target", "embedded:draft", "embedded:small_draft", "embedded:ssm_draft")
+EMBEDDED_MODELS = ("embedded:target", "embedded:draft", "embedded:small_draft", "embedded:ssm_draft",
+                   *EMBEDDED_HEADS)
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 # Hub ids of families whose drafting methods are limited (P; M for text-only drafts),
 # recognised without their config; the first that matches names the family.
@@ -124,10 +125,13 @@ def check_head_here(target: str, draft: str, where: str) -> None:
     kind = head_kind(draft)
     if kind is None:
         return
+    built_for = EMBEDDED_HEADS[draft][1] if draft in EMBEDDED_HEADS else None
     if draft.startswith(TINY_PREFIX):
-        if target != TINY_PREFIX + TINY_HEAD_TARGET:
-            raise GridError(f"{where}: {draft} drafts for {TINY_PREFIX}{TINY_HEAD_TARGET}, the tiny model it "
-                            f"was built to read, not for {target}")
+        built_for = TINY_PREFIX + TINY_HEAD_TARGET
+    if built_for is not None:
+        if target != built_for:
+            raise GridError(f"{where}: {draft} drafts for {built_for}, the model it was built to read, "
+                            f"not for {target}")
         return
     head_config, target_config = readable_config(head_path(draft)), readable_config(target)
     if head_config is not None and target_config is not None:

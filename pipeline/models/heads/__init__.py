@@ -1,5 +1,5 @@
 """Head drafts: small modules that read the target's hidden states and borrow its embeddings and
-LM head (EAGLE-1/2 today), each loaded from the layout its reference code publishes.
+LM head (EAGLE-1/2, EAGLE-3, MSD), each loaded from the layout its reference code publishes.
 
 A grid names a head as a pair's draft: `draft: {head: eagle, path: <hub id or folder>}`, which
 reads as the draft name `eagle:<path>` (`pipeline.planning.model_ids`). A head is checked
@@ -20,8 +20,10 @@ from pipeline.models.head_names import HeadMismatch, check_head, eagle3_layers, 
 from pipeline.models.heads.draft import HeadDraft
 from pipeline.models.heads.eagle import EagleHead
 from pipeline.models.heads.eagle3 import SPECULATORS_LAYER, Eagle3Head
+from pipeline.models.heads.msd import MsdHead
 
-HEAD_KINDS = {"eagle": EagleHead, "eagle3": Eagle3Head}  # a grid's `head:` -> the module of its layout
+# a grid's `head:` -> the module of its layout
+HEAD_KINDS = {"eagle": EagleHead, "eagle3": Eagle3Head, "msd": MsdHead}
 assert tuple(HEAD_KINDS) == KIND_NAMES, "pipeline.models.head_names lists the same kinds, torch-free"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 NOT_READ = ("embed_tokens.weight",)  # a copy of the target's, in some checkpoints

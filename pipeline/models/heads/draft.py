@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 import torch
 from PIL import Image
+from torch.utils.weak import WeakTensorKeyDictionary
 from transformers import Cache, PreTrainedModel
 
 from pipeline.models.base import LVLM, ModelInputError
@@ -28,6 +29,7 @@ class HeadDraft(HFModel):
         self.target_layers = module.target_layers
         self.image_token_id = target.image_token_id
         self._lm_head = target.model.get_output_embeddings()
+        self._visual = WeakTensorKeyDictionary()  # a spliced prompt row -> which of its rows are image rows
 
     @property
     def max_positions(self) -> int | None:
@@ -49,14 +51,24 @@ class HeadDraft(HFModel):
         return self.target.embed_tokens(ids)
 
     def spliced(self, embeds: torch.Tensor, parts: Sequence[torch.Tensor | Sequence[int]]) -> torch.Tensor:
-        return self.target.spliced(embeds, parts)
+        """The target's splice, its image rows noted (a head that reads them apart, MSD's, asks)."""
+        embeds = self.target.spliced(embeds, parts)
+        self._visual[embeds] = torch.cat([torch.full((len(part),), isinstance(part, torch.Tensor))
+                                          for part in parts])
+        return embeds
+
+    def prompt_extras(self, embeds: torch.Tensor) -> torch.Tensor | None:
+        """`[L]` bool: the prompt row's image rows (None for a row spliced elsewhere)."""
+        return self._visual.get(embeds)
 
     def prompt_positions(self, embeds: torch.Tensor) -> torch.Tensor | None:
         return self.target.prompt_positions(embeds)
 
-    def fuse(self, embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """A prompt's input rows: its embeddings, each beside the target's features before it."""
-        return self.model.fuse(embeds, features)
+    def fuse(self, embeds: torch.Tensor, features: torch.Tensor,
+             visual: torch.Tensor | None = None) -> torch.Tensor:
+        """A prompt's input rows: its embeddings, each beside the target's features before it
+        (`visual`: its image rows)."""
+        return self.model.fuse(embeds, features, visual)
 
     def _forward(self, cache: Cache, keep: int, compiled: bool, hidden: tuple[int, ...] = (), *,
                  attention_mask: torch.Tensor, position_ids: torch.Tensor,

@@ -42,8 +42,10 @@ class EagleHead(LlamaPreTrainedModel):
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
         self.post_init()
 
-    def fuse(self, embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """Input rows from token embeddings and the features before each token, `[..., H]` each."""
+    def fuse(self, embeds: torch.Tensor, features: torch.Tensor,
+             visual: torch.Tensor | None = None) -> torch.Tensor:
+        """Input rows from token embeddings and the features before each token, `[..., H]` each
+        (`visual`: which rows are a prompt's image rows, which EAGLE fuses like any other)."""
         return self.fc(torch.cat([embeds, features.to(embeds.dtype)], -1))
 
     def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,

@@ -81,8 +81,10 @@ class Eagle3Head(LlamaPreTrainedModel):
         self.target_layers = tuple(getattr(config, "eagle_aux_hidden_state_layer_ids", None) or ())
         self.post_init()
 
-    def fuse(self, embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """`[embedding; state]` rows: the target's three states go through `fc`, the head's own do not."""
+    def fuse(self, embeds: torch.Tensor, features: torch.Tensor,
+             visual: torch.Tensor | None = None) -> torch.Tensor:
+        """`[embedding; state]` rows: the target's three states go through `fc`, the head's own do
+        not (`visual`, a prompt's image rows, are fused like any other)."""
         states = features.to(embeds.dtype)
         if states.shape[-1] != embeds.shape[-1]:
             states = self.fc(states)

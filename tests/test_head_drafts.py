@@ -32,7 +32,8 @@ MAX_NEW = 24
 # every verify kind a head drafts: one method, so a candidate tree is its chain
 VERIFY = ("chain", "candidates", {"kind": "dynamic", "nodes": 8, "top_k": 3}, {"kind": "shape", "shape": [3, 2, 1]},
           "bandit", {"kind": "eagle2", "depth": 3, "top_k": 8, "total_tokens": 30})
-KINDS = ("eagle", "eagle3", "msd")
+EAGLE_KINDS = ("eagle", "eagle3", "msd")  # heads with a layer and a cache of their own
+KINDS = (*EAGLE_KINDS, "medusa")
 # the layouts the reference code writes (SafeAILab/EAGLE `cnets1.py`, `cnets.py`): EAGLE-1/2's layer 0
 # has no input norm and the head no final norm; EAGLE-3's layer reads [embedding; state], and the
 # head has its own norm, LM head and vocabulary maps
@@ -40,6 +41,8 @@ LAYER = {*(f"self_attn.{p}_proj.weight" for p in "qkvo"), *(f"mlp.{p}_proj.weigh
 PUBLISHED = {
     "eagle": {"fc.weight", "fc.bias", "layers.0.post_attention_layernorm.weight", *(f"layers.0.{w}" for w in LAYER)},
     "msd": {"fc.weight", "fc.bias", "layers.0.post_attention_layernorm.weight", *(f"layers.0.{w}" for w in LAYER)},
+    # Medusa's code saves its heads alone: head k's residual block, then its projection
+    "medusa": {name for k in range(4) for name in (f"{k}.0.linear.weight", f"{k}.0.linear.bias", f"{k}.1.weight")},
     "eagle3": {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", *(f"midlayer.{w}" for w in LAYER),
                *(f"midlayer.{n}.weight" for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm"))},
 }
@@ -59,7 +62,21 @@ def bigram(request, tiny_dirs):
     return target, load_head(request.param, tiny_dirs[f"{request.param}_head"], target)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.fixture(scope="module", params=EAGLE_KINDS)
+def bigram_eagle(request, tiny_dirs):
+    target = load_model(tiny_dirs["bigram_target"])
+    return target, load_head(request.param, tiny_dirs[f"{request.param}_head"], target)
+
+
+def test_tiny_medusa_heads_are_written_in_medusas_own_files(tiny_dirs):
+    folder = Path(tiny_dirs["medusa_head"])
+    weights = torch.load(folder / "medusa_lm_head.pt", weights_only=True)
+    config = json.loads((folder / "config.json").read_text())
+    assert set(weights) == PUBLISHED["medusa"] and (config["medusa_num_heads"], config["medusa_num_layers"]) == (4, 1)
+    assert weights["0.1.weight"].shape == (384, 64)  # the target's vocabulary and width
+
+
+@pytest.mark.parametrize("kind", EAGLE_KINDS)
 def test_the_tiny_heads_are_written_in_their_reference_codes_layouts(tiny_dirs, kind):
     folder = Path(tiny_dirs[f"{kind}_head"])
     weights = load_file(folder / "model.safetensors")
@@ -169,7 +186,29 @@ def eagle_reference(target, head, sample: Sample, gamma: int) -> list[int]:
     return accepted
 
 
-def test_the_heads_proposals_are_eagles(bigram):
+def medusa_reference(target, head, sample: Sample, gamma: int) -> list[int]:
+    """Medusa's chain from the algorithm: at each block every proposal reads the target's state
+    before the last token known, proposal i from head i; the target keeps its greedy tokens."""
+    ids = target.tokenize_prompt(sample.prompt)
+    prompt = method_embeddings(target, "M", ids, sample.pixels())
+    output, accepted = [], []
+    greedy_after = lambda sequence: int(target.model(inputs_embeds=sequence[None]).logits[0, -1].argmax())
+    with torch.no_grad():
+        while len(output) + gamma + 1 <= MAX_NEW:
+            sequence = torch.cat([prompt, target.embed_tokens(torch.tensor(output, dtype=torch.long))])
+            state = target_states(target, head, sequence)[-2]  # before the last token known
+            drafted = [int(head.model[k](state).argmax()) for k in range(gamma)]
+            block = [greedy_after(sequence)]
+            for proposal in drafted:
+                if proposal != block[-1]:
+                    break
+                block.append(greedy_after(torch.cat([sequence, target.embed_tokens(torch.tensor(block))])))
+            accepted.append(len(block) - 1)
+            output += block
+    return accepted
+
+
+def test_the_heads_proposals_are_their_papers(bigram):
     """fp64, eager: the decoder's accepted counts per block are the uncached reference's."""
     target, head = bigram
     for model in (target, head):
@@ -180,7 +219,8 @@ def test_the_heads_proposals_are_eagles(bigram):
             for gamma in (2, 4):
                 config = DecodeConfig("M", gamma=gamma, max_new_tokens=MAX_NEW)
                 live = speculative_decode(target, head, [sample], config, engine="eager")[0]
-                reference = eagle_reference(target, head, sample, gamma)
+                written = medusa_reference if head.drafter == "medusa" else eagle_reference
+                reference = written(target, head, sample, gamma)
                 assert len(reference) >= 3 and live.accepted_per_block[: len(reference)] == reference
     finally:
         for model in (target, head):
@@ -243,13 +283,14 @@ def word_head(request):
     """test_sampling's 11-word target with a random head of its shape, far from it (EAGLE-3's
     drafting 9 of the 11 words)."""
     from pipeline.models.head_names import eagle3_layers
-    from pipeline.models.heads.draft import HeadDraft
+    from pipeline.models.heads.draft import HeadDraft, MedusaDraft
     from pipeline.models.heads.eagle import EagleHead
     from pipeline.models.heads.eagle3 import Eagle3Head
+    from pipeline.models.heads.medusa import MedusaHeads
     from pipeline.models.hf import HFLlava
     from pipeline.models.tiny import build_llava, llava_processor
     from pipeline.models.tiny_heads import eagle3_config, eagle_config
-    from tests.test_sampling import word_tokenizer
+    from tests.test_sampling import WORDS, word_tokenizer
 
     tokenizer = word_tokenizer()
     target = HFLlava(build_llava(tokenizer, seed=0), llava_processor(tokenizer), "word-target")
@@ -260,6 +301,8 @@ def word_head(request):
     with torch.no_grad():
         head.d2t.copy_(torch.tensor([0, 0, 0, 0, 2, 2, 2, 2, 2]))  # the words and one special: ids 0-3, 6-10
         head.t2d.copy_(torch.tensor([True] * 4 + [False] * 2 + [True] * 5))
+    if request.param == "medusa":
+        return target, MedusaDraft(MedusaHeads(64, len(WORDS), 2, 1).eval(), target, "medusa:word", "medusa")
     head.target_layers = eagle3_layers(head.config.to_dict(), 2)
     return target, HeadDraft(head, target, "eagle3:word", "eagle3")
 
@@ -382,7 +425,7 @@ def eagle2_reference(target, head, sample: Sample, depth: int, top_k: int, total
     return {path for _, path, _, _ in best}
 
 
-def test_the_eagle2_tree_is_eagles(bigram):
+def test_the_eagle2_tree_is_eagles(bigram_eagle):
     """fp64: the first block's tree (every node as its path from the root) is the uncached
     reference's, at MMSpec's setting and a small one."""
     from pipeline.decoding.draft_eagle2 import Eagle2TreeProposer
@@ -390,7 +433,7 @@ def test_the_eagle2_tree_is_eagles(bigram):
     from pipeline.decoding.inputs import tokenize
     from pipeline.decoding.proposals import Pending
 
-    target, head = bigram
+    target, head = bigram_eagle
     for model in (target, head):
         model.model.double()
         model.dtype = torch.float64

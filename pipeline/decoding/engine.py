@@ -20,6 +20,7 @@ import torch
 
 from pipeline.decoding.head_rows import HeadDynamicRows, HeadStaticRows
 from pipeline.decoding.inputs import Prompt, check_fits
+from pipeline.decoding.medusa_rows import MedusaRows
 from pipeline.decoding.rows import DynamicCacheRows
 from pipeline.decoding.rows_protocol import Rows
 from pipeline.decoding.state_rows import StateRows
@@ -187,6 +188,12 @@ def head_prompt_states(head: LVLM, prompts: list[torch.Tensor], engine: str) -> 
     return rows.prompt_states(states)
 
 
+def medusa_rows(model: LVLM, prompts: list[torch.Tensor], **engine: object) -> Rows:
+    """Medusa's heads keep nothing: the same rows on either engine (`pipeline.decoding.medusa_rows`)."""
+    return MedusaRows(model, prompts, **engine)
+
+
 # what drafts with a model (`LVLM.drafter`): a new kind of drafter is a rows class, a builder here
 # and a model adapter that names it
-DRAFTERS: dict[str, Callable[..., Rows]] = {"kv": kv_rows, "state": state_rows, "head": head_rows}
+DRAFTERS: dict[str, Callable[..., Rows]] = {"kv": kv_rows, "state": state_rows, "head": head_rows,
+                                            "medusa": medusa_rows}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-HEAD_KINDS = ("eagle", "eagle3", "msd")  # `pipeline.models.heads.HEAD_KINDS` holds their modules
+HEAD_KINDS = ("eagle", "eagle3", "msd", "medusa")  # `pipeline.models.heads.HEAD_KINDS` holds their modules
 TINY_PREFIX = "tiny:"
 TINY_HEADS = {f"{kind}_head": kind for kind in HEAD_KINDS}  # tiny:<name> -> its kind
 TINY_HEAD_TARGET = "bigram_target"  # the tiny model they read
@@ -64,7 +64,7 @@ def check_head(kind: str, head_config: dict[str, Any], target_config: dict[str, 
         raise HeadMismatch(f"unknown head kind {kind!r} for {head!r}; choose one of {list(HEAD_KINDS)}")
     mine, theirs = text_config_of(head_config), text_config_of(target_config)
     for key in ("hidden_size", "vocab_size") if kind == "eagle3" else ("hidden_size",):
-        if mine.get(key) != theirs.get(key):
+        if key in mine and mine[key] != theirs.get(key):  # Medusa's config names neither: its weights do
             raise HeadMismatch(f"{kind} head {head!r} has {key} {mine.get(key)} but target {target!r} has "
                                f"{theirs.get(key)}: a head drafts only for the target it was trained on")
     if kind == "eagle3":

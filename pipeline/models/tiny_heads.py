@@ -20,9 +20,12 @@ from transformers import LlamaConfig, PreTrainedModel, PreTrainedTokenizerFast
 
 from pipeline.models.heads.eagle import EagleHead
 from pipeline.models.heads.eagle3 import Eagle3Head
+from pipeline.models.heads.medusa import MedusaHeads
 
 # fc's noise on the token, its weight on the features before it, the attention output's scale
 EAGLE_NOISE, EAGLE_FEATURES, EAGLE_ATTENTION = 1.5, 0.6, 6.0
+# Medusa's: the noise of its residual blocks, which grows with the head (later tokens are harder)
+MEDUSA_HEADS, MEDUSA_NOISE = 4, 1.0
 # EAGLE-3's: fc's weight on the three states, how sharply attention looks at the token, how strongly
 # the layer passes it on (above the state before it, which its residual carries), the MLP's scale
 EAGLE3_FEATURES, EAGLE3_FOCUS, EAGLE3_PASS, EAGLE3_MLP = 2.5, 3.0, 2.0, 0.1
@@ -113,3 +116,38 @@ def build_eagle3_head(target: PreTrainedModel, tokenizer: PreTrainedTokenizerFas
     head.d2t.copy_(words - torch.arange(len(words)))
     head.t2d.zero_()[words] = True
     return save_head(head, config, out_dir)
+
+
+@torch.no_grad()
+def build_medusa_head(target: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, out_dir: Path,
+                      seed: int = 9) -> Path:
+    """Medusa heads for the bigram `target`, in Medusa's files (`config.json`, `medusa_lm_head.pt`).
+    Head k must name the token k + 2 places on: its projection's row of the token that follows
+    token w k + 2 times is w's normed embedding, so the target's state at w (its normed
+    embedding) picks it; seeded noise in its one residual block, growing with k, errs now and then."""
+    torch.manual_seed(seed)
+    text = target.config.get_text_config()
+    heads = MedusaHeads(text.hidden_size, text.vocab_size, MEDUSA_HEADS, 1).eval()
+    specials = set(tokenizer.all_special_ids)
+    words = torch.tensor([i for i in range(len(tokenizer)) if i not in specials])
+    normed = target.lm_head.weight  # its row of follows(w) is w's normed embedding
+    follows = torch.arange(text.vocab_size)
+    embeddings = target.model.language_model.embed_tokens.weight[words].float()
+    follows[words] = (embeddings @ normed.float().T).argmax(-1)
+    after = follows.clone()  # w -> the token after the token after w
+    after[words] = follows[follows[words]]
+    for k, head in enumerate(heads):
+        block, projection = head[0], head[1]
+        block.linear.weight.copy_(MEDUSA_NOISE * (k + 1) * torch.randn_like(block.linear.weight)
+                                  / text.hidden_size ** 0.5)
+        block.linear.bias.zero_()
+        projection.weight.zero_()
+        projection.weight[after[words]] = normed[follows[words]]
+        after[words] = follows[after[words]]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = {"medusa_num_heads": MEDUSA_HEADS, "medusa_num_layers": 1,
+              "base_model_name_or_path": "tiny:bigram_target"}
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    torch.save({name: tensor.contiguous() for name, tensor in heads.state_dict().items()},
+               out_dir / "medusa_lm_head.pt")
+    return out_dir

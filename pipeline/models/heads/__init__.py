@@ -1,5 +1,5 @@
 """Head drafts: small modules that read the target's hidden states and borrow its embeddings and
-LM head (EAGLE-1/2, EAGLE-3, MSD), each loaded from the layout its reference code publishes.
+LM head (EAGLE-1/2, EAGLE-3, MSD, Medusa), each loaded from the layout its reference code publishes.
 
 A grid names a head as a pair's draft: `draft: {head: eagle, path: <hub id or folder>}`, which
 reads as the draft name `eagle:<path>` (`pipeline.planning.model_ids`). A head is checked
@@ -17,15 +17,17 @@ from transformers import LlamaConfig
 from pipeline.models.base import LVLM
 from pipeline.models.head_names import HEAD_KINDS as KIND_NAMES
 from pipeline.models.head_names import HeadMismatch, check_head, eagle3_layers, text_config_of
-from pipeline.models.heads.draft import HeadDraft
+from pipeline.models.heads.draft import HeadDraft, MedusaDraft
 from pipeline.models.heads.eagle import EagleHead
 from pipeline.models.heads.eagle3 import SPECULATORS_LAYER, Eagle3Head
+from pipeline.models.heads.medusa import MedusaHeads
 from pipeline.models.heads.msd import MsdHead
 
 # a grid's `head:` -> the module of its layout
-HEAD_KINDS = {"eagle": EagleHead, "eagle3": Eagle3Head, "msd": MsdHead}
+HEAD_KINDS = {"eagle": EagleHead, "eagle3": Eagle3Head, "msd": MsdHead, "medusa": MedusaHeads}
 assert tuple(HEAD_KINDS) == KIND_NAMES, "pipeline.models.head_names lists the same kinds, torch-free"
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# where each layout keeps its weights, in the order looked for (Medusa's code saves its heads alone)
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "medusa_lm_head.safetensors", "medusa_lm_head.pt")
 NOT_READ = ("embed_tokens.weight",)  # a copy of the target's, in some checkpoints
 # buffers a checkpoint may leave out, keeping their defaults: EAGLE-3's vocabulary maps, when
 # the draft vocabulary is the target's (its d2t all zeros)
@@ -52,13 +54,16 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     raise HeadMismatch(f"head folder {str(folder)!r} has none of {', '.join(WEIGHT_FILES)}")
 
 
-def load_head(kind: str, path: str, target: LVLM, *, dtype: torch.dtype | None = None) -> HeadDraft:
+def load_head(kind: str, path: str, target: LVLM, *,
+              dtype: torch.dtype | None = None) -> HeadDraft | MedusaDraft:
     """A `kind` head from `path` (folder or hub id) drafting for `target`, on its device and in its dtype."""
     folder = head_files(path)
     config = json.loads((folder / "config.json").read_text())
-    check_head(kind, config, target.model.config.to_dict(), path, target.name)
+    target_config = target.model.config.to_dict()
+    check_head(kind, config, target_config, path, target.name)
     with torch.device(target.device):  # its rotary tables are made, not read
-        module = HEAD_KINDS[kind](LlamaConfig(**text_config_of(config))).to(dtype or target.dtype)
+        module = (MedusaHeads.of_config(config, text_config_of(target_config)) if kind == "medusa"
+                  else HEAD_KINDS[kind](LlamaConfig(**text_config_of(config)))).to(dtype or target.dtype)
     weights = {_layout_name(kind, k): v for k, v in read_weights(folder).items() if k not in NOT_READ}
     expected = set(module.state_dict())
     if missing := sorted(expected - set(weights) - set(OPTIONAL)):
@@ -66,10 +71,14 @@ def load_head(kind: str, path: str, target: LVLM, *, dtype: torch.dtype | None =
     if unexpected := sorted(set(weights) - expected):
         raise HeadMismatch(f"{kind} head {path!r} holds {', '.join(unexpected[:6])}, which the {kind} layout "
                            "does not name")
-    module.load_state_dict(weights, strict=False)
+    try:
+        module.load_state_dict(weights, strict=False)
+    except RuntimeError as err:  # a weight of another shape: another target's size
+        raise HeadMismatch(f"{kind} head {path!r} does not fit target {target.name!r}: "
+                           f"{str(err).splitlines()[-1].strip()}") from None
     if kind == "eagle3":
         module.target_layers = eagle3_layers(config, target.model.config.get_text_config().num_hidden_layers)
-    return HeadDraft(module.eval(), target, f"{kind}:{path}", kind)
+    return (MedusaDraft if kind == "medusa" else HeadDraft)(module.eval(), target, f"{kind}:{path}", kind)
 
 
 def _layout_name(kind: str, name: str) -> str:

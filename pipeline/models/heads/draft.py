@@ -1,8 +1,9 @@
-"""A head draft behind the `LVLM` interface: it speaks the target's prompts (tokens, image rows,
-positions) and borrows the target's embeddings and LM head, while its own module (an
-`EagleHead`, say) turns a token and the features before it into the next features. Its rows are
-`pipeline.decoding.head_rows`'s (`drafter = "head"`): they hand every token its features, the
-target's at a block's start and the head's own while it drafts."""
+"""Head drafts behind the `LVLM` interface: they speak the target's prompts (tokens, image rows,
+positions) and borrow its embeddings and LM head. `HeadDraft`'s module (an `EagleHead`, say) turns
+a token and the features before it into the next features; its rows are
+`pipeline.decoding.head_rows`'s (`drafter = "head"`), which hand every token its features, the
+target's at a block's start and the head's own while it drafts. `MedusaDraft`'s heads read only
+the target's state at a block's start (`drafter = "medusa"`, `pipeline.decoding.medusa_rows`)."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -16,19 +17,14 @@ from pipeline.models.base import LVLM, ModelInputError
 from pipeline.models.hf import HFModel
 
 
-class HeadDraft(HFModel):
-    """`module` (an `EagleHead`-like model: `target_layers`, `fuse`, a forward over fused rows and
-    `next_logits`) drafting for `target`. `logits` returns the head's predicted features beside
-    the logits."""
+class TargetsPrompt:
+    """What a head draft takes from its target: its tokenizer, prompts, image rows, positions and
+    end tokens; it notes which rows of a spliced prompt are image rows (MSD reads them apart)."""
 
-    drafter = "head"
+    target: LVLM
 
-    def __init__(self, module: PreTrainedModel, target: LVLM, name: str, kind: str) -> None:
-        super().__init__(module, target.tokenizer, name)
-        self.target, self.kind = target, kind
-        self.target_layers = module.target_layers
-        self.image_token_id = target.image_token_id
-        self._lm_head = target.model.get_output_embeddings()
+    def _speak_for(self, target: LVLM) -> None:
+        self.target, self.tokenizer, self.image_token_id = target, target.tokenizer, target.image_token_id
         self._visual = WeakTensorKeyDictionary()  # a spliced prompt row -> which of its rows are image rows
 
     @property
@@ -64,6 +60,20 @@ class HeadDraft(HFModel):
     def prompt_positions(self, embeds: torch.Tensor) -> torch.Tensor | None:
         return self.target.prompt_positions(embeds)
 
+
+class HeadDraft(TargetsPrompt, HFModel):
+    """`module` (an `EagleHead`-like model: `target_layers`, `fuse`, a forward over fused rows and
+    `next_logits`) drafting for `target`. `logits` returns the head's predicted features beside
+    the logits."""
+
+    drafter = "head"
+
+    def __init__(self, module: PreTrainedModel, target: LVLM, name: str, kind: str) -> None:
+        super().__init__(module, target.tokenizer, name)
+        self._speak_for(target)
+        self.kind, self.target_layers = kind, module.target_layers
+        self._lm_head = target.model.get_output_embeddings()
+
     def fuse(self, embeds: torch.Tensor, features: torch.Tensor,
              visual: torch.Tensor | None = None) -> torch.Tensor:
         """A prompt's input rows: its embeddings, each beside the target's features before it
@@ -84,3 +94,32 @@ class HeadDraft(HFModel):
         states = body(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
                       cache=cache)
         return self.model.next_logits(states[:, -keep:], self._lm_head), states
+
+
+class MedusaDraft(TargetsPrompt, LVLM):
+    """Medusa's heads drafting for `target` (`pipeline.models.heads.medusa`): no cache and no
+    forward of their own past a block's start, where `head_logits` reads the target's state."""
+
+    drafter = "medusa"
+
+    def __init__(self, module: torch.nn.Module, target: LVLM, name: str, kind: str) -> None:
+        self._speak_for(target)
+        self.model, self.name, self.kind, self.target_layers = module.eval(), name, kind, module.target_layers
+        self.device, self.dtype = target.device, target.dtype
+
+    @property
+    def supports_static_cache(self) -> bool:
+        return True  # its rows keep nothing: they draft beside a target on either engine
+
+    @property
+    def heads(self) -> int:
+        return len(self.model)
+
+    @torch.inference_mode()
+    def head_logits(self, states: torch.Tensor) -> torch.Tensor:
+        """`[B, K, V]` fp32: every head's logits from the target's states `[B, F]`."""
+        return self.model(states.to(self.dtype))
+
+    def logits(self, **inputs: Any) -> torch.Tensor:
+        raise ModelInputError(f"{self.name}: Medusa's heads read the target's states, not a cache of "
+                              "their own")

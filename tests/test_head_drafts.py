@@ -460,3 +460,23 @@ def test_the_eagle2_tree_is_eagles(bigram_eagle):
         for model in (target, head):
             model.model.float()
             model.dtype = torch.float32
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["static", "eager"])
+def test_an_eagle3_head_drafts_for_an_m_rope_target(tiny_dirs, engine):
+    """The bigram Qwen2.5-VL (three position coordinates a token) with its tiny EAGLE-3 head:
+    greedy SD is its own greedy output at batch 1 and 3 on a chain and EAGLE-2's tree, and the
+    head accepts (tau above 1.5)."""
+    from tests.test_batch_decoding import samples
+
+    target = load_model(tiny_dirs["qwen2_5_vl_bigram_target"])
+    head = load_head("eagle3", tiny_dirs["qwen2_5_vl_eagle3_head"], target)
+    batch = samples(3)
+    reference = [r.output_ids for r in autoregressive_decode(target, batch, max_new_tokens=MAX_NEW, engine=engine)]
+    for verify, gamma in (("chain", 5), ({"kind": "eagle2", "depth": 3, "top_k": 4, "total_tokens": 12}, 4)):
+        config = DecodeConfig("M", gamma=gamma, max_new_tokens=MAX_NEW, verify=make_verify(verify))
+        together = speculative_decode(target, head, batch, config, engine=engine)
+        alone = [speculative_decode(target, head, [s], config, engine=engine)[0] for s in batch]
+        assert [r.output_ids for r in together] == reference == [r.output_ids for r in alone], verify
+        assert sum(r.tau for r in together) / len(together) > 1.5, verify

@@ -1,6 +1,6 @@
 """Which draft names are heads, without torch: what grid checks and planning need to know of a
 head before anything loads. A head is named `<kind>:<hub id or folder>` (in a grid file also
-`{head: <kind>, path: ...}`), `tiny:<kind>_head` (a tiny head built for the bigram target) or
+`{head: <kind>, path: ...}`), `tiny:<kind>_head` (a tiny head built for a bigram target) or
 `embedded:head` (the embedded target's, trained and shipped with the package)."""
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from typing import Any
 
 HEAD_KINDS = ("eagle", "eagle3", "msd", "medusa")  # `pipeline.models.heads.HEAD_KINDS` holds their modules
 TINY_PREFIX = "tiny:"
-TINY_HEADS = {f"{kind}_head": kind for kind in HEAD_KINDS}  # tiny:<name> -> its kind
-TINY_HEAD_TARGET = "bigram_target"  # the tiny model they read
+# tiny:<name> -> (its kind, the tiny model it reads): every kind for the bigram LLaVA, and a
+# Qwen2.5-VL one for the bigram Qwen2.5-VL (an M-RoPE target)
+TINY_HEADS = {**{f"{kind}_head": (kind, "bigram_target") for kind in HEAD_KINDS},
+              "qwen2_5_vl_eagle3_head": ("eagle3", "qwen2_5_vl_bigram_target")}
 EMBEDDED_HEADS = {"embedded:head": ("eagle", "embedded:target")}  # name -> (its kind, the target it reads)
 HEAD_METHODS = ("M",)  # a head reads the target's own prompt: it drafts with that prompt alone
 
@@ -17,7 +19,7 @@ HEAD_METHODS = ("M",)  # a head reads the target's own prompt: it drafts with th
 def head_kind(name: str) -> str | None:
     """The head kind a draft name names, or None for a model that is not a head."""
     if name.startswith(TINY_PREFIX):
-        return TINY_HEADS.get(name[len(TINY_PREFIX):])
+        return TINY_HEADS.get(name[len(TINY_PREFIX):], (None,))[0]
     if name in EMBEDDED_HEADS:
         return EMBEDDED_HEADS[name][0]
     kind, sep, path = name.partition(":")

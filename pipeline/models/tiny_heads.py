@@ -151,3 +151,17 @@ def build_medusa_head(target: PreTrainedModel, tokenizer: PreTrainedTokenizerFas
     torch.save({name: tensor.contiguous() for name, tensor in heads.state_dict().items()},
                out_dir / "medusa_lm_head.pt")
     return out_dir
+
+
+def build_qwen_heads(out: Path) -> None:
+    """The bigram Qwen2.5-VL target (`make_bigram_target` on the tiny Qwen2.5-VL, an M-RoPE
+    model) and an EAGLE-3 head for it, under `out`."""
+    from pipeline.models.tiny_families import CHAT_FAMILY_BUILDERS
+    from pipeline.models.tiny_ssm import make_bigram_target
+
+    tokenizer_of, build, processor_of = CHAT_FAMILY_BUILDERS["qwen2_5_vl"]
+    tokenizer = tokenizer_of()
+    target = make_bigram_target(build(tokenizer, seed=4), tokenizer)
+    target.save_pretrained(out / "qwen2_5_vl_bigram_target")
+    processor_of(tokenizer, target).save_pretrained(out / "qwen2_5_vl_bigram_target")
+    build_eagle3_head(target, tokenizer, out / "qwen2_5_vl_eagle3_head", seed=10)

@@ -13,14 +13,14 @@ from pipeline.models.families import (
     FAMILIES, TEXT_DRAFTS, TINY_FAMILIES, UnsupportedFamily, check_family, check_role, drafts_only,
 )
 from pipeline.models.head_names import (
-    EMBEDDED_HEADS, HEAD_KINDS, TINY_HEAD_TARGET, TINY_HEADS, HeadMismatch, check_head, head_kind, head_path,
+    EMBEDDED_HEADS, HEAD_KINDS, TINY_HEADS, HeadMismatch, check_head, head_kind, head_path,
 )
 from pipeline.names import did_you_mean
 from pipeline.planning.grid import TINY_PREFIX, GridError, Pair
 
 TINY_MODELS = ("target", "draft", "next_target", "bigram_target", "mamba_draft", "mamba2_draft",
                *(f"{family}_{role}" for family in TINY_FAMILIES for role in ("target", "draft")),
-               "gemma3_text_draft", *TINY_HEADS)
+               "gemma3_text_draft", "qwen2_5_vl_bigram_target", *TINY_HEADS)
 EMBEDDED_MODELS = ("embedded:target", "embedded:draft", "embedded:small_draft", "embedded:ssm_draft",
                    *EMBEDDED_HEADS)
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -127,7 +127,7 @@ def check_head_here(target: str, draft: str, where: str) -> None:
         return
     built_for = EMBEDDED_HEADS[draft][1] if draft in EMBEDDED_HEADS else None
     if draft.startswith(TINY_PREFIX):
-        built_for = TINY_PREFIX + TINY_HEAD_TARGET
+        built_for = TINY_PREFIX + TINY_HEADS[draft[len(TINY_PREFIX):]][1]
     if built_for is not None:
         if target != built_for:
             raise GridError(f"{where}: {draft} drafts for {built_for}, the model it was built to read, "

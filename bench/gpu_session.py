@@ -14,7 +14,8 @@ Stages, in order (a stage that outruns its share is stopped and says so; the nex
    one actor per GPU; the static engine compiles and captures its steps inside the actor), then
    `bench/grid_rows.py` over its rows: lossless count, device, engine, step modes, fallbacks;
 3. `profile`: `bench/gpu_profile.py --shapes 7b` (LLaVA-1.5 7B target, 68M draft);
-4. `check`: `bench/gpu_check.py --shapes 7b --family qwen2_5_vl --sections exact,decode`.
+4. `check`: `bench/gpu_check.py --shapes 7b --family qwen2_5_vl --sections exact,decode`;
+5. `heads`: `bench/gpu_check.py --shapes 7b --sections head` (an EAGLE head on the 7B-shaped LLaVA).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SITE = Path(tempfile.gettempdir()) / "tabed-site"
 # (stage, share of the budget, the least worth starting with, in s)
 NOISE = re.compile(r"^\s*(Loading weights|Writing model shards)")  # progress bars of every model built
-STAGES = (("smoke", 0.34, 60), ("profile", 0.22, 60), ("check", 0.44, 90))
+STAGES = (("smoke", 0.30, 60), ("profile", 0.20, 60), ("check", 0.34, 90), ("heads", 0.16, 60))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -121,8 +122,10 @@ def stage_commands(stage: str, args: argparse.Namespace, seconds: float,
     if stage == "profile":
         return [([python, "bench/gpu_profile.py", "--shapes", args.shapes, "--log-dir", str(args.log_dir),
                   "--trace-dir", str(args.log_dir)], seconds)]
-    return [([python, "bench/gpu_check.py", "--shapes", args.shapes, "--family", "qwen2_5_vl", "--sections",
-              "exact,decode", "--batch-sizes", "1,4", "--budget-s", f"{max(seconds - 15, 30):.0f}",
+    family, sections, sizes = (("qwen2_5_vl", "exact,decode", "1,4") if stage == "check"
+                               else ("llava", "head", "1"))
+    return [([python, "bench/gpu_check.py", "--shapes", args.shapes, "--family", family, "--sections",
+              sections, "--batch-sizes", sizes, "--budget-s", f"{max(seconds - 15, 30):.0f}",
               "--log-dir", str(args.log_dir)], seconds)]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +47,7 @@ class HFModel(LVLM):
         self.step_compile = STEP_COMPILE  # how decode steps compile (a test swaps in a failing backend)
         self._failed_steps: dict[tuple[int, ...], str] = {}  # step shape -> why its compiled path failed
         self._proven_steps: set[tuple] = set()  # (cache, step shape) whose compiled path has run
+        self._compiled: tuple[CompileConfig, Callable[..., Any]] | None = None  # (setting, compiled call)
 
     @property
     def supports_static_cache(self) -> bool:
@@ -158,6 +159,13 @@ class HFModel(LVLM):
             return out, "captured"
         return self._forward(cache, keep, True, hidden=hidden, **tensors), "compiled"
 
+    def compiled_call(self) -> Callable[..., Any]:
+        """The model's call through torch.compile, made once per compile setting (transformers'
+        `get_compiled_call` reads a generation config, which a head's model has not)."""
+        if self._compiled is None or self._compiled[0] is not self.step_compile:
+            self._compiled = self.step_compile, torch.compile(self.model.__call__, **self.step_compile.to_dict())
+        return self._compiled[1]
+
     def _forward(self, cache: Cache, keep: int, compiled: bool, hidden: tuple[int, ...] = (),
                  **inputs) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """fp32 logits of the last `keep` positions, `[B, keep, V]`; `compiled`: through
@@ -165,7 +173,7 @@ class HFModel(LVLM):
         `hidden`: also the hidden states at those indices (`hidden_states` of transformers' own
         output: 0 the embeddings, i the input of layer i, -1 the final norm's output) at every
         position fed, concatenated: `[B, fed, H * len(hidden)]`."""
-        forward = self.model.get_compiled_call(self.step_compile) if compiled else self.model
+        forward = self.compiled_call() if compiled else self.model
         out = forward(**inputs, cache=cache, use_cache=True, logits_to_keep=keep,
                       output_hidden_states=bool(hidden))
         logits = out.logits[:, -keep:].float()

@@ -90,7 +90,7 @@ class HeadDraft(TargetsPrompt, HFModel):
             raise ModelInputError(f"{self.name}: a head only drafts; it has no hidden states to give")
         if input_ids is not None:
             inputs_embeds = self.model.fuse(self.target.embed_tokens(input_ids), features)
-        body = self.model.get_compiled_call(self.step_compile) if compiled else self.model
+        body = self.compiled_call() if compiled else self.model
         states = body(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
                       cache=cache)
         return self.model.next_logits(states[:, -keep:], self._lm_head), states

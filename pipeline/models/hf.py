@@ -163,7 +163,8 @@ class HFModel(LVLM):
         """The model's call through torch.compile, made once per compile setting (transformers'
         `get_compiled_call` reads a generation config, which a head's model has not)."""
         if self._compiled is None or self._compiled[0] is not self.step_compile:
-            self._compiled = self.step_compile, torch.compile(self.model.__call__, **self.step_compile.to_dict())
+            compiled = torch.compile(self.model.__call__, **self.step_compile.to_dict())
+            self._compiled = self.step_compile, compiled
         return self._compiled[1]
 
     def _forward(self, cache: Cache, keep: int, compiled: bool, hidden: tuple[int, ...] = (),

@@ -32,6 +32,7 @@ class Shapes:
     gammas: tuple[int, ...]
     verify_tokens: tuple[int, ...] = ()
     draft_rows: tuple[int, ...] = ()
+    rows_by_draft: tuple[tuple[str, tuple[int, ...]], ...] = ()  # each draft's own batches, where known
     contexts: tuple[int, ...] = CONTEXTS  # prompt lengths at which one draft and target step are timed
     batches: tuple[int, ...] = ()  # batch sizes over 1 at which the same steps are timed again
 
@@ -39,17 +40,26 @@ class Shapes:
         """Whether a stored calibration timed all of these."""
         tokens = {g + 1 for g in self.gammas} | set(self.verify_tokens)
         return (tokens <= set(calibration.verify_tokens)
-                and set(self.draft_rows) <= set(calibration.draft_row_counts)
+                and set(self.rows_of(calibration.draft)) <= set(calibration.draft_row_counts)
                 and (bool(calibration.context_tokens) or not self.contexts)
                 and set(self.batches) <= set(calibration.batch_sizes))
 
 
+    def rows_of(self, draft: str) -> tuple[int, ...]:
+        """The draft batches `draft` steps in the grid (all of the grid's where not known)."""
+        return dict(self.rows_by_draft).get(draft, self.draft_rows)
+
+
 def grid_shapes(spec: GridSpec) -> Shapes:
     configs = [config for config in spec.configs() if not config.decode.is_ar]
-    shapes = [shape for c in configs
+    shapes = [(c.pair.draft, shape) for c in configs
               for shape in c.decode.verify.block_shapes(c.decode.gamma, len(c.decode.methods))]
-    return Shapes(spec.gamma, tuple(sorted({nodes + 1 for _, nodes, _ in shapes})),
-                  tuple(sorted({rows for _, _, rows in shapes})),
+    by_draft: dict[str, set[int]] = {}
+    for draft, (_, _, rows) in shapes:
+        by_draft.setdefault(draft, set()).add(rows)
+    return Shapes(spec.gamma, tuple(sorted({nodes + 1 for _, (_, nodes, _) in shapes})),
+                  tuple(sorted({rows for _, (_, _, rows) in shapes})),
+                  tuple((draft, tuple(sorted(rows))) for draft, rows in by_draft.items()),
                   batches=tuple(sorted(set(spec.batch) - {1})))
 
 
@@ -81,6 +91,7 @@ def measure(target: str, drafts: tuple[str, ...], dtype: str, shapes: Shapes, re
 
     results = calibrate_drafts(loaded, [models[d] for d in drafts], gammas=shapes.gammas,
                                verify_tokens=shapes.verify_tokens, draft_rows=shapes.draft_rows,
+                               rows_per_draft=[shapes.rows_of(d) for d in drafts],
                                repeats=repeats, rounds=rounds, progress=progress,
                                contexts=shapes.contexts, batches=shapes.batches, draft_names=drafts)
     for result, draft in zip(results, drafts):

@@ -127,7 +127,7 @@ class GridRunner:
             self.run_name, units, self.samples.for_unit, shard_size=self.spec.shard_size,
             grid_mode=self.spec.mode, live_samples=self.spec.live_samples,
             live_seed=self.spec.live_seed, untimed=frozenset(self.spec.untimed + self.spec.untimed_verify),
-            done=resume.keep,
+            timed_only=frozenset(self.spec.timed_only), done=resume.keep,
         )
         self.report.rows_skipped += len(resume.keep)
         self.report.rows_recomputed += len(resume.recompute)

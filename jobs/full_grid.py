@@ -136,13 +136,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def extension_line(spec: GridSpec, args: argparse.Namespace, source: SampleSource) -> str | None:
     """What this grid adds to a run that already holds another one (pipeline.storage.manifest)."""
-    from pipeline.data.sample import turn_count
+    from pipeline.planning.samples import RunSamples
     from pipeline.storage.manifest import extension_text, grid_record, run_grids
     from pipeline.storage.store import stored_config_keys
 
     run = args.run or spec.name
-    record = grid_record(spec, lambda dataset, turn: turn_count(source.first_turn(dataset, spec.limit),
-                                                                 turn))
+    record = grid_record(spec, RunSamples(spec, source, answers=lambda *_: {}).count)
     return extension_text(run, run_grids(args.out, run), stored_config_keys(args.out, run), record)
 
 

@@ -144,3 +144,25 @@ def test_calibration_times_the_same_steps_at_each_batch_size(tiny_pair, tmp_path
     assert stored.batch_sizes == [2, 4] and stored.draft_ratio(6, batch=4) == pytest.approx(result.draft_ratio(6, 4))
     older = {k: v for k, v in result.to_row().items() if not k.startswith("batch_")}
     assert Calibration.from_row(older).batch_sizes == [] and math.isnan(Calibration.from_row(older).verify_ratio(4, 2))
+
+
+def test_each_draft_is_timed_at_the_batches_it_steps(tiny_pair):
+    """A grid's drafts need not step the same draft batches (a head drafting M alone never steps a
+    candidate tree's 48 rows): each draft's calibration times its own, and the grid's plan says
+    which are whose."""
+    from actors.calibration import grid_shapes
+    from pipeline.decoding.step_costs import calibrate_drafts
+    from pipeline.planning.grid_file import parse_grid
+
+    target, draft = tiny_pair
+    first, second = calibrate_drafts(target, [draft, draft], gammas=(3,), repeats=1, rounds=1,
+                                     rows_per_draft=[(6,), ()], draft_names=["a", "b"])
+    assert first.draft_row_counts == [*range(1, MAX_ROWS + 1), 6] and second.draft_row_counts == [*range(1, MAX_ROWS + 1)]
+    assert len(first.draft_rows_ratio) == MAX_ROWS + 1 and len(second.draft_rows_ratio) == MAX_ROWS
+    spec = parse_grid({"datasets": ["embedded_vqa"], "methods": ["M", "MT"], "gamma": [3],
+                       "verify": ["chain", {"kind": "candidates", "methods": ["MT"]}],
+                       "pairs": [{"target": "tiny:target", "draft": "tiny:draft"},
+                                 {"target": "tiny:bigram_target", "draft": "tiny:eagle_head"}]})
+    shapes = grid_shapes(spec)
+    assert max(shapes.rows_of("tiny:draft")) > max(shapes.rows_of("tiny:eagle_head")) == 1
+    assert set(shapes.draft_rows) == set(shapes.rows_of("tiny:draft")) | set(shapes.rows_of("tiny:eagle_head"))

@@ -368,6 +368,41 @@ def test_policy_method_restrictions_are_validated(policies, message):
         grid(methods=["AR", "M", "MT", "MTCP"], captioner="embedded", policies=policies)
 
 
+def test_a_pair_marked_timed_only_decodes_the_timed_samples_alone():
+    """A head's rows all run live: `timed: only` keeps it to the walltime samples, every other
+    pair's rows untouched; it needs the samples it names."""
+    pairs = [{"target": "tiny:target", "draft": "tiny:draft"},
+             {"target": "tiny:target", "draft": "tiny:next_target", "timed": "only"}]
+    spec = grid(pairs=pairs, methods=["AR", "M"], gamma=[5], window=[None], distance=["kl"], turns=["first"],
+                mode="auto", live_samples=1)
+    full_pair, only_pair = spec.pairs
+    assert spec.timed_only == (only_pair,) and spec.untimed == ()
+    samples = [sample(i) for i in range(3)]
+    shards = plan_shards("r", spec.units(), lambda u: samples, shard_size=3, grid_mode="auto", live_samples=1,
+                         timed_only=frozenset(spec.timed_only))
+    rows = [(c.pair, sid, s.mode) for s in shards for c, sid in s.items]
+    chosen = {sid for s in shards for sid in s.timed}
+    assert len(chosen) == 1
+    assert {(sid, mode) for pair, sid, mode in rows if pair == only_pair} == {(*chosen, "live")}
+    assert {sid for pair, sid, _ in rows if pair == full_pair} == {s.sample_id for s in samples}
+    with pytest.raises(GridError, match="timed: only.*live_samples"):
+        grid(pairs=pairs, methods=["AR", "M"])
+    # the run's samples and its manifest expect the same rows: the timed ones alone, first turns only
+    from pipeline.planning.samples import RunSamples
+
+    class Source:
+        def first_turn(self, dataset, limit):
+            return samples
+
+    run = RunSamples(spec, Source(), answers=lambda *_: {})
+    units = [u for u in spec.units() if u.config.pair == only_pair]
+    assert run.timed_ids() == chosen
+    assert {s.sample_id for u in units for s in run.for_unit(u)} == chosen
+    assert all(run.count(u) == 1 for u in units)
+    full = [u for u in spec.units() if u.config.pair == full_pair]
+    assert all(len(run.for_unit(u)) == run.count(u) == 3 for u in full)
+
+
 def test_a_verify_kind_marked_untimed_is_replayed_on_the_timed_samples_too():
     """`{kind: candidates, timed: false}`: trees scored by replay everywhere, chains timed live."""
     spec = grid(methods=["AR", "MT"], gamma=[5], window=[None], distance=["kl"], turns=["first"], policies=["static"],

@@ -17,7 +17,7 @@ SAMPLES = {"embedded_vqa": 2, "embedded_describe": 3}
 
 def record(methods, datasets=("embedded_vqa",)):
     return grid_record(parse_grid({**GRID, "methods": methods, "datasets": list(datasets)}),
-                       lambda dataset, turn: SAMPLES[dataset])
+                       lambda unit: SAMPLES[unit.dataset])
 
 
 def test_the_manifest_keeps_every_grid_and_expects_their_union(tmp_path):

@@ -96,12 +96,14 @@ def calibrate_drafts(
     target: LVLM, drafts: Sequence[LVLM], *, gammas: Sequence[int] = (DecodeConfig.gamma,), repeats: int = 10,
     rounds: int = 5, image: Image.Image | None = None, engine: str | None = None,
     verify_tokens: Sequence[int] = (),
-    draft_rows: Sequence[int] = (), progress: Callable[[str], None] | None = None,
+    draft_rows: Sequence[int] = (), rows_per_draft: Sequence[Sequence[int]] | None = None,
+    progress: Callable[[str], None] | None = None,
     contexts: Sequence[int] = (), batches: Sequence[int] = (), draft_names: Sequence[str] | None = None,
 ) -> list[Calibration]:
     """Measure Tp, Tp(n) for n = gamma + 1 of every gamma and every other of `verify_tokens`
     (a tree's nodes + 1: the verify-latency curve), and for each draft Tq with 1..4 rows and
-    every other of `draft_rows` (a tree's draft batch) on an image prompt, in `rounds` rounds,
+    every other of `draft_rows` (a tree's draft batch; `rows_per_draft`: each draft's own, where
+    they differ: a head drafting M alone never steps 48 rows) on an image prompt, in `rounds` rounds,
     each the median of `repeats` steps after warm-up, with the steps of `engine` (None: the
     device's default, as decoding picks it); and one step of each after text prompts of
     `contexts` tokens (those that fit). The target is measured once per round for all its
@@ -118,18 +120,20 @@ def calibrate_drafts(
     sample = Sample("calibration", "none", 0, "first", PROMPT, (image,))
     gamma = max(gammas)
     sizes = sorted({g + 1 for g in gammas} | set(verify_tokens))
-    counts = sorted(set(range(1, MAX_ROWS + 1)) | set(draft_rows))
+    counts = [sorted(set(range(1, MAX_ROWS + 1)) | set(rows))
+              for rows in rows_per_draft or [draft_rows] * len(drafts)]
     target_rows = _prefilled(target, sample, 1, engine, max(sizes))
     target_lengths = [n for n in sorted(set(contexts)) if _fits(target, n)]
     target_long = {n: _prefilled_context(target, n, engine) for n in target_lengths}
-    draft_batches = [[_prefilled(draft, sample, n, engine, gamma) for n in counts] for draft in drafts]
+    draft_batches = [[_prefilled(draft, sample, n, engine, gamma) for n in mine]
+                     for draft, mine in zip(drafts, counts)]
     lengths = [[n for n in target_lengths if _fits(draft, n)] for draft in drafts]
     long_prompts = [{n: _prefilled_context(draft, n, engine) for n in mine}
                     for draft, mine in zip(drafts, lengths)]
     batches = sorted(set(batches) - {1})
     target_batched = {b: _prefilled(target, sample, b, engine, max(sizes)) for b in batches}
-    drafts_batched = [{b: [_prefilled(draft, sample, b * n, engine, gamma) for n in counts] for b in batches}
-                      for draft in drafts]
+    drafts_batched = [{b: [_prefilled(draft, sample, b * n, engine, gamma) for n in mine] for b in batches}
+                      for draft, mine in zip(drafts, counts)]
     token, verify, at_length, batched = [], [], [], []
     measured = [([], []) for _ in drafts]  # per draft: its step per batch, its step per context, each round
     batched_drafts = [[] for _ in drafts]  # per draft, each round: {batch: its step per row count}
@@ -164,24 +168,25 @@ def calibrate_drafts(
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         device_name=device_name(target.device),
         verify_tokens=sizes, verify_s=[median(v[i] for v in verify) for i in range(len(sizes))],
-        verify_ratios=[median(r) for r in curve], draft_row_counts=counts, verify_ratio_rounds=curve,
+        verify_ratios=[median(r) for r in curve], verify_ratio_rounds=curve,
         load_before=load_before, load_after=machine_load(), cpu_cores=cpu_cores(), batch_sizes=batches,
         batch_target_token_s=[median(r[b][0] for r in batched) for b in batches],
         batch_verify_ratios=[[median(r[b][1 + i] / r[b][0] for r in batched) for i in range(len(sizes))]
                              for b in batches],
     )
     results = []
-    for draft, mine, (steps, context_steps), steps_batched in zip(drafts, lengths, measured, batched_drafts):
-        rows_ratio = [[d[m] / t for d, t in zip(steps, token)] for m in range(len(counts))]
+    for draft, rows, mine, (steps, context_steps), steps_batched in zip(drafts, counts, lengths, measured,
+                                                                        batched_drafts):
+        rows_ratio = [[d[m] / t for d, t in zip(steps, token)] for m in range(len(rows))]
         results.append(Calibration(
             draft=draft.name, draft_token_s=median(d[0] for d in steps),
-            draft_rows_token_s=[median(d[m] for d in steps) for m in range(len(counts))],
+            draft_rows_token_s=[median(d[m] for d in steps) for m in range(len(rows))], draft_row_counts=rows,
             ratio_draft_target_rounds=rows_ratio[0], draft_rows_ratio=[median(r) for r in rows_ratio],
             draft_rows_ratio_rounds=rows_ratio, context_tokens=mine,
             context_target_s=[median(r[n] for r in at_length) for n in mine],
             context_draft_s=[median(r[n] for r in context_steps) for n in mine],
             batch_draft_ratios=[[median(d[b][m] / t[b][0] for d, t in zip(steps_batched, batched))
-                                 for m in range(len(counts))] for b in batches],
+                                 for m in range(len(rows))] for b in batches],
             **shared,
         ))
     return results

@@ -235,9 +235,9 @@ class GridSpec:
     sources: tuple[tuple[str, str], ...] = ()
     #: datasets the grid file names by path (pipeline.data.user_datasets); their names are in `datasets`
     user_datasets: tuple[UserDataset, ...] = ()
-    #: pairs marked `text_only: true`: their models may be plain causal LMs (pipeline.models.families)
-    text_only: tuple[Pair, ...] = ()
+    text_only: tuple[Pair, ...] = ()  # pairs marked `text_only: true`: they may be plain causal LMs
     untimed: tuple[Pair, ...] = ()  # pairs marked `timed: false`: replayed on the `live_samples` too
+    timed_only: tuple[Pair, ...] = ()  # pairs marked `timed: only`: they decode the `live_samples` alone
     #: (target, dtype, GPUs) of pairs given `gpus:`: their actor holds that many, the target spread over them
     spread: tuple[tuple[str, str, int], ...] = ()
     untimed_verify: tuple[VerifySpec, ...] = ()  # verify kinds marked `timed: false`, likewise

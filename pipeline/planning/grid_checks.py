@@ -68,6 +68,10 @@ def _data(spec: GridSpec, catalog: Catalog) -> Iterator[str]:
 def _combinations(spec: GridSpec) -> Iterator[str]:
     if spec.live_samples and spec.mode != "auto":
         yield f"live_samples: {spec.live_samples} only applies to mode 'auto' (mode is {spec.mode!r})"
+    if spec.timed_only and not (spec.live_samples and spec.mode == "auto"):
+        named = ", ".join(p.label for p in spec.timed_only)
+        yield (f"pairs {named}: 'timed: only' decodes the timed samples alone, so it needs mode 'auto' "
+               "and live_samples above 0")
     for i, methods in enumerate(spec.methods):
         if not any(policy.applies_to(methods) for policy in spec.policies):
             yield (f"methods[{i}] {methods!r}: no policy runs on it "

@@ -83,6 +83,7 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None, base: Path |
         pairs=tuple(pair for pair, *_ in pairs),
         text_only=tuple(pair for pair, text_only, *_ in pairs if text_only),
         untimed=tuple(pair for pair, _, timed, _ in pairs if not timed),
+        timed_only=tuple(pair for pair, _, timed, _ in pairs if timed == "only"),
         spread=problems.check(_spread, pairs, default=()),
         methods=methods,
         policies=tuple(problems.each(problems.check(listed, raw.get("policies", ["static"]), "policies",
@@ -169,10 +170,11 @@ def _turns(value: Any, catalog: Catalog) -> tuple[str, ...]:
 PAIR_KEYS = ("target", "draft", "dtype", "text_only", "timed", "gpus")
 
 
-def _pair(entry: Any, i: int) -> tuple[Pair, bool, bool, int | None]:
+def _pair(entry: Any, i: int) -> tuple[Pair, bool, bool | str, int | None]:
     """A pair, whether its models may be plain causal LMs (`text_only: true`), whether it
-    is timed on the grid's `live_samples` (`timed: false` replays it there too), and the GPUs
-    its actor holds (`gpus: 2`: a target too large for one, spread over two; None: the run's)."""
+    is timed on the grid's `live_samples` (`timed: false` replays it there too; `timed: only`
+    decodes those samples alone: a head, whose rows all run live), and the GPUs its actor
+    holds (`gpus: 2`: a target too large for one, spread over two; None: the run's)."""
     where = f"pairs[{i}]"
     if not isinstance(entry, dict):
         raise GridError(f"{where}: expected a mapping {{target, draft, dtype}}, got {entry!r}")
@@ -189,14 +191,14 @@ def _pair(entry: Any, i: int) -> tuple[Pair, bool, bool, int | None]:
         dtype=choice(entry.get("dtype", "fp32"), tuple(DTYPES), f"{where}.dtype"),
     )
     text_only = boolean(entry.get("text_only", False), f"{where}.text_only")
-    timed = boolean(entry.get("timed", True), f"{where}.timed")
-    gpus = entry.get("gpus")
+    timed, gpus = entry.get("timed", True), entry.get("gpus")
+    timed = timed if timed == "only" else boolean(timed, f"{where}.timed (or only)")
     gpus = None if gpus is None else integer(gpus, f"{where}.gpus", minimum=1, maximum=MAX_GPUS_PER_WORKER)
     check_pair_here(pair, where, allow_text=text_only)
     return pair, text_only, timed, gpus
 
 
-def _spread(pairs: list[tuple[Pair, bool, bool, int | None]]) -> tuple[tuple[str, str, int], ...]:
+def _spread(pairs: list[tuple[Pair, bool, bool | str, int | None]]) -> tuple[tuple[str, str, int], ...]:
     """(target, dtype, GPUs) of each target given `gpus:`; one actor loads a target with all its
     drafts, so its pairs must agree."""
     given: dict[tuple[str, str], int] = {}

@@ -10,6 +10,7 @@ from typing import Callable, Iterable, Protocol
 from pipeline.data.sample import FOLLOWUP_TURNS, Sample, previous_turn, turn_count
 from pipeline.data.user_datasets import UserDataset
 from pipeline.planning.grid import FIRST_TURN, GridSpec, ModelGroup, Pair, WorkUnit
+from pipeline.planning.timed_samples import choose_timed
 
 # (pair, dataset, turn, max_new_tokens) -> the target's greedy answer per sample id of that turn
 AnswerReader = Callable[[Pair, str, str, int], dict[str, str]]
@@ -75,18 +76,37 @@ class RunSamples:
         self.spec, self.source, self.answers = spec, source, answers
         self._by_pair: dict[tuple[str, str, str], Sample] = {}
         self._later_turns: dict[tuple, list[Sample]] = {}
+        self._timed: set[str] | None = None  # `timed_ids`, once asked for
 
     def for_unit(self, unit: WorkUnit) -> list[Sample]:
+        """The unit's samples: every one of its dataset and turn, or for a pair marked
+        `timed: only` the grid's walltime samples among them (first turns only)."""
         pair = unit.config.pair
-        samples = self._turn(pair, unit.dataset, unit.turn, unit.config.decode.max_new_tokens)
+        if pair in self.spec.timed_only:
+            first = self.source.first_turn(unit.dataset, self.spec.limit) if unit.turn == FIRST_TURN else []
+            samples = [sample for sample in first if sample.sample_id in self.timed_ids()]
+        else:
+            samples = self._turn(pair, unit.dataset, unit.turn, unit.config.decode.max_new_tokens)
         for sample in samples:
             self._by_pair.setdefault((pair.target, pair.dtype, sample.sample_id), sample)
         return samples
 
-    def count(self, dataset: str, turn: str) -> int:
-        """Samples per unit of `dataset` and `turn`: one per first turn, except for the rows
-        a follow-up turn does not reach."""
-        return turn_count(self.source.first_turn(dataset, self.spec.limit), turn)
+    def count(self, unit: WorkUnit) -> int:
+        """The unit's samples, counted before any is built: one per first turn, except for the
+        rows a follow-up turn does not reach (and the timed ones alone of a `timed: only` pair)."""
+        if unit.config.pair in self.spec.timed_only:
+            return len(self.for_unit(unit))
+        return turn_count(self.source.first_turn(unit.dataset, self.spec.limit), unit.turn)
+
+    def timed_ids(self) -> set[str]:
+        """The grid's walltime samples, as the shard plan deals them (`choose_timed` over the
+        first turns of the grid's datasets, in its order)."""
+        if self._timed is None:
+            spec = self.spec
+            first = {dataset: self.source.first_turn(dataset, spec.limit) for dataset in spec.datasets}
+            chosen = choose_timed(first, spec.live_samples, spec.live_seed) if spec.mode == "auto" else []
+            self._timed = set(chosen)
+        return self._timed
 
     def get(self, models: Pair | ModelGroup, sample_id: str) -> Sample:
         """A sample `for_unit` returned for a unit of this pair, or of a pair of this group

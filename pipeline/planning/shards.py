@@ -37,6 +37,7 @@ def plan_shards(
     live_samples: int = 0,
     live_seed: int = 0,
     untimed: frozenset[Pair | VerifySpec] = frozenset(),
+    timed_only: frozenset[Pair] = frozenset(),
     done: set[str] = frozenset(),
 ) -> list[Shard]:
     """Shards of at most `shard_size` samples, one model group (a target and its drafts),
@@ -47,15 +48,18 @@ def plan_shards(
     configuration of `live_samples` first-turn samples per group
     (`pipeline.planning.timed_samples`) runs live instead, AR included, so walltime is
     measured on them, except for the `untimed` pairs and verify kinds, which are replayed there
-    too; each row is computed once either way, and every live shard names its timed samples."""
+    too; the `timed_only` pairs decode the timed samples alone. Each row is computed once either
+    way, and every live shard names its timed samples."""
     group_of = model_groups(unit.config.pair for unit in units)
     groups: dict[tuple[ModelGroup, str, str], list[RunConfig]] = defaultdict(list)
     for unit in units:
         groups[(group_of[unit.config.pair], unit.dataset, unit.turn)].append(unit.config)
-    timed = _timed_samples(groups, samples_for, live_samples, live_seed) if grid_mode == "auto" else {}
+    timed = (_timed_samples(groups, samples_for, live_samples, live_seed, timed_only) if grid_mode == "auto"
+             else {})
     shards = []
     for (group, dataset, turn), configs in groups.items():
-        hashes = {s.sample_id: s.prompt_hash for s in samples_for(WorkUnit(configs[0], dataset, turn))}
+        here = _samples(configs, dataset, turn, samples_for, timed_only)
+        hashes = {s.sample_id: s.prompt_hash for s in here}
         timed_here = timed.get(group, set()) & set(hashes) if turn == FIRST_TURN else set()
         for mode, bundle, ids in _bundles(configs, list(hashes), timed_here, grid_mode, untimed):
             batch = bundle[0].batch
@@ -67,12 +71,21 @@ def plan_shards(
                     for config in bundle
                     if row_key(config.key(), sample_id, hashes[sample_id]) not in done
                     and not (mode == "replay" and sample_id in timed_here and is_timed(config, untimed))
+                    and (config.pair not in timed_only or sample_id in timed_here)
                 )
                 if items:
                     prompts = tuple((sid, hashes[sid]) for sid in dict.fromkeys(sid for _, sid in items))
                     shard_timed = tuple(sid for sid, _ in prompts if sid in timed_here and mode == "live")
                     shards.append(Shard(run, group, dataset, turn, mode, items, prompts, shard_timed))
     return shards
+
+
+def _samples(configs: list[RunConfig], dataset: str, turn: str,
+             samples_for: Callable[[WorkUnit], list[Sample]], timed_only: frozenset[Pair]) -> list[Sample]:
+    """The samples of a group's dataset and turn: those of a pair that decodes them all, if any
+    (a `timed_only` pair decodes the timed ones alone)."""
+    config = min(configs, key=lambda c: c.pair in timed_only)
+    return samples_for(WorkUnit(config, dataset, turn))
 
 
 def is_timed(config: RunConfig, untimed: frozenset[Pair | VerifySpec]) -> bool:
@@ -84,14 +97,14 @@ def is_timed(config: RunConfig, untimed: frozenset[Pair | VerifySpec]) -> bool:
 def _timed_samples(
     groups: dict[tuple[ModelGroup, str, str], list[RunConfig]],
     samples_for: Callable[[WorkUnit], list[Sample]],
-    live_samples: int, live_seed: int,
+    live_samples: int, live_seed: int, timed_only: frozenset[Pair],
 ) -> dict[ModelGroup, set[str]]:
     """Each group's walltime samples, chosen over its first-turn datasets in grid order (the
     same for all its drafts, so their speedups are measured on the same samples)."""
     by_group: dict[ModelGroup, dict[str, list[Sample]]] = defaultdict(dict)
     for (group, dataset, turn), configs in groups.items():
         if turn == FIRST_TURN:
-            by_group[group][dataset] = samples_for(WorkUnit(configs[0], dataset, turn))
+            by_group[group][dataset] = _samples(configs, dataset, turn, samples_for, timed_only)
     return {group: set(choose_timed(datasets, live_samples, live_seed))
             for group, datasets in by_group.items()}
 

@@ -51,13 +51,20 @@ def tau_figure(rows: pd.DataFrame | Requests, width: str = "two-column") -> tupl
             panel.loc[panel["dataset"] == d, "category"].iloc[0] != "benchmark", d))
         grid = (panel.pivot_table(index="method_label", columns="dataset", values="tau", aggfunc="first")
                 .reindex(index=labels, columns=datasets))
-        image = ax.imshow(grid.to_numpy(dtype=float), aspect="auto", cmap=CMAP, vmin=1.0, vmax=top,
-                          interpolation="nearest")
-        if printed:
-            _print_values(ax, grid.to_numpy(dtype=float), top, font)
-        ood = set(panel.loc[panel["category"] != "benchmark", "dataset"])
-        names = [d.replace("embedded_", "") + (" (OOD)" if d in ood else "") for d in datasets]
-        ax.set_xticks(range(len(datasets)), names, fontsize=font, rotation=30 if printed else 60, ha="right")
+        if panel.empty:  # a pair that decodes some turns alone (`timed: only`) has nothing here
+            ax.text(0.5, 0.5, "not run on this turn", ha="center", va="center", fontsize=font,
+                    transform=ax.transAxes)
+            ax.set_xticks([])
+            ax.set_ylim(len(labels) - 0.5, -0.5)
+        else:
+            image = ax.imshow(grid.to_numpy(dtype=float), aspect="auto", cmap=CMAP, vmin=1.0, vmax=top,
+                              interpolation="nearest")
+            if printed:
+                _print_values(ax, grid.to_numpy(dtype=float), top, font)
+            ood = set(panel.loc[panel["category"] != "benchmark", "dataset"])
+            names = [d.replace("embedded_", "") + (" (OOD)" if d in ood else "") for d in datasets]
+            ax.set_xticks(range(len(datasets)), names, fontsize=font, rotation=30 if printed else 60,
+                          ha="right")
         ax.set_yticks(range(len(labels)), labels, fontsize=font)
         ax.tick_params(length=0)
         if row == 0:  # a column per turn, a row per pair: each named once, so no titles collide

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import quote
 
-from pipeline.planning.grid import GridSpec, RunConfig
+from pipeline.planning.grid import GridSpec, RunConfig, WorkUnit
 from pipeline.storage.atomic import set_aside, write_atomically
 
 GROUP = ("target", "draft", "dtype", "turn")  # completeness is reported per pair, dtype and turn
@@ -66,11 +66,11 @@ def config_label(config: RunConfig) -> str:
     return f"{config.pair.label} {config.decode.method_label}{tree}{knobs}"
 
 
-def grid_record(spec: GridSpec, samples_of: Callable[[str, str], int]) -> GridRecord:
-    """What `spec` asks for; `samples_of(dataset, turn)`: the samples of that turn."""
+def grid_record(spec: GridSpec, samples_of: Callable[[WorkUnit], int]) -> GridRecord:
+    """What `spec` asks for; `samples_of(unit)`: how many samples the unit decodes."""
     units = tuple(
         Unit(unit.config.key(), config_label(unit.config), unit.config.pair.target, unit.config.pair.draft,
-             unit.config.pair.dtype, unit.turn, unit.dataset, samples_of(unit.dataset, unit.turn))
+             unit.config.pair.dtype, unit.turn, unit.dataset, samples_of(unit))
         for unit in spec.units()
     )
     identity = sorted((u.config_key, u.dataset, u.turn, u.rows) for u in units)

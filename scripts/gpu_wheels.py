@@ -13,8 +13,10 @@ datasets or the embedded scenarios' images. Each package is fetched for that mac
 - transformers keeps only the model folders this project loads (found by importing every module
   of pipeline/, actors/ and bench/ and loading each tiny family pair, then following the
   folders' own imports of each other), packed as `.tar.xz` (about 2 MB);
-- the rest are plain wheels: datasets and its dill and multiprocess, easy-vqa, jsonschema and
-  its three dependencies (Ray validates runtime environments with it).
+- easy-vqa keeps its test images alone (the embedded scenarios read no others; its train
+  images are for the training scripts), packed as `.tar.xz` (about 1 MB less than its wheel);
+- the rest are plain wheels: datasets and its dill and multiprocess, jsonschema and its three
+  dependencies (Ray validates runtime environments with it).
 `bench/gpu_session.py --wheels .whl` installs them into a private folder on PYTHONPATH.
 """
 from __future__ import annotations
@@ -36,8 +38,8 @@ DEST = ROOT / ".whl"
 LIMIT = 64 * 2**20  # what travels to the device machine, the tree included
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64", "manylinux_2_24_x86_64"]
-WHEELS = ["datasets", "dill", "multiprocess", "easy-vqa", "jsonschema", "jsonschema-specifications",
-          "referencing", "rpds-py"]
+WHEELS = ["datasets", "dill", "multiprocess", "jsonschema", "jsonschema-specifications", "referencing",
+          "rpds-py"]
 RAY_DROPPED = ["jars", "rllib", "tune", "train", "serve", "data", "llm", "dashboard/client/build",
                "_private/runtime_env/agent/thirdparty_files"]
 # what loading the tiny pairs imports (`used_model_folders`), beyond the modules themselves
@@ -100,6 +102,15 @@ def slim_ray(wheel: Path, work: Path) -> Path:
     return archive
 
 
+def slim_easy_vqa(wheel: Path, work: Path) -> Path:
+    folder = work / "easy_vqa"
+    unpack(wheel, folder)
+    shutil.rmtree(folder / "easy_vqa" / "data" / "train" / "images")
+    archive = DEST / "easy_vqa.tar.xz"
+    pack(folder, sorted(p.name for p in folder.iterdir()), archive)
+    return archive
+
+
 def used_model_folders() -> set[str]:
     """transformers' model folders this project imports, and those they import in turn."""
     run = subprocess.run([sys.executable, "-c", SCAN.format(root=str(ROOT))], capture_output=True, text=True,
@@ -149,6 +160,7 @@ def main() -> int:
         for package in WHEELS:
             shutil.copy(download(package, work), DEST)
         slim_ray(download("ray", work), work)
+        slim_easy_vqa(download("easy-vqa", work), work)
         slim_transformers(download("transformers", work), work)
     carried = sum(p.stat().st_size for p in DEST.iterdir())
     total = carried + tree_bytes()

@@ -90,7 +90,7 @@ def measure(target: str, drafts: tuple[str, ...], dtype: str, shapes: Shapes, re
             lines.put(line)
 
     results = calibrate_drafts(loaded, [models[d] for d in drafts], gammas=shapes.gammas,
-                               verify_tokens=shapes.verify_tokens, draft_rows=shapes.draft_rows,
+                               verify_tokens=shapes.verify_tokens,
                                rows_per_draft=[shapes.rows_of(d) for d in drafts],
                                repeats=repeats, rounds=rounds, progress=progress,
                                contexts=shapes.contexts, batches=shapes.batches, draft_names=drafts)

@@ -151,6 +151,18 @@ def target_states(target, head, sequence: torch.Tensor) -> torch.Tensor:
     return torch.cat([states[i][0] for i in head.target_layers], -1)
 
 
+def greedy_block(target, sequence: torch.Tensor, drafted: list[int]) -> list[int]:
+    """The target's own greedy tokens after `sequence`, as far as `drafted` matches them, and
+    the target's token after the last match (a block's output under greedy verification)."""
+    greedy_after = lambda rows: int(target.model(inputs_embeds=rows[None]).logits[0, -1].argmax())
+    block = [greedy_after(sequence)]
+    for proposal in drafted:
+        if proposal != block[-1]:
+            break
+        block.append(greedy_after(torch.cat([sequence, target.embed_tokens(torch.tensor(block))])))
+    return block
+
+
 def eagle_reference(target, head, sample: Sample, gamma: int) -> list[int]:
     """EAGLE-1's chain written from the algorithm, with no cache, in the decoder's block order: a
     block starts at the last token known; the head reads the whole sequence again (token p beside
@@ -162,7 +174,6 @@ def eagle_reference(target, head, sample: Sample, gamma: int) -> list[int]:
     visual = image_rows(target, ids, sample.pixels())  # MSD reads these unfused
     output, accepted = [], []
     lm_head = lambda states: head.model.next_logits(states, target.model.get_output_embeddings())
-    greedy_after = lambda sequence: int(target.model(inputs_embeds=sequence[None]).logits[0, -1].argmax())
     with torch.no_grad():
         while len(output) + gamma + 1 <= MAX_NEW:
             sequence = torch.cat([prompt, target.embed_tokens(torch.tensor(output, dtype=torch.long))])
@@ -176,11 +187,7 @@ def eagle_reference(target, head, sample: Sample, gamma: int) -> list[int]:
                                     position_ids=torch.arange(n)[None], cache=DynamicCache())[0]
                 drafted.append(int(lm_head(states[-1]).argmax()))
                 rows = torch.cat([rows, head.fuse(target.embed_tokens(torch.tensor(drafted[-1:])), states[-1:])])
-            block = [greedy_after(sequence)]  # the target's own tokens from here
-            for proposal in drafted:
-                if proposal != block[-1]:
-                    break
-                block.append(greedy_after(torch.cat([sequence, target.embed_tokens(torch.tensor(block))])))
+            block = greedy_block(target, sequence, drafted)
             accepted.append(len(block) - 1)
             output += block
     return accepted
@@ -192,17 +199,12 @@ def medusa_reference(target, head, sample: Sample, gamma: int) -> list[int]:
     ids = target.tokenize_prompt(sample.prompt)
     prompt = method_embeddings(target, "M", ids, sample.pixels())
     output, accepted = [], []
-    greedy_after = lambda sequence: int(target.model(inputs_embeds=sequence[None]).logits[0, -1].argmax())
     with torch.no_grad():
         while len(output) + gamma + 1 <= MAX_NEW:
             sequence = torch.cat([prompt, target.embed_tokens(torch.tensor(output, dtype=torch.long))])
             state = target_states(target, head, sequence)[-2]  # before the last token known
             drafted = [int(head.model[k](state).argmax()) for k in range(gamma)]
-            block = [greedy_after(sequence)]
-            for proposal in drafted:
-                if proposal != block[-1]:
-                    break
-                block.append(greedy_after(torch.cat([sequence, target.embed_tokens(torch.tensor(block))])))
+            block = greedy_block(target, sequence, drafted)
             accepted.append(len(block) - 1)
             output += block
     return accepted

@@ -1,5 +1,6 @@
-"""Head drafts (EAGLE-1/2's and EAGLE-3's layouts) through the drafter seam: each tiny head loads
-from exactly the files its reference code writes (EAGLE-3's also in the speculators format);
+"""Head drafts (EAGLE-1/2's, EAGLE-3's, MSD's, ViSpec's and Medusa's layouts) through the drafter
+seam: each tiny head loads from exactly the files its reference code writes (EAGLE-3's also in the
+speculators format);
 greedy SD with it is the target's own greedy output for every verify kind, batch 1 and 3, both
 engines; its proposals are its paper's (an uncached reference loop, written here from the
 algorithm, accepts what the decoder accepts, and EAGLE-2's tree is the reference's); sampling keeps
@@ -32,15 +33,19 @@ MAX_NEW = 24
 # every verify kind a head drafts: one method, so a candidate tree is its chain
 VERIFY = ("chain", "candidates", {"kind": "dynamic", "nodes": 8, "top_k": 3}, {"kind": "shape", "shape": [3, 2, 1]},
           "bandit", {"kind": "eagle2", "depth": 3, "top_k": 8, "total_tokens": 30})
-EAGLE_KINDS = ("eagle", "eagle3", "msd")  # heads with a layer and a cache of their own
+EAGLE_KINDS = ("eagle", "eagle3", "msd", "vispec")  # heads with a layer and a cache of their own
 KINDS = (*EAGLE_KINDS, "medusa")
-# the layouts the reference code writes (SafeAILab/EAGLE `cnets1.py`, `cnets.py`): EAGLE-1/2's layer 0
-# has no input norm and the head no final norm; EAGLE-3's layer reads [embedding; state], and the
-# head has its own norm, LM head and vocabulary maps
+# the layouts the reference code writes (SafeAILab/EAGLE `cnets1.py`, `cnets.py`, KangJialiang/ViSpec
+# `cnets_ours.py`): EAGLE-1/2's layer 0 has no input norm and the head no final norm; ViSpec adds its
+# image adaptor and img_fc; EAGLE-3's layer reads [embedding; state], and the head has its own norm,
+# LM head and vocabulary maps
 LAYER = {*(f"self_attn.{p}_proj.weight" for p in "qkvo"), *(f"mlp.{p}_proj.weight" for p in ("gate", "up", "down"))}
 PUBLISHED = {
     "eagle": {"fc.weight", "fc.bias", "layers.0.post_attention_layernorm.weight", *(f"layers.0.{w}" for w in LAYER)},
     "msd": {"fc.weight", "fc.bias", "layers.0.post_attention_layernorm.weight", *(f"layers.0.{w}" for w in LAYER)},
+    "vispec": {"fc.weight", "fc.bias", "layers.0.post_attention_layernorm.weight", *(f"layers.0.{w}" for w in LAYER),
+               "imadpt.q", "imadpt.k_proj.weight", "imadpt.v_proj.weight", "imadpt.o_proj.weight", "img_fc.weight",
+               "img_fc.bias"},
     # Medusa's code saves its heads alone: head k's residual block, then its projection
     "medusa": {name for k in range(4) for name in (f"{k}.0.linear.weight", f"{k}.0.linear.bias", f"{k}.1.weight")},
     "eagle3": {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d", *(f"midlayer.{w}" for w in LAYER),
@@ -89,6 +94,9 @@ def test_the_tiny_heads_are_written_in_their_reference_codes_layouts(tiny_dirs, 
         assert weights["lm_head.weight"].shape == (drafted, hidden) and drafted < config["vocab_size"]
         assert int(weights["t2d"].sum()) == drafted and bool(weights["d2t"].any())
         assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    if kind == "vispec":  # the target's own config with one layer; its query count only in `imadpt.q`
+        assert weights["imadpt.q"].shape == (2, 4, 16) and weights["img_fc.weight"].shape == (hidden, 2 * hidden)
+        assert config["architectures"] == ["LlavaForConditionalGeneration"] and "num_q" not in config
 
 
 def test_an_eagle3_head_in_the_speculators_format_loads_the_same(tiny_dirs, tmp_path):
@@ -163,15 +171,49 @@ def greedy_block(target, sequence: torch.Tensor, drafted: list[int]) -> list[int
     return block
 
 
+def reference_rows(head, sequence: torch.Tensor, features: torch.Tensor,
+                   visual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The head's rows over `sequence` (token p beside `features[p]`, the target's before it),
+    their positions and ViSpec's image summary, as the reference code builds them: ViSpec's
+    with each image span cut out but for its first `num_q - 1` adapted vectors, set at the
+    span's last positions, and every text row fused with the summary of the last image before
+    it; MSD's image rows unfused; EAGLE's all fused alike."""
+    if head.kind != "vispec":
+        return head.fuse_prompt(sequence, features, visual).rows, torch.arange(len(sequence)), None
+    module, summary = head.model, torch.zeros(sequence.shape[-1], dtype=sequence.dtype)
+    rows, positions, p = [], [], 0
+    while p < len(sequence):
+        if not visual[p]:
+            mixed = module.img_fc(torch.cat([features[p].to(sequence.dtype), summary]))
+            rows.append(module.fc(torch.cat([sequence[p], mixed])))
+            positions.append(p)
+            p += 1
+            continue
+        end = p + int(visual[p:].long().cumprod(0).sum())  # the span's end
+        adapted = module.imadpt(sequence[p:end])
+        rows += list(adapted[:-1])
+        positions += range(end - len(adapted) + 1, end)
+        summary, p = adapted[-1], end
+    return torch.stack(rows), torch.tensor(positions), summary
+
+
+def head_states(head, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The head's predicted features after each of `rows`, read causally with no cache."""
+    n = rows.shape[0]
+    mask = torch.full((n, n), torch.finfo(rows.dtype).min, dtype=rows.dtype).triu(1)[None, None]
+    return head.model(inputs_embeds=rows[None], attention_mask=mask, position_ids=positions[None],
+                      cache=DynamicCache())[0]
+
+
 def eagle_reference(target, head, sample: Sample, gamma: int) -> list[int]:
     """EAGLE-1's chain written from the algorithm, with no cache, in the decoder's block order: a
     block starts at the last token known; the head reads the whole sequence again (token p beside
-    the target's last hidden state at p - 1), drafts `gamma` tokens on its own predictions, and
-    the target keeps its greedy tokens. Accepted proposals of each block that had room for
-    `gamma` proposals and the target's token after them."""
+    the target's last hidden state at p - 1, `reference_rows`), drafts `gamma` tokens on its own
+    predictions, and the target keeps its greedy tokens. Accepted proposals of each block that
+    had room for `gamma` proposals and the target's token after them."""
     ids = target.tokenize_prompt(sample.prompt)
     prompt = method_embeddings(target, "M", ids, sample.pixels())
-    visual = image_rows(target, ids, sample.pixels())  # MSD reads these unfused
+    visual = image_rows(target, ids, sample.pixels())  # MSD and ViSpec read these apart
     output, accepted = [], []
     lm_head = lambda states: head.model.next_logits(states, target.model.get_output_embeddings())
     with torch.no_grad():
@@ -179,14 +221,14 @@ def eagle_reference(target, head, sample: Sample, gamma: int) -> list[int]:
             sequence = torch.cat([prompt, target.embed_tokens(torch.tensor(output, dtype=torch.long))])
             features = target_states(target, head, sequence)
             read = torch.cat([visual, torch.zeros(len(output), dtype=torch.bool)])[1:]
-            rows, drafted = head.fuse(sequence[1:], features[:-1], read), []
+            rows, positions, summary = reference_rows(head, sequence[1:], features[:-1], read)
+            drafted = []
             for _ in range(gamma):
-                n = rows.shape[0]
-                mask = torch.full((n, n), torch.finfo(rows.dtype).min, dtype=rows.dtype).triu(1)[None, None]
-                states = head.model(inputs_embeds=rows[None], attention_mask=mask,
-                                    position_ids=torch.arange(n)[None], cache=DynamicCache())[0]
+                states = head_states(head, rows, positions)
                 drafted.append(int(lm_head(states[-1]).argmax()))
-                rows = torch.cat([rows, head.fuse(target.embed_tokens(torch.tensor(drafted[-1:])), states[-1:])])
+                token = target.embed_tokens(torch.tensor(drafted[-1:]))
+                rows = torch.cat([rows, head.model.fuse(token, states[-1:], summary)])
+                positions = torch.cat([positions, positions[-1:] + 1])
             block = greedy_block(target, sequence, drafted)
             accepted.append(len(block) - 1)
             output += block
@@ -289,6 +331,8 @@ def word_head(request):
     from pipeline.models.heads.eagle import EagleHead
     from pipeline.models.heads.eagle3 import Eagle3Head
     from pipeline.models.heads.medusa import MedusaHeads
+    from pipeline.models.heads.msd import MsdHead
+    from pipeline.models.heads.vispec import VispecHead
     from pipeline.models.hf import HFLlava
     from pipeline.models.tiny import build_llava, llava_processor
     from pipeline.models.tiny_heads import eagle3_config, eagle_config
@@ -297,8 +341,10 @@ def word_head(request):
     tokenizer = word_tokenizer()
     target = HFLlava(build_llava(tokenizer, seed=0), llava_processor(tokenizer), "word-target")
     torch.manual_seed(11)
-    if request.param == "eagle":
-        return target, HeadDraft(EagleHead(eagle_config(target.model)).eval(), target, "eagle:word", "eagle")
+    layers = {"eagle": EagleHead, "msd": MsdHead, "vispec": VispecHead}
+    if request.param in layers:
+        module = layers[request.param](eagle_config(target.model)).eval()
+        return target, HeadDraft(module, target, f"{request.param}:word", request.param)
     head = Eagle3Head(eagle3_config(target.model, 9)).eval()
     with torch.no_grad():
         head.d2t.copy_(torch.tensor([0, 0, 0, 0, 2, 2, 2, 2, 2]))  # the words and one special: ids 0-3, 6-10
@@ -392,6 +438,7 @@ def test_a_heads_compiled_steps_match_eager(tiny_dirs, monkeypatch):
         assert all(r.steps == want for r in static), [(r.steps, r.fallback) for r in static]
 
 
+@torch.no_grad()
 def eagle2_reference(target, head, sample: Sample, depth: int, top_k: int, total_tokens: int) -> set[tuple]:
     """EAGLE-2's tree for the first block, written from the algorithm with no cache: the root's
     `top_k` children; `depth` times, each of the `top_k` best nodes of the newest level (by path
@@ -401,29 +448,30 @@ def eagle2_reference(target, head, sample: Sample, depth: int, top_k: int, total
     prompt = method_embeddings(target, "M", ids, sample.pixels())[:-1]  # the block starts at the last token
     lm_head = lambda states: head.model.next_logits(states, target.model.get_output_embeddings())
     features = target_states(target, head, prompt)
-    context = torch.cat([head.fuse(prompt[1:], features[:-1], image_rows(target, ids, sample.pixels())[1:-1]),
-                         head.fuse(target.embed_tokens(torch.tensor(ids[-1:])), features[-1:])])
+    sequence = torch.cat([prompt, target.embed_tokens(torch.tensor(ids[-1:]))])
+    visual = image_rows(target, ids, sample.pixels())
+    context, positions, summary = reference_rows(head, sequence[1:], features, visual[1:])
 
-    def after(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def after(rows: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The head's features and log-probabilities after the last of `rows`."""
-        n = rows.shape[0]
-        mask = torch.full((n, n), torch.finfo(rows.dtype).min, dtype=rows.dtype).triu(1)[None, None]
-        state = head.model(inputs_embeds=rows[None], attention_mask=mask, position_ids=torch.arange(n)[None],
-                           cache=DynamicCache())[0, -1]
+        state = head_states(head, rows, positions)[-1]
         return state, torch.log_softmax(lm_head(state).double(), -1)
 
-    state, logp = after(context)
+    state, logp = after(context, positions)
     top = logp.topk(top_k)
-    # a node: (score, path, rows the head read to reach it, its state)
-    level = [(float(s), (int(t),), context, state) for s, t in zip(top.values, top.indices)]
+    # a node: (score, path, rows the head read to reach it and their positions, its state)
+    level = [(float(s), (int(t),), (context, positions), state) for s, t in zip(top.values, top.indices)]
     candidates = list(level)
     for _ in range(depth):
         children = []
-        for score, path, rows, state in sorted(level, key=lambda node: -node[0])[:top_k]:
-            rows = torch.cat([rows, head.fuse(target.embed_tokens(torch.tensor(path[-1:])), state[None])])
-            child_state, logp = after(rows)
+        for score, path, (rows, positions), state in sorted(level, key=lambda node: -node[0])[:top_k]:
+            token = target.embed_tokens(torch.tensor(path[-1:]))
+            rows = torch.cat([rows, head.model.fuse(token, state[None], summary)])
+            positions = torch.cat([positions, positions[-1:] + 1])
+            child_state, logp = after(rows, positions)
             top = logp.topk(top_k)
-            children += [(score + float(s), path + (int(t),), rows, child_state) for s, t in zip(top.values, top.indices)]
+            children += [(score + float(s), path + (int(t),), (rows, positions), child_state)
+                         for s, t in zip(top.values, top.indices)]
         candidates += children
         level = children
     best = sorted(candidates, key=lambda node: (-node[0], len(node[1])))[: total_tokens - 1]
@@ -468,15 +516,16 @@ def test_the_eagle2_tree_is_eagles(bigram_eagle):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", ["eagle3", "vispec"])
 @pytest.mark.parametrize("engine", ["static", "eager"])
-def test_an_eagle3_head_drafts_for_an_m_rope_target(tiny_dirs, engine):
-    """The bigram Qwen2.5-VL (three position coordinates a token) with its tiny EAGLE-3 head:
-    greedy SD is its own greedy output at batch 1 and 3 on a chain and EAGLE-2's tree, and the
-    head accepts (tau above 1.5)."""
+def test_heads_draft_for_an_m_rope_target(tiny_dirs, engine, kind):
+    """The bigram Qwen2.5-VL (three position coordinates a token) with its tiny EAGLE-3 and ViSpec
+    heads (ViSpec's with Qwen's q/k/v biases): greedy SD is its own greedy output at batch 1 and 3
+    on a chain and EAGLE-2's tree, and the head accepts (tau above 1.5)."""
     from tests.test_batch_decoding import samples
 
     target = load_model(tiny_dirs["qwen2_5_vl_bigram_target"])
-    head = load_head("eagle3", tiny_dirs["qwen2_5_vl_eagle3_head"], target)
+    head = load_head(kind, tiny_dirs[f"qwen2_5_vl_{kind}_head"], target)
     batch = samples(3)
     reference = [r.output_ids for r in autoregressive_decode(target, batch, max_new_tokens=MAX_NEW, engine=engine)]
     for verify, gamma in (("chain", 5), ({"kind": "eagle2", "depth": 3, "top_k": 4, "total_tokens": 12}, 4)):

@@ -3,8 +3,9 @@ where every token comes with features, the state the target's LM head would read
 
 - The prompt: the head sees token p beside the target's features at p - 1, so a prompt row is
   the target's spliced prompt without its first token, each row fused with the target's
-  features one position earlier (`model.fuse`, told which rows are image rows: MSD reads those
-  unfused); image rows come in as the target embeds them.
+  features one position earlier (`model.fuse_prompt`, told which rows are image rows: MSD reads
+  those unfused, ViSpec adapts each image's rows, hides the rest from later rows and fuses a
+  summary of the image into every later token); image rows come in as the target embeds them.
   Positions are the rows' plain indices (a head's layer rotates by them, even for an M-RoPE
   target: heads trained on M-RoPE positions are not served yet).
 - A block starts with the tokens the head has not read with the target's features: the target's
@@ -38,12 +39,17 @@ class HeadRows:
             raise ModelInputError(f"{model.name}: a head needs a prompt of at least three tokens")
         visual = extras or [None] * len(prompts)  # each row's image rows (`HeadDraft.prompt_extras`)
         with torch.inference_mode():
-            fused = [model.fuse(embeds[1:], states[:-1], None if rows is None else rows[1 : embeds.shape[0]])
-                     for embeds, states, rows in zip(prompts, target_states, visual)]
+            read = [model.fuse_prompt(embeds[1:], states[:-1], None if rows is None else rows[1:len(embeds)])
+                    for embeds, states, rows in zip(prompts, target_states, visual)]
+        unseen = [prompt.unseen for prompt in read]
+        unseen = unseen if any(flags is not None for flags in unseen) else None
         # plain positions: a head's one layer rotates by sequence index, whatever the target's positions
         # (M-RoPE's three coordinates for a Qwen-VL target) are
-        super().__init__(model, fused, per_request=per_request, step_log=step_log, positions=None,
-                         extras=None, **engine)
+        super().__init__(model, [prompt.rows for prompt in read], per_request=per_request, step_log=step_log,
+                         positions=None, extras=None, unseen=unseen, **engine)
+        # what every later token is fused with, per row (ViSpec's image summary), or None
+        self._summary = (torch.stack([prompt.summary for prompt in read]).to(model.device)
+                         if read[0].summary is not None else None)
         self._features: torch.Tensor | None = None  # each token's features in the next forward
         self._last: torch.Tensor | None = None  # the head's prediction at each row's last position
         self._level: torch.Tensor | None = None  # its predictions at the nodes of the last level fed
@@ -78,6 +84,8 @@ class HeadRows:
                  hidden: tuple[int, ...] = (), **inputs) -> torch.Tensor:
         if "input_ids" in inputs:
             inputs["features"] = self._features
+            if self._summary is not None:
+                inputs["image_summary"] = self._summary
         logits, states = super()._forward(mask, positions, keep=keep, step=step, hidden=hidden, **inputs)
         self._last, self._level = states[:, -1:], states
         return logits

@@ -17,6 +17,15 @@ def left_padded(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor
     return embeds, padding
 
 
+def left_padded_flags(flags: list[torch.Tensor | None], width: int) -> torch.Tensor:
+    """Per-row bool flags `[L_i]` (None: all False) left-padded as `[rows, width]`, False at padding."""
+    padded = torch.zeros(len(flags), width, dtype=torch.bool)
+    for row, given in enumerate(flags):
+        if given is not None:
+            padded[row, width - given.shape[0]:] = given.cpu()
+    return padded
+
+
 def padded_positions(prompts: list[torch.Tensor], positions: list[torch.Tensor | None],
                      width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompt position ids `[axes, L_i]` (None: the row's indices on every axis) left-padded as

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.decoding.prompt_rows import left_padded, padded_positions
+from pipeline.decoding.prompt_rows import left_padded, left_padded_flags, padded_positions
 from pipeline.decoding.trees import LevelMask
 from pipeline.models.base import LVLM, StepLog
 from pipeline.models.sharding import on_devices
@@ -56,13 +56,16 @@ class DynamicCacheRows:
 
     def __init__(self, model: LVLM, prompts: list[torch.Tensor], per_request: int = 1,
                  step_log: StepLog | None = None, positions: list[torch.Tensor | None] | None = None,
-                 extras: list | None = None) -> None:
+                 extras: list | None = None, unseen: list[torch.Tensor | None] | None = None) -> None:
         self.model = model
         self.step_log = StepLog() if step_log is None else step_log
         self.rows, self.per_request = len(prompts), per_request
         self._prompt_embeds, padding = left_padded(prompts)
         self.width = padding.shape[1]
         self._padding = padding.to(model.device)  # [rows, width]: False where a row is padded
+        # [rows, width]: prompt slots later tokens attend to (not padding, nor a row's `unseen` slots)
+        self._prompt_keys = (self._padding if unseen is None
+                             else self._padding & ~left_padded_flags(unseen, self.width).to(model.device))
         # per row: the next position
         self._next_position = torch.tensor([p.shape[0] for p in prompts], device=model.device)
         self._extras = extras if extras and any(e is not None for e in extras) else None  # `prompt_extras`
@@ -218,7 +221,7 @@ class DynamicCacheRows:
         slot = torch.arange(keys, device=device) - self.width  # continuation index of every key
         query = torch.arange(self.fed, self.fed + n, device=device)
         prompt = torch.zeros(self.rows, keys, dtype=torch.bool, device=device)
-        prompt[:, : self.width] = self._padding
+        prompt[:, : self.width] = self._prompt_keys
         kept = self._kept if self._kept is not None else self._on_device(self.kept_counts)
         skip = self.base if self._skip is None else (self.base + self._skip)[:, None]
         before = (slot[None, :] >= 0) & (slot[None, :] < kept[:, None])  # [rows, keys]
@@ -233,9 +236,9 @@ class DynamicCacheRows:
         return end
 
     def _open_keys(self, keys: int) -> torch.Tensor:
-        """`[rows, keys]`: False for left padding, True for every later slot."""
+        """`[rows, keys]`: False for left padding (and unseen prompt slots), True for every later slot."""
         open_keys = torch.ones(self.rows, keys, dtype=torch.bool, device=self._padding.device)
-        open_keys[:, : self.width] = self._padding
+        open_keys[:, : self.width] = self._prompt_keys
         return open_keys
 
     def _attention_mask(self, start: int, n: int) -> torch.Tensor:

@@ -26,8 +26,9 @@ class StaticCacheRows(DynamicCacheRows):
 
     def __init__(self, model: LVLM, prompts: list[torch.Tensor], *, capacity: int, compiled: bool, role: str,
                  per_request: int = 1, step_log: StepLog | None = None,
-                 positions: list[torch.Tensor | None] | None = None, extras: list | None = None) -> None:
-        super().__init__(model, prompts, per_request, step_log, positions, extras)
+                 positions: list[torch.Tensor | None] | None = None, extras: list | None = None,
+                 unseen: list[torch.Tensor | None] | None = None) -> None:
+        super().__init__(model, prompts, per_request, step_log, positions, extras, unseen)
         self.slots = -(-(self.width + capacity) // CAPACITY_STEP) * CAPACITY_STEP
         self.cache = model.static_cache(self.rows, self.slots, role)
         self.compiled = compiled

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-HEAD_KINDS = ("eagle", "eagle3", "msd", "medusa")  # `pipeline.models.heads.HEAD_KINDS` holds their modules
+# `pipeline.models.heads.HEAD_KINDS` holds their modules
+HEAD_KINDS = ("eagle", "eagle3", "msd", "vispec", "medusa")
 TINY_PREFIX = "tiny:"
-# tiny:<name> -> (its kind, the tiny model it reads): every kind for the bigram LLaVA, and a
-# Qwen2.5-VL one for the bigram Qwen2.5-VL (an M-RoPE target)
+# tiny:<name> -> (its kind, the tiny model it reads): every kind for the bigram LLaVA, and
+# EAGLE-3 and ViSpec ones for the bigram Qwen2.5-VL (an M-RoPE target)
 TINY_HEADS = {**{f"{kind}_head": (kind, "bigram_target") for kind in HEAD_KINDS},
-              "qwen2_5_vl_eagle3_head": ("eagle3", "qwen2_5_vl_bigram_target")}
+              **{f"qwen2_5_vl_{kind}_head": (kind, "qwen2_5_vl_bigram_target")
+                 for kind in ("eagle3", "vispec")}}
 EMBEDDED_HEADS = {"embedded:head": ("eagle", "embedded:target")}  # name -> (its kind, the target it reads)
 HEAD_METHODS = ("M",)  # a head reads the target's own prompt: it drafts with that prompt alone
 

@@ -201,7 +201,7 @@ def build_tiny_pair(out_dir: str | Path, noise: float = 0.02) -> tuple[Path, Pat
     `pipeline.models.tiny_heads`), and a target and draft of each of
     `TINY_FAMILIES` under `out_dir`; return (target, draft) dirs."""
     from pipeline.models.tiny_heads import (
-        build_eagle3_head, build_eagle_head, build_medusa_head, build_qwen_heads,
+        build_eagle3_head, build_eagle_head, build_medusa_head, build_qwen_heads, build_vispec_head,
     )
     from pipeline.models.tiny_ssm import KINDS, build_ssm_draft, make_bigram_target
 
@@ -223,6 +223,7 @@ def build_tiny_pair(out_dir: str | Path, noise: float = 0.02) -> tuple[Path, Pat
     build_eagle3_head(bigram_target, tokenizer, out / "eagle3_head")
     build_eagle_head(bigram_target, out / "msd_head", seed=8)  # MSD's files are EAGLE's
     build_medusa_head(bigram_target, tokenizer, out / "medusa_head")
+    build_vispec_head(bigram_target, out / "vispec_head")
     build_qwen_heads(out)
     for family in TINY_FAMILIES:
         build_family_pair(family, out, noise=noise, names=(f"{family}_target", f"{family}_draft"))
@@ -237,8 +238,8 @@ def main() -> None:
     args = parser.parse_args()
     target, draft = build_tiny_pair(args.out_dir, noise=args.noise)
     for name in ("target", "draft", "next_target", "bigram_target", "mamba_draft", "mamba2_draft",
-                 "eagle_head", "eagle3_head", "msd_head", "medusa_head", "qwen2_5_vl_bigram_target",
-                 "qwen2_5_vl_eagle3_head",
+                 "eagle_head", "eagle3_head", "msd_head", "medusa_head", "vispec_head",
+                 "qwen2_5_vl_bigram_target", "qwen2_5_vl_eagle3_head", "qwen2_5_vl_vispec_head",
                  *(f"{family}_{role}" for family in TINY_FAMILIES for role in ("target", "draft")),
                  "gemma3_text_draft"):
         print(f"{name}={Path(args.out_dir) / name}")

@@ -21,11 +21,14 @@ from transformers import LlamaConfig, PreTrainedModel, PreTrainedTokenizerFast
 from pipeline.models.heads.eagle import EagleHead
 from pipeline.models.heads.eagle3 import Eagle3Head
 from pipeline.models.heads.medusa import MedusaHeads
+from pipeline.models.heads.vispec import VispecHead
 
 # fc's noise on the token, its weight on the features before it, the attention output's scale
 EAGLE_NOISE, EAGLE_FEATURES, EAGLE_ATTENTION = 1.5, 0.6, 6.0
 # Medusa's: the noise of its residual blocks, which grows with the head (later tokens are harder)
 MEDUSA_HEADS, MEDUSA_NOISE = 4, 1.0
+# ViSpec's: its learned queries, and img_fc's weight on the image summary
+VISPEC_QUERIES, VISPEC_SUMMARY = 2, 0.1
 # EAGLE-3's: fc's weight on the three states, how sharply attention looks at the token, how strongly
 # the layer passes it on (above the state before it, which its residual carries), the MLP's scale
 EAGLE3_FEATURES, EAGLE3_FOCUS, EAGLE3_PASS, EAGLE3_MLP = 2.5, 3.0, 2.0, 0.1
@@ -58,6 +61,38 @@ def build_eagle_head(target: PreTrainedModel, out_dir: Path, seed: int = 5) -> P
     layer.self_attn.o_proj.weight.mul_(EAGLE_ATTENTION)
     layer.mlp.down_proj.weight.mul_(0.1)
     return save_head(head, config, out_dir)
+
+
+@torch.no_grad()
+def build_vispec_head(target: PreTrainedModel, out_dir: Path, seed: int = 11) -> Path:
+    """A ViSpec head for the bigram `target`, in ViSpec's layout: the target's own config with one
+    layer (and Qwen's `qkv_bias`), EAGLE's weights as `build_eagle_head` makes them, and the image
+    adaptor and `img_fc` drawn at random, `img_fc`'s weight on the image summary large enough that
+    a head handed another summary, or attending to the image rows it drops, accepts differently."""
+    eagle = EagleHead.from_pretrained(build_eagle_head(target, out_dir, seed=seed)).eval()
+    text = target.config.get_text_config()
+    qkv_bias = bool(getattr(text, "qkv_bias", text.model_type.startswith("qwen")))
+    config = eagle_config(target)
+    config.update({"architectures": target.config.architectures, "qkv_bias": qkv_bias,
+                   "num_q": VISPEC_QUERIES})
+    head = VispecHead(config).eval()
+    head.load_state_dict(eagle.state_dict(), strict=False)
+    hidden = config.hidden_size
+    noise = lambda *shape: torch.randn(*shape) / shape[-1] ** 0.5
+    for projection in (head.imadpt.k_proj, head.imadpt.v_proj, head.imadpt.o_proj):
+        projection.weight.copy_(noise(*projection.weight.shape))
+        if projection.bias is not None:
+            projection.bias.copy_(0.1 * torch.randn_like(projection.bias))
+    head.img_fc.weight.copy_(torch.cat([torch.eye(hidden), VISPEC_SUMMARY * noise(hidden, hidden)], 1))
+    attention = head.layers[0].self_attn
+    for projection in (attention.q_proj, attention.k_proj, attention.v_proj):
+        if projection.bias is not None:
+            projection.bias.copy_(0.1 * torch.randn_like(projection.bias))
+    config_dict = {**config.to_dict(), "model_type": target.config.model_type}
+    config_dict.pop("num_q")  # ViSpec's config does not name it: `imadpt.q` does
+    save_head(head, config, out_dir)
+    (out_dir / "config.json").write_text(json.dumps(config_dict, indent=2))
+    return out_dir
 
 
 def save_head(head: torch.nn.Module, config: LlamaConfig, out_dir: Path) -> Path:
@@ -155,7 +190,7 @@ def build_medusa_head(target: PreTrainedModel, tokenizer: PreTrainedTokenizerFas
 
 def build_qwen_heads(out: Path) -> None:
     """The bigram Qwen2.5-VL target (`make_bigram_target` on the tiny Qwen2.5-VL, an M-RoPE
-    model) and an EAGLE-3 head for it, under `out`."""
+    model) and an EAGLE-3 and a ViSpec head for it, under `out`."""
     from pipeline.models.tiny_families import CHAT_FAMILY_BUILDERS
     from pipeline.models.tiny_ssm import make_bigram_target
 
@@ -165,3 +200,4 @@ def build_qwen_heads(out: Path) -> None:
     target.save_pretrained(out / "qwen2_5_vl_bigram_target")
     processor_of(tokenizer, target).save_pretrained(out / "qwen2_5_vl_bigram_target")
     build_eagle3_head(target, tokenizer, out / "qwen2_5_vl_eagle3_head", seed=10)
+    build_vispec_head(target, out / "qwen2_5_vl_vispec_head", seed=12)

@@ -1,5 +1,5 @@
 """Head drafts: small modules that read the target's hidden states and borrow its embeddings and
-LM head (EAGLE-1/2, EAGLE-3, MSD, Medusa), each loaded from the layout its reference code publishes.
+LM head (EAGLE-1/2, EAGLE-3, MSD, ViSpec, Medusa), each loaded from the layout its reference code publishes.
 
 A grid names a head as a pair's draft: `draft: {head: eagle, path: <hub id or folder>}`, which
 reads as the draft name `eagle:<path>` (`pipeline.planning.model_ids`). A head is checked
@@ -22,9 +22,11 @@ from pipeline.models.heads.eagle import EagleHead
 from pipeline.models.heads.eagle3 import SPECULATORS_LAYER, Eagle3Head
 from pipeline.models.heads.medusa import MedusaHeads
 from pipeline.models.heads.msd import MsdHead
+from pipeline.models.heads.vispec import VispecHead
 
 # a grid's `head:` -> the module of its layout
-HEAD_KINDS = {"eagle": EagleHead, "eagle3": Eagle3Head, "msd": MsdHead, "medusa": MedusaHeads}
+HEAD_KINDS = {"eagle": EagleHead, "eagle3": Eagle3Head, "msd": MsdHead, "vispec": VispecHead,
+              "medusa": MedusaHeads}
 assert tuple(HEAD_KINDS) == KIND_NAMES, "pipeline.models.head_names lists the same kinds, torch-free"
 # where each layout keeps its weights, in the order looked for (Medusa's code saves its heads alone)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -61,10 +63,12 @@ def load_head(kind: str, path: str, target: LVLM, *,
     config = json.loads((folder / "config.json").read_text())
     target_config = target.model.config.to_dict()
     check_head(kind, config, target_config, path, target.name)
+    weights = {_layout_name(kind, k): v for k, v in read_weights(folder).items() if k not in NOT_READ}
+    if kind == "vispec" and "imadpt.q" in weights:  # its query count is in its weights alone
+        config = {**config, "num_q": weights["imadpt.q"].shape[0]}
     with torch.device(target.device):  # its rotary tables are made, not read
         module = (MedusaHeads.of_config(config, text_config_of(target_config)) if kind == "medusa"
                   else HEAD_KINDS[kind](LlamaConfig(**text_config_of(config)))).to(dtype or target.dtype)
-    weights = {_layout_name(kind, k): v for k, v in read_weights(folder).items() if k not in NOT_READ}
     expected = set(module.state_dict())
     if missing := sorted(expected - set(weights) - set(OPTIONAL)):
         raise HeadMismatch(f"{kind} head {path!r} lacks {', '.join(missing[:6])}: not the {kind} layout")

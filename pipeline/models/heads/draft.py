@@ -14,12 +14,14 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from transformers import Cache, PreTrainedModel
 
 from pipeline.models.base import LVLM, ModelInputError
+from pipeline.models.heads.prompt import PromptRows
 from pipeline.models.hf import HFModel
 
 
 class TargetsPrompt:
     """What a head draft takes from its target: its tokenizer, prompts, image rows, positions and
-    end tokens; it notes which rows of a spliced prompt are image rows (MSD reads them apart)."""
+    end tokens; it notes which rows of a spliced prompt are image rows (MSD and ViSpec read them
+    apart)."""
 
     target: LVLM
 
@@ -74,22 +76,25 @@ class HeadDraft(TargetsPrompt, HFModel):
         self.kind, self.target_layers = kind, module.target_layers
         self._lm_head = target.model.get_output_embeddings()
 
-    def fuse(self, embeds: torch.Tensor, features: torch.Tensor,
-             visual: torch.Tensor | None = None) -> torch.Tensor:
+    def fuse_prompt(self, embeds: torch.Tensor, features: torch.Tensor,
+                    visual: torch.Tensor | None = None) -> PromptRows:
         """A prompt's input rows: its embeddings, each beside the target's features before it
-        (`visual`: its image rows)."""
-        return self.model.fuse(embeds, features, visual)
+        (`visual`: its image rows), with what its kind also makes of them (ViSpec's unseen rows
+        and image summary)."""
+        return self.model.fuse_prompt(embeds, features, visual)
 
     def _forward(self, cache: Cache, keep: int, compiled: bool, hidden: tuple[int, ...] = (), *,
                  attention_mask: torch.Tensor, position_ids: torch.Tensor,
                  input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
-                 features: torch.Tensor | None = None, **unused: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                 features: torch.Tensor | None = None, image_summary: torch.Tensor | None = None,
+                 **unused: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """(fp32 logits of the last `keep` positions, the predicted features at every row fed):
-        `inputs_embeds` are fused prompt rows; `input_ids` come with `features`."""
+        `inputs_embeds` are fused prompt rows; `input_ids` come with `features` (and ViSpec's
+        `image_summary` per row)."""
         if hidden:
             raise ModelInputError(f"{self.name}: a head only drafts; it has no hidden states to give")
         if input_ids is not None:
-            inputs_embeds = self.model.fuse(self.target.embed_tokens(input_ids), features)
+            inputs_embeds = self.model.fuse(self.target.embed_tokens(input_ids), features, image_summary)
         body = self.compiled_call() if compiled else self.model
         states = body(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
                       cache=cache)

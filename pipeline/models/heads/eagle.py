@@ -24,9 +24,10 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from pipeline.models.base import LAST_HIDDEN
+from pipeline.models.heads.prompt import FusesPrompts
 
 
-class EagleHead(LlamaPreTrainedModel):
+class EagleHead(FusesPrompts, LlamaPreTrainedModel):
     """The head's own weights: `fc` and one decoder layer; `fuse` makes a token's input row,
     `forward` runs the rows over the head's KV cache and returns the predicted features."""
 
@@ -43,9 +44,9 @@ class EagleHead(LlamaPreTrainedModel):
         self.post_init()
 
     def fuse(self, embeds: torch.Tensor, features: torch.Tensor,
-             visual: torch.Tensor | None = None) -> torch.Tensor:
+             summary: torch.Tensor | None = None) -> torch.Tensor:
         """Input rows from token embeddings and the features before each token, `[..., H]` each
-        (`visual`: which rows are a prompt's image rows, which EAGLE fuses like any other)."""
+        (`summary`: ViSpec's image summary, which EAGLE has none of)."""
         return self.fc(torch.cat([embeds, features.to(embeds.dtype)], -1))
 
     def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,

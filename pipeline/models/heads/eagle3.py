@@ -27,6 +27,8 @@ from transformers.models.llama.modeling_llama import (
     LlamaAttention, LlamaMLP, LlamaPreTrainedModel, LlamaRMSNorm, LlamaRotaryEmbedding,
 )
 
+from pipeline.models.heads.prompt import FusesPrompts
+
 SPECULATORS_LAYER = "layers.0."  # speculators' name for what EAGLE's code calls `midlayer.`
 
 
@@ -63,7 +65,7 @@ class Eagle3Layer(nn.Module):
         return states + self.mlp(self.post_attention_layernorm(states))
 
 
-class Eagle3Head(LlamaPreTrainedModel):
+class Eagle3Head(FusesPrompts, LlamaPreTrainedModel):
     """`fc`, the layer, the final norm and the head's own LM head over its draft vocabulary."""
 
     def __init__(self, config: LlamaConfig) -> None:
@@ -82,9 +84,9 @@ class Eagle3Head(LlamaPreTrainedModel):
         self.post_init()
 
     def fuse(self, embeds: torch.Tensor, features: torch.Tensor,
-             visual: torch.Tensor | None = None) -> torch.Tensor:
+             summary: torch.Tensor | None = None) -> torch.Tensor:
         """`[embedding; state]` rows: the target's three states go through `fc`, the head's own do
-        not (`visual`, a prompt's image rows, are fused like any other)."""
+        not."""
         states = features.to(embeds.dtype)
         if states.shape[-1] != embeds.shape[-1]:
             states = self.fc(states)

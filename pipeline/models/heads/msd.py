@@ -8,14 +8,15 @@ from __future__ import annotations
 import torch
 
 from pipeline.models.heads.eagle import EagleHead
+from pipeline.models.heads.prompt import PromptRows
 
 
 class MsdHead(EagleHead):
     """EAGLE's head whose prompt image rows are their visual embeddings, unfused."""
 
-    def fuse(self, embeds: torch.Tensor, features: torch.Tensor,
-             visual: torch.Tensor | None = None) -> torch.Tensor:
-        fused = super().fuse(embeds, features)
+    def fuse_prompt(self, embeds: torch.Tensor, features: torch.Tensor,
+                    visual: torch.Tensor | None = None) -> PromptRows:
+        fused = self.fuse(embeds, features)
         if visual is None:
-            return fused
-        return torch.where(visual.to(fused.device)[..., None], embeds.to(fused.dtype), fused)
+            return PromptRows(fused)
+        return PromptRows(torch.where(visual.to(fused.device)[..., None], embeds.to(fused.dtype), fused))

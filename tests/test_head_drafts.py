@@ -21,6 +21,7 @@ from pipeline.data.sample import Sample
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.loop import autoregressive_decode, speculative_decode
 from pipeline.drafting.methods import method_embeddings
+from pipeline.models.families import TINY_FAMILIES
 from pipeline.models.heads import HeadMismatch, load_head
 from pipeline.models.loading import load_model
 from pipeline.models.tiny_heads import build_eagle_head
@@ -516,21 +517,27 @@ def test_the_eagle2_tree_is_eagles(bigram_eagle):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["eagle3", "vispec"])
 @pytest.mark.parametrize("engine", ["static", "eager"])
-def test_heads_draft_for_an_m_rope_target(tiny_dirs, engine, kind):
-    """The bigram Qwen2.5-VL (three position coordinates a token) with its tiny EAGLE-3 and ViSpec
-    heads (ViSpec's with Qwen's q/k/v biases): greedy SD is its own greedy output at batch 1 and 3
-    on a chain and EAGLE-2's tree, and the head accepts (tau above 1.5)."""
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_every_head_kind_drafts_for_every_family(tiny_dirs, family, engine):
+    """Each chat family made a bigram target (Qwen2.5-VL and Qwen3-VL: M-RoPE; InternVL3; Gemma 3:
+    sliding windows) with a tiny head of every kind in its published layout, loaded from its
+    files: greedy SD is the target's own greedy output for every verify kind at batch 3 and 1,
+    and every head accepts (tau above 1.5 on a chain)."""
     from tests.test_batch_decoding import samples
 
-    target = load_model(tiny_dirs["qwen2_5_vl_bigram_target"])
-    head = load_head(kind, tiny_dirs[f"qwen2_5_vl_{kind}_head"], target)
+    target = load_model(tiny_dirs[f"{family}_bigram_target"])
     batch = samples(3)
     reference = [r.output_ids for r in autoregressive_decode(target, batch, max_new_tokens=MAX_NEW, engine=engine)]
-    for verify, gamma in (("chain", 5), ({"kind": "eagle2", "depth": 3, "top_k": 4, "total_tokens": 12}, 4)):
-        config = DecodeConfig("M", gamma=gamma, max_new_tokens=MAX_NEW, verify=make_verify(verify))
-        together = speculative_decode(target, head, batch, config, engine=engine)
-        alone = [speculative_decode(target, head, [s], config, engine=engine)[0] for s in batch]
-        assert [r.output_ids for r in together] == reference == [r.output_ids for r in alone], verify
-        assert sum(r.tau for r in together) / len(together) > 1.5, verify
+    for kind in KINDS:
+        head = load_head(kind, tiny_dirs[f"{family}_{kind}_head"], target)
+        for verify in VERIFY:
+            spec = make_verify(verify)
+            config = DecodeConfig("M", gamma=spec.settled(1, 4)[1], max_new_tokens=MAX_NEW,
+                                  verify=spec.settled(1, 4)[0])
+            together = speculative_decode(target, head, batch, config, engine=engine)
+            alone = speculative_decode(target, head, batch[:1], config, engine=engine)
+            assert [r.output_ids for r in together] == reference, (kind, verify)
+            assert alone[0].output_ids == reference[0], (kind, verify)
+            if verify == "chain":
+                assert sum(r.tau for r in together) / len(together) > 1.5, kind

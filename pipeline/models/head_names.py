@@ -6,14 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.models.families import TINY_FAMILIES
+
 # `pipeline.models.heads.HEAD_KINDS` holds their modules
 HEAD_KINDS = ("eagle", "eagle3", "msd", "vispec", "medusa")
 TINY_PREFIX = "tiny:"
-# tiny:<name> -> (its kind, the tiny model it reads): every kind for the bigram LLaVA, and
-# EAGLE-3 and ViSpec ones for the bigram Qwen2.5-VL (an M-RoPE target)
+# tiny:<name> -> (its kind, the tiny model it reads): every kind for the bigram LLaVA and for
+# each chat family made a bigram target (Qwen2.5-VL, Qwen3-VL: M-RoPE; Gemma 3: sliding windows)
 TINY_HEADS = {**{f"{kind}_head": (kind, "bigram_target") for kind in HEAD_KINDS},
-              **{f"qwen2_5_vl_{kind}_head": (kind, "qwen2_5_vl_bigram_target")
-                 for kind in ("eagle3", "vispec")}}
+              **{f"{family}_{kind}_head": (kind, f"{family}_bigram_target")
+                 for family in TINY_FAMILIES for kind in HEAD_KINDS}}
 EMBEDDED_HEADS = {"embedded:head": ("eagle", "embedded:target")}  # name -> (its kind, the target it reads)
 HEAD_METHODS = ("M",)  # a head reads the target's own prompt: it drafts with that prompt alone
 

@@ -5,8 +5,11 @@ OUT_DIR/next_target (LLaVA-NeXT class), and OUT_DIR/bigram_target with OUT_DIR/m
 OUT_DIR/mamba2_draft (LLaVA with a state-space language model, `pipeline.models.tiny_ssm`), and
 OUT_DIR/<family>_target with OUT_DIR/<family>_draft for Qwen2.5-VL, Qwen3-VL, InternVL3 and
 Gemma 3, and OUT_DIR/gemma3_text_draft, a text-only Gemma 3 (`pipeline.models.tiny_families`), all
-loadable by `from_pretrained`. The draft is the
-target with seeded noise on every weight, so it agrees with the target often but not always —
+loadable by `from_pretrained`; head drafts of every kind for the bigram target
+(OUT_DIR/<kind>_head) and for each family made a bigram target (OUT_DIR/<family>_bigram_target,
+OUT_DIR/<family>_<kind>_head), in their reference code's layouts (`pipeline.models.tiny_heads`).
+The draft is the target with seeded noise on every weight, so it agrees with the target often
+but not always —
 the regime where speculative decoding has something to measure. `build_family_pair` writes a
 target and draft of any supported family (`pipeline.models.families`), for the per-family tests.
 """
@@ -35,6 +38,7 @@ from transformers import (
 )
 
 from pipeline.models.families import TINY_FAMILIES
+from pipeline.models.head_names import HEAD_KINDS
 from pipeline.models.tiny_common import (
     SavedSeparately, perturbed_copy, silence_special_tokens, trained_bpe,
 )
@@ -201,7 +205,7 @@ def build_tiny_pair(out_dir: str | Path, noise: float = 0.02) -> tuple[Path, Pat
     `pipeline.models.tiny_heads`), and a target and draft of each of
     `TINY_FAMILIES` under `out_dir`; return (target, draft) dirs."""
     from pipeline.models.tiny_heads import (
-        build_eagle3_head, build_eagle_head, build_medusa_head, build_qwen_heads, build_vispec_head,
+        build_eagle3_head, build_eagle_head, build_family_heads, build_medusa_head, build_vispec_head,
     )
     from pipeline.models.tiny_ssm import KINDS, build_ssm_draft, make_bigram_target
 
@@ -224,9 +228,9 @@ def build_tiny_pair(out_dir: str | Path, noise: float = 0.02) -> tuple[Path, Pat
     build_eagle_head(bigram_target, out / "msd_head", seed=8)  # MSD's files are EAGLE's
     build_medusa_head(bigram_target, tokenizer, out / "medusa_head")
     build_vispec_head(bigram_target, out / "vispec_head")
-    build_qwen_heads(out)
     for family in TINY_FAMILIES:
         build_family_pair(family, out, noise=noise, names=(f"{family}_target", f"{family}_draft"))
+        build_family_heads(out, family)
     build_gemma3_text_draft(out / "gemma3_target", out / "gemma3_text_draft", noise=noise)
     return out / "target", out / "draft"
 
@@ -239,8 +243,9 @@ def main() -> None:
     target, draft = build_tiny_pair(args.out_dir, noise=args.noise)
     for name in ("target", "draft", "next_target", "bigram_target", "mamba_draft", "mamba2_draft",
                  "eagle_head", "eagle3_head", "msd_head", "medusa_head", "vispec_head",
-                 "qwen2_5_vl_bigram_target", "qwen2_5_vl_eagle3_head", "qwen2_5_vl_vispec_head",
-                 *(f"{family}_{role}" for family in TINY_FAMILIES for role in ("target", "draft")),
+                 *(f"{family}_{role}" for family in TINY_FAMILIES
+                   for role in ("target", "draft", "bigram_target")),
+                 *(f"{family}_{kind}_head" for family in TINY_FAMILIES for kind in HEAD_KINDS),
                  "gemma3_text_draft"):
         print(f"{name}={Path(args.out_dir) / name}")
 

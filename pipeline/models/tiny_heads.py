@@ -34,6 +34,12 @@ VISPEC_QUERIES, VISPEC_SUMMARY = 2, 0.1
 EAGLE3_FEATURES, EAGLE3_FOCUS, EAGLE3_PASS, EAGLE3_MLP = 2.5, 3.0, 2.0, 0.1
 
 
+def embedding_scale(target: PreTrainedModel) -> float:
+    """What the target multiplies its token embeddings by (Gemma's square root of its width; 1
+    for others), so a tiny head weighs a token and its features alike in every family."""
+    return float(getattr(target.get_input_embeddings(), "embed_scale", 1.0))
+
+
 def eagle_config(target: PreTrainedModel) -> LlamaConfig:
     """The head's config as EAGLE writes it: the target's text config, one decoder layer."""
     text = target.config.get_text_config()
@@ -55,7 +61,8 @@ def build_eagle_head(target: PreTrainedModel, out_dir: Path, seed: int = 5) -> P
     head = EagleHead(config).eval()
     hidden = config.hidden_size
     noise = lambda scale: scale * torch.randn(hidden, hidden) / hidden ** 0.5
-    head.fc.weight.copy_(torch.cat([torch.eye(hidden) + noise(EAGLE_NOISE), noise(EAGLE_FEATURES)], 1))
+    token = (torch.eye(hidden) + noise(EAGLE_NOISE)) / embedding_scale(target)
+    head.fc.weight.copy_(torch.cat([token, noise(EAGLE_FEATURES)], 1))
     head.fc.bias.zero_()
     layer = head.layers[0]
     layer.self_attn.o_proj.weight.mul_(EAGLE_ATTENTION)
@@ -71,7 +78,7 @@ def build_vispec_head(target: PreTrainedModel, out_dir: Path, seed: int = 11) ->
     a head handed another summary, or attending to the image rows it drops, accepts differently."""
     eagle = EagleHead.from_pretrained(build_eagle_head(target, out_dir, seed=seed)).eval()
     text = target.config.get_text_config()
-    qkv_bias = bool(getattr(text, "qkv_bias", text.model_type.startswith("qwen")))
+    qkv_bias = "qwen2" in text.model_type  # ViSpec's Qwen2.5-VL heads have q/k/v biases, as Qwen2's layers do
     config = eagle_config(target)
     config.update({"architectures": target.config.architectures, "qkv_bias": qkv_bias,
                    "num_q": VISPEC_QUERIES})
@@ -131,7 +138,8 @@ def build_eagle3_head(target: PreTrainedModel, tokenizer: PreTrainedTokenizerFas
     head = Eagle3Head(config).eval()
     hidden, heads, groups = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
     width, per_group = hidden // heads, heads // groups
-    head.fc.weight.copy_(EAGLE3_FEATURES * torch.randn_like(head.fc.weight) / head.fc.weight.shape[1] ** 0.5)
+    scale = EAGLE3_FEATURES / embedding_scale(target)  # the target's states are its embeddings' scale
+    head.fc.weight.copy_(scale * torch.randn_like(head.fc.weight) / head.fc.weight.shape[1] ** 0.5)
     attention = head.midlayer.self_attn
     for projection in (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj):
         projection.weight.zero_()
@@ -188,16 +196,21 @@ def build_medusa_head(target: PreTrainedModel, tokenizer: PreTrainedTokenizerFas
     return out_dir
 
 
-def build_qwen_heads(out: Path) -> None:
-    """The bigram Qwen2.5-VL target (`make_bigram_target` on the tiny Qwen2.5-VL, an M-RoPE
-    model) and an EAGLE-3 and a ViSpec head for it, under `out`."""
+def build_family_heads(out: Path, family: str) -> None:
+    """A chat family's tiny model made a bigram target (`make_bigram_target`; Qwen2.5-VL and
+    Qwen3-VL are M-RoPE targets, Gemma 3 one with sliding-window layers) and a head of every
+    kind for it, under `out` as `<family>_bigram_target` and `<family>_<kind>_head`."""
     from pipeline.models.tiny_families import CHAT_FAMILY_BUILDERS
     from pipeline.models.tiny_ssm import make_bigram_target
 
-    tokenizer_of, build, processor_of = CHAT_FAMILY_BUILDERS["qwen2_5_vl"]
+    tokenizer_of, build, processor_of = CHAT_FAMILY_BUILDERS[family]
     tokenizer = tokenizer_of()
     target = make_bigram_target(build(tokenizer, seed=4), tokenizer)
-    target.save_pretrained(out / "qwen2_5_vl_bigram_target")
-    processor_of(tokenizer, target).save_pretrained(out / "qwen2_5_vl_bigram_target")
-    build_eagle3_head(target, tokenizer, out / "qwen2_5_vl_eagle3_head", seed=10)
-    build_vispec_head(target, out / "qwen2_5_vl_vispec_head", seed=12)
+    target.save_pretrained(out / f"{family}_bigram_target")
+    processor_of(tokenizer, target).save_pretrained(out / f"{family}_bigram_target")
+    head = lambda kind: out / f"{family}_{kind}_head"
+    build_eagle_head(target, head("eagle"), seed=13)
+    build_eagle3_head(target, tokenizer, head("eagle3"), seed=10)
+    build_eagle_head(target, head("msd"), seed=14)
+    build_vispec_head(target, head("vispec"), seed=12)
+    build_medusa_head(target, tokenizer, head("medusa"), seed=15)

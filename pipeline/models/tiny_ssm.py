@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 from transformers import (
-    LlavaConfig, LlavaForConditionalGeneration, Mamba2Config, MambaConfig, PreTrainedTokenizerFast,
+    LlavaConfig, LlavaForConditionalGeneration, Mamba2Config, MambaConfig, PreTrainedModel,
+    PreTrainedTokenizerFast,
 )
 
 KINDS = ("mamba", "mamba2")
@@ -37,10 +38,12 @@ def text_config(kind: str, tokenizer: PreTrainedTokenizerFast, hidden: int) -> M
 
 
 @torch.no_grad()
-def make_bigram_target(target: LlavaForConditionalGeneration, tokenizer: PreTrainedTokenizerFast,
-                       seed: int = 4) -> LlavaForConditionalGeneration:
-    """`target` (a fresh tiny LLaVA) turned into one whose greedy next token is a seeded
-    permutation of its last token; special tokens are never predicted."""
+def make_bigram_target(target: PreTrainedModel, tokenizer: PreTrainedTokenizerFast,
+                       seed: int = 4) -> PreTrainedModel:
+    """`target` (a fresh tiny LLaVA, or a tiny model of another family) turned into one whose
+    greedy next token is a seeded permutation of its last token; special tokens are never
+    predicted. Its final norm scales every dimension alike (Gemma's norm multiplies by 1 + its
+    weight), so its last hidden state is the token's normed embedding."""
     generator = torch.Generator().manual_seed(seed)
     ids = torch.arange(len(tokenizer))
     words = ids[~torch.isin(ids, torch.tensor(tokenizer.all_special_ids))]
@@ -49,9 +52,8 @@ def make_bigram_target(target: LlavaForConditionalGeneration, tokenizer: PreTrai
     for layer in language.layers:  # the residual stream keeps the token's embedding
         layer.self_attn.o_proj.weight.zero_()
         layer.mlp.down_proj.weight.zero_()
-    language.norm.weight.fill_(1.0)
-    embeddings = language.embed_tokens.weight[words]
-    normed = embeddings / embeddings.pow(2).mean(-1, keepdim=True).add(language.norm.variance_epsilon).sqrt()
+    language.norm.weight.fill_(0.0 if type(language.norm).__name__.startswith("Gemma") else 1.0)
+    normed = language.norm(language.embed_tokens.weight[words])
     target.lm_head.weight.zero_()
     target.lm_head.weight[follows] = normed  # the logit of follows[i] is largest exactly after words[i]
     return target.eval()

@@ -19,8 +19,9 @@ from pipeline.names import did_you_mean
 from pipeline.planning.grid import TINY_PREFIX, GridError, Pair
 
 TINY_MODELS = ("target", "draft", "next_target", "bigram_target", "mamba_draft", "mamba2_draft",
-               *(f"{family}_{role}" for family in TINY_FAMILIES for role in ("target", "draft")),
-               "gemma3_text_draft", "qwen2_5_vl_bigram_target", *TINY_HEADS)
+               *(f"{family}_{role}" for family in TINY_FAMILIES
+                 for role in ("target", "draft", "bigram_target")),
+               "gemma3_text_draft", *TINY_HEADS)
 EMBEDDED_MODELS = ("embedded:target", "embedded:draft", "embedded:small_draft", "embedded:ssm_draft",
                    *EMBEDDED_HEADS)
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")

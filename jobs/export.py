@@ -8,7 +8,7 @@ Spec-Bench: per pair, one `model_answer` JSONL per drafting configuration and on
 the target alone (AR) on the same questions, under `OUT/_export-<run>/spec-bench/` by default,
 and the tokenizer Spec-Bench's `speed()` must load for each target (docs/cluster.md, "Acceptance
 you can compare", has the calls on each tool's side). MMSpec: per pair a folder of
-`<label>-temperature-<t>.jsonl` and `baseline-temperature-<t>.jsonl` for its
+`<label>-temperature-<t>.jsonl` and `baseline-temperature-<t>.jsonl` (`0` for greedy) for its
 `evaluation/summarize_metrics.py`. Speculation profile: one `speculation_profile.json` (schema
 1.0 of NVIDIA's specdec_bench) per configuration, replayed rows included.
 """

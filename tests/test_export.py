@@ -69,8 +69,12 @@ def test_the_spec_bench_export_round_trips(tmp_path):
         row("replay", "MT*", 2, [5, 5], 0.0),  # no walltime of its own: not exported
     ])
     written = sorted(p.name for p in export(rows, tmp_path))
-    sd_name, ar_name = "org%2Ftarget__d__fp16__MT%2A-temp-0.0.jsonl", "org%2Ftarget__d__fp16__AR-temp-0.0.jsonl"
+    # Spec-Bench's scripts' `<model id>-temperature-<t>.jsonl`, the model id in each line the file's name
+    sd_name = "org%2Ftarget__d__fp16__MT%2A-temperature-0.0.jsonl"
+    ar_name = "org%2Ftarget__d__fp16__AR-temperature-0.0.jsonl"
     assert written == [ar_name, sd_name]  # no file for a pair with no live rows
+    assert {json.loads(line)["model_id"] for line in (tmp_path / sd_name).read_text().splitlines()} == {
+        sd_name.removesuffix(".jsonl")}
     sd, ar = tmp_path / sd_name, tmp_path / ar_name
     for path in (sd, ar):  # one line per question, sorted, the same questions in both
         ids = [json.loads(line)["question_id"] for line in path.read_text().splitlines()]
@@ -147,13 +151,13 @@ def test_the_mmspec_export_reads_as_its_summarizer_reads_it(tmp_path):
     written = export(rows, tmp_path, "mmspec")
     folder = tmp_path / "org%2Ftarget__d__fp16"
     assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == [
-        "org%2Ftarget__d__fp16/M-temperature-0.0.jsonl", "org%2Ftarget__d__fp16/baseline-temperature-0.0.jsonl"]
-    assert all(FILE_RE.match(p.name) for p in written)
-    records = [json.loads(line) for line in (folder / "M-temperature-0.0.jsonl").read_text().splitlines()]
+        "org%2Ftarget__d__fp16/M-temperature-0.jsonl", "org%2Ftarget__d__fp16/baseline-temperature-0.jsonl"]
+    assert all(FILE_RE.match(p.name) for p in written)  # found by its summarizer's default, --temperature 0
+    records = [json.loads(line) for line in (folder / "M-temperature-0.jsonl").read_text().splitlines()]
     assert [r["question_id"] for r in records] == ["pope/test/0/qaorg", "pope/test/1/first"]  # a conversation each
     assert records[0]["choices"][0]["acceptance_length"] == [[3, 1], [0, 2, 2]]  # no bonus token
     assert records[0]["choices"][0]["new_tokens"] == [6, 7]
-    method, base = mmspec_turns(folder / "M-temperature-0.0.jsonl"), mmspec_turns(folder / "baseline-temperature-0.0.jsonl")
+    method, base = mmspec_turns(folder / "M-temperature-0.jsonl"), mmspec_turns(folder / "baseline-temperature-0.jsonl")
     mat, paired, overall = mmspec_summary(method, base)
     assert mat == pytest.approx(1 + (3 + 1 + 0 + 2 + 2 + 4) / 6)  # our tau, pooled over blocks
     assert paired == pytest.approx(np.mean([(6 / 0.5) / (6 / 1.0), (7 / 0.6) / (8 / 1.6), (5 / 0.2) / (5 / 0.5)]))

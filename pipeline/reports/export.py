@@ -1,13 +1,16 @@
 """A run's rows in other tools' formats, so their own scripts read our runs.
 
 `spec-bench`: Spec-Bench's `model_answer` JSONL. Per pair (target, draft, dtype) and
-temperature, one file per drafting configuration, `<target>__<draft>__<dtype>__<label>-temp-<t>.jsonl`,
-and one baseline of the target alone, `...__AR-temp-<t>.jsonl`, holding the AR rows of the
+temperature, one file per drafting configuration,
+`<target>__<draft>__<dtype>__<label>-temperature-<t>.jsonl` (its inference scripts'
+`<model id>-temperature-<t>`, the temperature as Python prints a float: `0.0`), and one
+baseline of the target alone, `...__AR-temperature-<t>.jsonl`, holding the AR rows of the
 same questions, the timed one where a sample has several: Spec-Bench's `equal.py` compares two
 files line by line, so every file is sorted by question id, and its `speed.py` averages
 per-question tokens per second, so a baseline holding other questions (or untimed decodes)
 would skew it. A line is one question: `question_id` (our sample id, which names the turn),
-`category` (the dataset), `model_id`, and `choices[0]` with `turns` (the answer text),
+`category` (the dataset), `model_id` (the file's name without `.jsonl`, as Spec-Bench's
+scripts write it), and `choices[0]` with `turns` (the answer text),
 `new_tokens`, `wall_time` (the decode's wall clock), `decoding_steps` (blocks) and
 `accept_lengths`: tokens produced per block, i.e. accepted drafts + 1, our tau convention
 (Spec-Bench's "mean accepted tokens"; subtract 1 for EAGLE's tau0). Only rows decoded live
@@ -17,7 +20,8 @@ over 1 are left out (their walltime is their batch's).
 
 `mmspec`: MMSpec's result JSONL, per pair a folder with `<label>-temperature-<t>.jsonl` per
 drafting configuration and `baseline-temperature-<t>.jsonl` (AR), the names its
-`evaluation/summarize_metrics.py` discovers. A record is one conversation: `question_id` (the
+`evaluation/summarize_metrics.py` discovers, the temperature as its scripts write it (`0` for
+greedy, `0.7`, `1`), which its summarizer's default (`--temperature 0`) reads. A record is one conversation: `question_id` (the
 sample, and for a second turn its task), `category` (the dataset), `topic` (the sample's
 category) and `choices[0]` with per-turn lists `turns`, `new_tokens`, `wall_time`,
 `acceptance_length` (accepted drafts per block, no bonus token; none for the baseline), `idxs`
@@ -65,10 +69,12 @@ def spec_bench_lines(rows: pd.DataFrame) -> dict[str, list[dict]]:
     files: dict[str, list[dict]] = {}
     for (*pair, temperature), mine in live.groupby(PAIR + ["temperature"], observed=True, sort=True):
         for label, config in mine.groupby("method_label", observed=True, sort=True):
-            files[file_name(pair, label, temperature)] = answer_lines(config, model_id(pair, label))
+            name = spec_bench_id(pair, label, temperature)
+            files[f"{name}.jsonl"] = answer_lines(config, name)
         base = baseline[(baseline[PAIR] == pair).all(axis=1) & (baseline["temperature"] == temperature)]
         if len(base):
-            files[file_name(pair, "AR", temperature)] = answer_lines(base, model_id(pair, "AR"))
+            name = spec_bench_id(pair, "AR", temperature)
+            files[f"{name}.jsonl"] = answer_lines(base, name)
     return files
 
 
@@ -80,7 +86,7 @@ def mmspec_records(rows: pd.DataFrame) -> dict[str, list[dict]]:
                                                                           observed=True, sort=True):
         for label, config in mine.groupby("method_label", observed=True, sort=True):
             name = "baseline" if label == "AR" else quote(str(label), safe="")
-            files[f"{pair_id(pair)}/{name}-temperature-{float(temperature)}.jsonl"] = conversations(
+            files[f"{pair_id(pair)}/{name}-temperature-{float(temperature):g}.jsonl"] = conversations(
                 config, model_id(pair, label))
     return files
 
@@ -123,8 +129,9 @@ def model_id(pair: list[str], label: str) -> str:
     return f"{pair_id(pair)}__{quote(str(label), safe='')}"
 
 
-def file_name(pair: list[str], label: str, temperature: float) -> str:
-    return f"{model_id(pair, label)}-temp-{float(temperature)}.jsonl"
+def spec_bench_id(pair: list[str], label: str, temperature: float) -> str:
+    """Spec-Bench's model id of a configuration: `<model id>-temperature-<t>`."""
+    return f"{model_id(pair, label)}-temperature-{float(temperature)}"
 
 
 def answer_lines(rows: pd.DataFrame, model: str) -> list[dict]:

@@ -53,6 +53,16 @@ def test_each_family_is_lossless(family_pair, prompt):
     assert speculative_decode(target, draft, [sample], star)[0].output_ids == reference
 
 
+def test_each_family_reads_a_text_only_prompt_as_generate_does(family_pair):
+    """The reference helper builds a prompt with no image for every family; our AR and SD equal it."""
+    _, target, draft = family_pair
+    sample = Sample("unit", "test", 0, "first", "USER: What colour is a ripe banana? ASSISTANT:", ())
+    reference = hf_greedy(target, sample, MAX_NEW)
+    assert autoregressive_decode(target, [sample], max_new_tokens=MAX_NEW)[0].output_ids == reference
+    config = DecodeConfig(methods="M", gamma=3, max_new_tokens=MAX_NEW)
+    assert speculative_decode(target, draft, [sample], config)[0].output_ids == reference
+
+
 def fake_checkpoint(path, config: dict):
     path.mkdir()
     (path / "config.json").write_text(json.dumps(config))
@@ -79,3 +89,15 @@ def test_a_text_only_model_needs_the_pair_to_say_so(tmp_path):
         parse_grid(grid_with(llama))
     spec = parse_grid(grid_with(llama, text_only=True))
     assert spec.text_only == spec.pairs
+
+
+def test_the_tiny_gemma3_folder_writes_its_processor(tiny_dirs):
+    """`AutoProcessor` on the tiny Gemma 3 expands an image to the rows the model makes (4), not
+    the processor's default 256."""
+    from transformers import AutoConfig, AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(tiny_dirs["gemma3_target"])
+    ids = processor(text="<start_of_image> a square", images=[solid((200, 20, 20))], return_tensors="pt")["input_ids"]
+    rows = int((ids == processor.tokenizer.convert_tokens_to_ids("<image_soft_token>")).sum())
+    assert type(processor).__name__ == "Gemma3Processor"
+    assert rows == AutoConfig.from_pretrained(tiny_dirs["gemma3_target"]).mm_tokens_per_image == 4

@@ -22,10 +22,12 @@ def generate_inputs(model: HFModel, sample: Sample) -> dict[str, torch.Tensor]:
         count = features[k].shape[0] if token == model.image_token_id else 1
         k += token == model.image_token_id
         ids += [token] * count
-    batch = [list(sample.pixels())] if model.family == "llava_onevision" else list(sample.pixels())
-    inputs = dict(model.processor.image_processor(batch, return_tensors="pt"))
-    inputs.pop("num_patches", None)  # InternVL's processor splits its tiles by it, and passes on none
-    inputs.pop("num_crops", None)  # Gemma 3's pan-and-scan crop counts (none here), not a model input
+    inputs = {}
+    if sample.images:  # a text-only prompt has no pixels: the image processor is not called
+        batch = [list(sample.pixels())] if model.family == "llava_onevision" else list(sample.pixels())
+        inputs = dict(model.processor.image_processor(batch, return_tensors="pt"))
+        inputs.pop("num_patches", None)  # InternVL's processor splits its tiles by it, and passes on none
+        inputs.pop("num_crops", None)  # Gemma 3's pan-and-scan crop counts (none here), not a model input
     input_ids = torch.tensor([ids])
     if model.family in ("qwen2_5_vl", "qwen3_vl"):  # their processors mark image tokens; M-RoPE reads them
         inputs["mm_token_type_ids"] = (input_ids == model.image_token_id).int()
@@ -33,7 +35,8 @@ def generate_inputs(model: HFModel, sample: Sample) -> dict[str, torch.Tensor]:
         inputs["token_type_ids"] = (input_ids == model.image_token_id).long()
     inputs |= {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
     inputs = {name: value.to(model.device) for name, value in inputs.items()}
-    inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
+    if "pixel_values" in inputs:
+        inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
     return inputs
 
 

@@ -26,6 +26,7 @@ from transformers import (
     Gemma3ForCausalLM,
     Gemma3ForConditionalGeneration,
     Gemma3ImageProcessorPil,
+    Gemma3Processor,
     GotOcr2ImageProcessorPil,
     InternVLConfig,
     InternVLForConditionalGeneration,
@@ -188,8 +189,11 @@ def build_gemma3(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Gemma3For
                                   GEMMA_SPECIAL_TOKENS)
 
 
-def _gemma_processor(tokenizer: PreTrainedTokenizerFast, model) -> SavedSeparately:
-    return SavedSeparately(Gemma3ImageProcessorPil(size={"height": 56, "width": 56}), tokenizer)
+def _gemma_processor(tokenizer: PreTrainedTokenizerFast, model) -> Gemma3Processor:
+    """Gemma 3's own processor (it needs no video processor), saved with its image token count,
+    so `AutoProcessor` on the folder expands an image to the 4 rows the model makes, not 256."""
+    return Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": 56, "width": 56}),
+                           tokenizer=tokenizer, image_seq_length=model.config.mm_tokens_per_image)
 
 
 CHAT_FAMILY_BUILDERS = {  # model_type -> (tokenizer builder, model builder, processor builder)

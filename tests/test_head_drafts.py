@@ -202,8 +202,8 @@ def head_states(head, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tens
     """The head's predicted features after each of `rows`, read causally with no cache."""
     n = rows.shape[0]
     mask = torch.full((n, n), torch.finfo(rows.dtype).min, dtype=rows.dtype).triu(1)[None, None]
-    return head.model(inputs_embeds=rows[None], attention_mask=mask, position_ids=positions[None],
-                      cache=DynamicCache())[0]
+    ids = positions[None] if positions.dim() == 1 else positions[:, None]  # plain, or M-RoPE's [3, n]
+    return head.model(inputs_embeds=rows[None], attention_mask=mask, position_ids=ids, cache=DynamicCache())[0]
 
 
 def eagle_reference(target, head, sample: Sample, gamma: int) -> list[int]:
@@ -541,3 +541,38 @@ def test_every_head_kind_drafts_for_every_family(tiny_dirs, family, engine):
             assert alone[0].output_ids == reference[0], (kind, verify)
             if verify == "chain":
                 assert sum(r.tau for r in together) / len(together) > 1.5, kind
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_an_m_rope_head_rotates_by_its_targets_positions(tiny_dirs, family):
+    """An EAGLE-3 head whose config names M-RoPE sections as SpecForge writes them (Qwen2.5-VL's
+    blocks, Qwen3-VL's interleaving): each of its rows takes its token's three coordinates in the
+    target's prompt, so the decoder's first proposal is an uncached forward's at those positions,
+    and not the one at plain indices."""
+    from pipeline.decoding.engine import prefilled_rows
+    from pipeline.decoding.inputs import tokenize
+    from tests.test_batch_decoding import samples
+
+    target = load_model(tiny_dirs[f"{family}_bigram_target"])
+    head = load_head("eagle3", tiny_dirs[f"{family}_eagle3_head"], target)
+    assert head.target_positions
+    torch.manual_seed(0)
+    with torch.no_grad():  # attention spread past the token itself, so where a row sits matters
+        for projection in (head.model.midlayer.self_attn.q_proj, head.model.midlayer.self_attn.k_proj):
+            projection.weight.add_(torch.randn_like(projection.weight))
+    sample = samples(1)[0]
+    prompt = tokenize(target, sample)
+    rows, (_, states) = prefilled_rows(target, [prompt], "M", None, engine="eager", capacity=4, role="target",
+                                       hidden=head.target_layers)
+    head_rows, _ = prefilled_rows(head, [prompt], "M", None, engine="eager", capacity=4, role="draft",
+                                  target_states=rows.prompt_states(states))
+    ours = head_rows.feed(torch.tensor([[prompt.ids[-1]]]), valid=[1], features=states[:, -1:])[0, -1]
+    with torch.no_grad():
+        spliced = method_embeddings(target, "M", prompt.ids, sample.pixels())
+        read = head.fuse_prompt(spliced[1:], rows.prompt_states(states)[0]).rows
+        logits = lambda positions: head.model.next_logits(head_states(head, read, positions)[-1],
+                                                          target.model.get_output_embeddings())
+        positions = target.prompt_positions(spliced)[:, 1:]
+        assert bool((positions[1:] != positions[0]).any())  # an image's rows: the axes differ
+        torch.testing.assert_close(ours, logits(positions), atol=1e-4, rtol=1e-4)
+        assert (ours - logits(torch.arange(len(read)))).abs().max() > 1e-3

@@ -7,7 +7,7 @@ where every token comes with features, the state the target's LM head would read
   those unfused, ViSpec adapts each image's rows, hides the rest from later rows and fuses a
   summary of the image into every later token); image rows come in as the target embeds them.
   Positions are the rows' plain indices (a head's layer rotates by them, even for an M-RoPE
-  target: heads trained on M-RoPE positions are not served yet).
+  target), or, for a head trained on its target's M-RoPE positions, each token's own.
 - A block starts with the tokens the head has not read with the target's features: the target's
   token after the last block and the proposals it accepted there (`Pending.reread`), each beside
   the target's features before it. Drafting on, each token takes the head's own prediction at
@@ -43,10 +43,13 @@ class HeadRows:
                     for embeds, states, rows in zip(prompts, target_states, visual)]
         unseen = [prompt.unseen for prompt in read]
         unseen = unseen if any(flags is not None for flags in unseen) else None
-        # plain positions: a head's one layer rotates by sequence index, whatever the target's positions
-        # (M-RoPE's three coordinates for a Qwen-VL target) are
+        # a head's layer rotates by sequence index, whatever the target's positions (M-RoPE's three
+        # coordinates for a Qwen-VL target) are, unless it was trained on them: then a row takes
+        # its token's (`model.target_positions`)
+        own = [None if p is None else p[:, 1:] for p in positions or [None] * len(prompts)]
         super().__init__(model, [prompt.rows for prompt in read], per_request=per_request, step_log=step_log,
-                         positions=None, extras=None, unseen=unseen, **engine)
+                         positions=own if model.target_positions else None, extras=None, unseen=unseen,
+                         **engine)
         # what every later token is fused with, per row (ViSpec's image summary), or None
         self._summary = (torch.stack([prompt.summary for prompt in read]).to(model.device)
                          if read[0].summary is not None else None)

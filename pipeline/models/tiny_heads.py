@@ -119,7 +119,22 @@ def eagle3_config(target: PreTrainedModel, drafted: int) -> LlamaConfig:
     config.draft_vocab_size = drafted
     config.eagle_aux_hidden_state_layer_ids = [0, 1, 2]
     config.bias = False
+    rope = target.config.get_text_config().rope_parameters or {}
+    if "mrope_section" in rope:  # an M-RoPE target: its head rotates by its positions, as SpecForge's do
+        config.rope_parameters = {**rope, "rope_type": "default"}
     return config
+
+
+def spec_forge_rope(config: dict) -> dict:
+    """An EAGLE-3 config's M-RoPE keys as SpecForge writes them: `rope_scaling` of type `mrope`
+    (Qwen2.5-VL's sections) or `default` with `mrope_interleaved` (Qwen3-VL's), beside `rope_theta`."""
+    rope = config.pop("rope_parameters")
+    scaling = {"mrope_section": rope["mrope_section"]}
+    if rope.get("mrope_interleaved"):
+        scaling = {"rope_type": "default", **scaling, "mrope_interleaved": True}
+    else:
+        scaling = {"type": "mrope", **scaling}
+    return {**config, "rope_scaling": scaling, "rope_theta": rope["rope_theta"]}
 
 
 @torch.no_grad()
@@ -158,7 +173,11 @@ def build_eagle3_head(target: PreTrainedModel, tokenizer: PreTrainedTokenizerFas
     head.lm_head.weight[:, :passed] = target.lm_head.weight[words, :passed]
     head.d2t.copy_(words - torch.arange(len(words)))
     head.t2d.zero_()[words] = True
-    return save_head(head, config, out_dir)
+    save_head(head, config, out_dir)
+    if head.target_positions:
+        written = json.loads((out_dir / "config.json").read_text())
+        (out_dir / "config.json").write_text(json.dumps(spec_forge_rope(written), indent=2))
+    return out_dir
 
 
 @torch.no_grad()

@@ -74,6 +74,7 @@ class HeadDraft(TargetsPrompt, HFModel):
         super().__init__(module, target.tokenizer, name)
         self._speak_for(target)
         self.kind, self.target_layers = kind, module.target_layers
+        self.target_positions = module.target_positions  # M-RoPE's: its rows take the target's positions
         self._lm_head = target.model.get_output_embeddings()
 
     def fuse_prompt(self, embeds: torch.Tensor, features: torch.Tensor,

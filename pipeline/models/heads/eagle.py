@@ -20,11 +20,12 @@ import torch
 from torch import nn
 from transformers import Cache, LlamaConfig
 from transformers.models.llama.modeling_llama import (
-    LlamaDecoderLayer, LlamaPreTrainedModel, LlamaRotaryEmbedding,
+    LlamaDecoderLayer, LlamaPreTrainedModel,
 )
 
 from pipeline.models.base import LAST_HIDDEN
 from pipeline.models.heads.prompt import FusesPrompts
+from pipeline.models.heads.rotary import head_rotary, reads_target_positions
 
 
 class EagleHead(FusesPrompts, LlamaPreTrainedModel):
@@ -33,6 +34,8 @@ class EagleHead(FusesPrompts, LlamaPreTrainedModel):
 
     #: the target's hidden states the head reads (`LVLM.logits(hidden=...)`)
     target_layers: tuple[int, ...] = (LAST_HIDDEN,)
+    #: whether its layer rotates by the target's positions (M-RoPE's), not plain indices
+    target_positions: bool = False
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__(config)
@@ -40,7 +43,8 @@ class EagleHead(FusesPrompts, LlamaPreTrainedModel):
         self.fc = nn.Linear(2 * hidden, hidden, bias=getattr(config, "bias", True))
         self.layers = nn.ModuleList([LlamaDecoderLayer(config, 0)])
         self.layers[0].input_layernorm = nn.Identity()  # the layer reads fc's output as it is
-        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        self.rotary_emb = head_rotary(config)
+        self.target_positions = reads_target_positions(config)
         self.post_init()
 
     def fuse(self, embeds: torch.Tensor, features: torch.Tensor,

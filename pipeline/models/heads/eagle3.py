@@ -24,10 +24,11 @@ import torch
 from torch import nn
 from transformers import Cache, LlamaConfig
 from transformers.models.llama.modeling_llama import (
-    LlamaAttention, LlamaMLP, LlamaPreTrainedModel, LlamaRMSNorm, LlamaRotaryEmbedding,
+    LlamaAttention, LlamaMLP, LlamaPreTrainedModel, LlamaRMSNorm,
 )
 
 from pipeline.models.heads.prompt import FusesPrompts
+from pipeline.models.heads.rotary import head_rotary, reads_target_positions
 
 SPECULATORS_LAYER = "layers.0."  # speculators' name for what EAGLE's code calls `midlayer.`
 
@@ -79,7 +80,8 @@ class Eagle3Head(FusesPrompts, LlamaPreTrainedModel):
         self.lm_head = nn.Linear(hidden, drafted, bias=False)
         self.register_buffer("d2t", torch.zeros(drafted, dtype=torch.long))
         self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
-        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+        self.rotary_emb = head_rotary(config)
+        self.target_positions = reads_target_positions(config)
         self.target_layers = tuple(getattr(config, "eagle_aux_hidden_state_layer_ids", None) or ())
         self.post_init()
 

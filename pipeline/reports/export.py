@@ -21,9 +21,10 @@ over 1 are left out (their walltime is their batch's).
 `mmspec`: MMSpec's result JSONL, per pair a folder with `<label>-temperature-<t>.jsonl` per
 drafting configuration and `baseline-temperature-<t>.jsonl` (AR), the names its
 `evaluation/summarize_metrics.py` discovers, the temperature as its scripts write it (`0` for
-greedy, `0.7`, `1`), which its summarizer's default (`--temperature 0`) reads. A record is one conversation: `question_id` (the
-sample, and for a second turn its task), `category` (the dataset), `topic` (the sample's
-category) and `choices[0]` with per-turn lists `turns`, `new_tokens`, `wall_time`,
+greedy, `0.7`, `1`), which its summarizer's default (`--temperature 0`) reads. A record is
+one conversation: `question_id` (the sample, and for a second turn its task), `category` (the
+dataset), `topic` (the sample's category) and `choices[0]` with per-turn lists `turns`,
+`new_tokens`, `wall_time`,
 `acceptance_length` (accepted drafts per block, no bonus token; none for the baseline), `idxs`
 (blocks), `draft_time` and `target_time` (our draft and verify phases). A second turn follows
 its first in one record when both were decoded live; its summarizer's MAT (new tokens over

@@ -49,7 +49,9 @@ class ShardRecords:
         self._warm = False  # whether this process's first timed sample has had its warm-up round
 
     def of(self, shard: Shard, samples: dict[str, Sample]) -> Records:
-        """A record for every item of the shard."""
+        """A record for every item of the shard, its models prompted in the grid's format."""
+        for model in (self.target, *self.drafts.values()):
+            model.prompt_format = shard.items[0][0].prompt_format  # one per grid
         records = self._replay(shard.items, samples) if shard.mode == "replay" else {}
         records |= self._batches([item for item in shard.items if item[0].batch > 1], samples)
         live = [item for item in shard.items if item not in records]

@@ -66,6 +66,9 @@ class LVLM(ABC):
     #: GPUs its weights are spread over (`pipeline.models.sharding`); `device` is the first, where
     #: its inputs go and its logits, image features and embeddings come back.
     gpus: int = 1
+    #: How a chat family renders a prompt (`pipeline.models.families.PROMPT_FORMATS`), set per grid;
+    #: a model with one format (LLaVA's, the embedded target's) reads it whatever it says.
+    prompt_format: str = "model"
 
     @property
     def supports_images(self) -> bool:

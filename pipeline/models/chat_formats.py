@@ -1,10 +1,12 @@
 """The pipeline's LLaVA-style conversation text in the chat formats of the models that need one.
 
 The pipeline writes every prompt in LLaVA-1.5's format (``USER: ... ASSISTANT: ...``, see
-pipeline/data/prompts.py); LLaVA models read it as it is. SmolLM2-Instruct (the embedded model),
-Qwen-VL and InternVL were tuned on ChatML, Gemma 3 on its own turns, and each answers well only
-there, so their adapters render the same turns in their format (without a chat template's
-default system prompt, which would add tokens to every row).
+pipeline/data/prompts.py); LLaVA models read it as it is. Qwen-VL, InternVL3 and Gemma 3 were
+tuned on their own chat templates: by default (`prompt_format: model`) their adapters render the
+same turns as messages through the model's own template (`chat_messages`), as transformers'
+`apply_chat_template` does for a user, images where the template puts them. `to_chatml` and
+`to_gemma` render them by hand (`prompt_format: converted`: no default system turn, the
+newline after LLaVA's image kept), as the embedded SmolLM2 target always is.
 """
 from __future__ import annotations
 
@@ -50,3 +52,23 @@ def to_gemma(prompt: str, started: bool = False) -> str:
     roles = {"user": "user", "assistant": "model", "system": "user"}
     body = "".join(f"<start_of_turn>{roles[role]}\n{text}<end_of_turn>\n" for role, text in messages[:-1])
     return "<bos>" + body + "<start_of_turn>model\n" + messages[-1][1]
+
+
+def chat_messages(prompt: str, started: bool = False) -> tuple[list[dict], str]:
+    """The `conversation` as chat-template messages, and the answer the open turn begins with:
+    a user turn's text is split at each ``<image>`` into `{"type": "image"}` and stripped text
+    parts, as a user writes messages for `apply_chat_template`; other turns are plain strings."""
+    messages = conversation(prompt, started)
+    rendered = []
+    for role, text in messages[:-1]:
+        if role != "user":
+            rendered.append({"role": role, "content": text})
+            continue
+        content = []
+        for k, part in enumerate(text.split("<image>")):
+            if k:
+                content.append({"type": "image"})
+            if part.strip():
+                content.append({"type": "text", "text": part.strip()})
+        rendered.append({"role": role, "content": content})
+    return rendered, messages[-1][1]

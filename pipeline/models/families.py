@@ -47,6 +47,10 @@ TEXT_ONLY = "text"  # the family name of a plain causal LM, allowed per pair wit
 # `text_only: true` they draft with the methods that need no image features (T, C), in the
 # family's prompt format (`pipeline.models.gemma3.HFGemma3Text`).
 TEXT_DRAFTS = {"gemma3_text": "gemma3"}
+# How a chat family's prompt is rendered (a grid's `prompt_format`; `pipeline.models.chat_models`):
+# `model`, its own chat template (the default); `converted`, the pipeline's LLaVA turns in the
+# family's markers, by hand. LLaVA-1.5/NeXT and the embedded target read the paper's format in both.
+PROMPT_FORMATS = ("model", "converted")
 # families with a tiny pair among the `tiny:` models (`pipeline.models.tiny`): `<family>_target`
 # and `<family>_draft`
 TINY_FAMILIES = ("qwen2_5_vl", "qwen3_vl", "internvl", "gemma3")

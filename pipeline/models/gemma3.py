@@ -83,7 +83,7 @@ class HFGemma3(SlidingWindowMasks, HFChatModel):
     `<image>` as `<start_of_image>` with one `<image_soft_token>` that the image's rows replace."""
 
     render = staticmethod(to_gemma)
-    image_in_chat = GEMMA_IMAGE
+    template_image, image_in_chat = "<start_of_image>", GEMMA_IMAGE  # its processor's expansion
 
     def __init__(self, model: PreTrainedModel, processor, name: str) -> None:
         super().__init__(model, processor, name)
@@ -137,7 +137,7 @@ class HFGemma3Text(SlidingWindowMasks, HFChatModel):
     image markers as the target, sliding-window layers alike."""
 
     render = staticmethod(to_gemma)
-    image_in_chat = GEMMA_IMAGE
+    template_image, image_in_chat = "<start_of_image>", GEMMA_IMAGE  # its processor's expansion
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str) -> None:
         HFModel.__init__(self, model, tokenizer, name)  # no processor: no images

@@ -21,6 +21,7 @@ class HFInternVL(HFChatModel):
     """An InternVL checkpoint, each `<image>` as `<img><IMG_CONTEXT></img>` with one
     `<IMG_CONTEXT>` that the rows of all the image's tiles replace."""
 
+    template_image = "<IMG_CONTEXT>"  # its processor wraps each in <img> ... </img>
     image_in_chat = "<img><IMG_CONTEXT></img>"
 
     @torch.inference_mode()

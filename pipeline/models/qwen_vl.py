@@ -36,7 +36,8 @@ class HFQwenVL(HFChatModel):
     `<|vision_start|><|image_pad|><|vision_end|>` with one `<|image_pad|>` that the image's
     rows replace."""
 
-    image_in_chat = "<|vision_start|><|image_pad|><|vision_end|>"
+    # what its template writes for an image is what its processor reads: it expands the pad
+    image_in_chat = template_image = "<|vision_start|><|image_pad|><|vision_end|>"
 
     def __init__(self, model: PreTrainedModel, processor, name: str) -> None:
         super().__init__(model, processor, name)

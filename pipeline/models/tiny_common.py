@@ -3,6 +3,7 @@ on (deterministic), silenced special tokens, the draft as a noisy copy of its ta
 a processor's parts side by side."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -69,3 +70,14 @@ class SavedSeparately:
     def save_pretrained(self, path: Path) -> None:
         for part in self.parts:
             part.save_pretrained(path)
+
+
+class ProcessorConfig:
+    """A processor's `processor_config.json` written alone, for a processor that cannot be built
+    here (it wants torchvision): what its class reads when it can be (image tokens per tile)."""
+
+    def __init__(self, values: dict) -> None:
+        self.values = values
+
+    def save_pretrained(self, path: Path) -> None:
+        (Path(path) / "processor_config.json").write_text(json.dumps(self.values, indent=2) + "\n")

@@ -18,6 +18,7 @@ uses them as the processor's two parts.
 """
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 
 import torch
@@ -39,7 +40,7 @@ from transformers import (
 )
 
 from pipeline.models.tiny_common import (
-    SavedSeparately, perturbed_copy, silence_special_tokens, trained_bpe,
+    ProcessorConfig, SavedSeparately, perturbed_copy, silence_special_tokens, trained_bpe,
 )
 
 QWEN_SPECIAL_TOKENS = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
@@ -109,7 +110,13 @@ def qwen_image_processor(patch: int = PATCH) -> Qwen2VLImageProcessorPil:
                                     merge_size=MERGE, temporal_patch_size=2)
 
 
+def published_template(family: str) -> str:
+    """The family's published chat template (`pipeline/assets/chat_templates`), byte for byte."""
+    return (files("pipeline.assets.chat_templates") / f"{family}.jinja").read_text()
+
+
 def _saved_processor(tokenizer: PreTrainedTokenizerFast, model) -> SavedSeparately:
+    tokenizer.chat_template = published_template(model.config.model_type)
     return SavedSeparately(qwen_image_processor(model.config.vision_config.patch_size), tokenizer)
 
 
@@ -149,7 +156,10 @@ def _internvl_processor(tokenizer: PreTrainedTokenizerFast, model) -> SavedSepar
     """Tiles of 56 px, up to 4 per image plus the thumbnail (a 112x56 image: 2 tiles + 1)."""
     image_processor = GotOcr2ImageProcessorPil(size={"height": INTERNVL_TILE, "width": INTERNVL_TILE},
                                                crop_to_patches=True, min_patches=1, max_patches=4)
-    return SavedSeparately(image_processor, tokenizer)
+    tokenizer.chat_template = published_template("internvl")
+    # its processor wants a video processor (torchvision) to be built: its config is written alone
+    config = ProcessorConfig({"processor_class": "InternVLProcessor", "image_seq_length": 4})
+    return SavedSeparately(image_processor, tokenizer, config)
 
 
 
@@ -193,7 +203,8 @@ def _gemma_processor(tokenizer: PreTrainedTokenizerFast, model) -> Gemma3Process
     """Gemma 3's own processor (it needs no video processor), saved with its image token count,
     so `AutoProcessor` on the folder expands an image to the 4 rows the model makes, not 256."""
     return Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": 56, "width": 56}),
-                           tokenizer=tokenizer, image_seq_length=model.config.mm_tokens_per_image)
+                           tokenizer=tokenizer, image_seq_length=model.config.mm_tokens_per_image,
+                           chat_template=published_template("gemma3"))
 
 
 CHAT_FAMILY_BUILDERS = {  # model_type -> (tokenizer builder, model builder, processor builder)

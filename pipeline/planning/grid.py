@@ -25,10 +25,8 @@ from pipeline.models.head_names import HEAD_METHODS, head_kind
 from pipeline.planning.catalog import Catalog  # noqa: F401  (grids are validated against it)
 
 TINY_PREFIX = "tiny:"  # tiny random models built locally on each node (pipeline.models.tiny)
-
 AUTO_ENGINE = "auto"  # the decoding core picks by device (pipeline.decoding.engine.default_engine)
-# The core's engines, named here so a grid validates without importing torch.
-ENGINE_CHOICES = (AUTO_ENGINE, "static", "eager")
+ENGINE_CHOICES = (AUTO_ENGINE, "static", "eager")  # the core's, named so a grid validates without torch
 
 class GridError(ValueError):
     """An invalid grid file; the message names the offending entry."""
@@ -49,9 +47,8 @@ class Pair:
 
 @dataclass(frozen=True)
 class ModelGroup:
-    """A target in one dtype and every draft the grid pairs it with: what one actor loads. The
-    target sits on its device once, and its greedy decode and teacher-forced pass serve all
-    these drafts (draft size as a grid axis, like the paper's 68M vs 160M drafts)."""
+    """A target in one dtype and every draft the grid pairs it with: what one actor loads, the
+    target once, its decodes serving all these drafts (draft size as an axis, as in the paper)."""
 
     target: str
     dtype: str
@@ -94,15 +91,15 @@ class PolicyEntry:
 @dataclass(frozen=True)
 class RunConfig:
     """Everything that determines one decoding result except the sample, a grid point: the pair,
-    how it decodes (`decode`, the core's own configuration; the AR baseline's methods are `AR`),
-    the captioner (only when C is among the methods) and the engine (auto | static | eager:
-    outputs agree, walltimes do not) and how many requests decode as one batch."""
+    how it decodes (`decode`, the core's; the AR baseline's methods are `AR`), the captioner (when
+    C is among the methods), the engine (outputs agree, walltimes do not) and the batch."""
 
     pair: Pair
     decode: DecodeConfig
     captioner: str | None = None
     engine: str = AUTO_ENGINE
     batch: int = 1  # requests decoded together (`pipeline.decoding.loop`); 1: one at a time
+    prompt_format: str = "model"  # how a chat family's prompt is rendered (`PROMPT_FORMATS`)
 
     @property
     def decode_engine(self) -> str | None:
@@ -111,13 +108,12 @@ class RunConfig:
 
     @property
     def replayable(self) -> bool:
-        """Greedy trace replay scores it exactly: its tree's shape follows the target's path, and
-        its draft is no head (which drafts from its own guesses, never made by a forced pass)."""
+        """Greedy replay scores it exactly: its tree follows the target's path, its draft is no
+        head (a head drafts from its own guesses, which no forced pass makes)."""
         return self.decode.greedy and self.decode.verify.replayable and head_kind(self.pair.draft) is None
 
     def key(self) -> str:
-        """Hash of every field that changes results (not the run name or decoding mode); the
-        engine counts, since walltimes depend on it."""
+        """Hash of what changes results (not the run name or mode; the engine: walltimes do)."""
         return _config_key(self)
 
 
@@ -126,7 +122,8 @@ def key_fields(config: RunConfig) -> dict:
     earlier versions is here, so those rows resume without being computed again:
     - the decoding knobs sit flat beside the pair, captioner and engine, as when they were
       RunConfig's own fields;
-    - a batch of 1 hashes no `batch` (keys from before the batch axis);
+    - a batch of 1 hashes no `batch` (keys from before the batch axis), the `model` prompt format
+      no `prompt_format` (LLaVA's and the embedded target's prompts were always theirs);
     - policies and verify kinds hash their `key_fields()`, except that a chain hashes no
       `verify` (its keys are those from before trees existed) and a candidate tree hashes
       null `nodes` and `top_k` (its keys from before verify kinds were classes)."""
@@ -142,6 +139,8 @@ def key_fields(config: RunConfig) -> dict:
         del fields["verify"]
     if config.batch != 1:
         fields["batch"] = config.batch
+    if config.prompt_format != "model":
+        fields["prompt_format"] = config.prompt_format
     return fields
 
 
@@ -246,6 +245,7 @@ class GridSpec:
     #: import paths of the grid's own drafting methods (pipeline.planning.plugins); workers import them too
     drafting_methods: tuple[str, ...] = ()
     max_image_pixels: int | None = None  # images above it are input errors (None: pipeline.data.images')
+    prompt_format: str = "model"  # how chat families' prompts are rendered (`PROMPT_FORMATS`)
 
     @property
     def second_turns(self) -> tuple[str, ...]:
@@ -269,7 +269,7 @@ class GridSpec:
                 continue
             decode = DecodeConfig(methods, replace(policy.policy, window=window, distance=distance), gamma,
                                   temperature, self.max_new_tokens, seed, verify)
-            config = RunConfig(pair, decode, self.captioner, engine, batch)
+            config = RunConfig(pair, decode, self.captioner, engine, batch, self.prompt_format)
             seen.setdefault(normalise(config), None)
         return list(seen)
 

@@ -14,6 +14,7 @@ from pipeline.decoding.verify_kinds import VerifySpec
 from pipeline.drafting.methods import METHODS
 from pipeline.drafting.policies import DISTANCES, POLICIES, WeightPolicy
 from pipeline.models.dtypes import DTYPES
+from pipeline.models.families import PROMPT_FORMATS
 from pipeline.names import did_you_mean
 from pipeline.planning.grid import (
     AR, ENGINE_CHOICES, FIRST_TURN, GridError, GridSpec, PolicyEntry, Pair,
@@ -24,7 +25,7 @@ from pipeline.planning.grid_bounds import (
     MAX_REPEATS, MAX_SAMPLES, MAX_SEED, MAX_TEMPERATURE, check_name, check_size,
 )
 from pipeline.planning.grid_checks import AXES, check_combinations
-from pipeline.planning.grid_values import boolean, choice, integer, listed, number
+from pipeline.planning.grid_values import boolean, choice, integer, listed, model_name, number
 from pipeline.planning.grid_yaml import read_grid_yaml
 from pipeline.planning.model_ids import check_model_id, check_pair_here
 from pipeline.planning.plugins import load_drafting_methods, parse_datasets, plugin_kind
@@ -36,7 +37,7 @@ MODES = ("live", "replay", "auto")
 FIELDS = {"name", "datasets", "turns", "pairs", "methods", "policies", *AXES, "max_new_tokens", "limit",
           "captioner", "shard_size", "mode", "live_samples", "live_seed", "sources", "calibrate",
           "timed_repeats", "calibrate_rounds", "calibrate_repeats", "drafting_methods", "max_image_pixels",
-          "max_configurations"}
+          "max_configurations", "prompt_format"}
 
 
 def load_grid(path: str | Path, catalog: Catalog | None = None, run_plugins: bool = True) -> GridSpec:
@@ -107,10 +108,12 @@ def parse_grid(raw: dict[str, Any], catalog: Catalog | None = None, base: Path |
                                       "max_new_tokens", minimum=1, maximum=MAX_NEW_TOKENS),
         limit=None if raw.get("limit") is None else problems.check(integer, raw["limit"], "limit", minimum=1,
                                                                    maximum=MAX_SAMPLES),
-        captioner=problems.check(_captioner, raw.get("captioner")),
+        captioner=problems.check(model_name, raw.get("captioner"), "captioner"),
         shard_size=problems.check(integer, raw.get("shard_size", GridSpec.shard_size), "shard_size",
                                   minimum=1, maximum=MAX_SAMPLES),
         mode=problems.check(choice, raw.get("mode", GridSpec.mode), MODES, "mode"),
+        prompt_format=problems.check(choice, raw.get("prompt_format", GridSpec.prompt_format), PROMPT_FORMATS,
+                                     "prompt_format"),
         live_samples=problems.check(integer, raw.get("live_samples", GridSpec.live_samples),
                                     "live_samples", minimum=0, maximum=MAX_SAMPLES),
         live_seed=problems.check(integer, raw.get("live_seed", GridSpec.live_seed), "live_seed", minimum=0,
@@ -291,10 +294,3 @@ def _engine(value: Any, where: str) -> str:
                         f"{did_you_mean(value, ENGINE_CHOICES)}")
     return value
 
-
-def _captioner(value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise GridError(f"captioner: expected a name (embedded, a hub id or a directory), got {value!r}")
-    return value

@@ -47,3 +47,10 @@ def number(value: Any, where: str, *, maximum: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= maximum:
         raise GridError(f"{where}: expected a finite number from 0 to {maximum:g}, got {shown(value)}")
     return float(value)
+
+
+def model_name(value: Any, where: str) -> str | None:
+    """A model named by a string (`embedded`, a hub id or a directory), or None."""
+    if value is not None and (not isinstance(value, str) or not value):
+        raise GridError(f"{where}: expected a name (embedded, a hub id or a directory), got {value!r}")
+    return value

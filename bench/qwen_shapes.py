@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLFo
 from bench.real_shapes import arrange_successor, successor_tables
 from pipeline.models.qwen_vl import HFQwenVL
 from pipeline.models.tiny_families import (
-    MERGE, PATCH, QWEN_SPECIAL_TOKENS, qwen_image_processor, qwen_tokenizer,
+    MERGE, PATCH, QWEN_SPECIAL_TOKENS, published_template, qwen_image_processor, qwen_tokenizer,
 )
 
 VOCAB = 152064  # the checkpoints' embedding rows
@@ -64,6 +64,7 @@ def build_qwen_pair(shapes: str, agreement: float, device: torch.device, dtype: 
     """(target, draft) adapters of `shapes` (7b | tiny) sharing the tokenizer and image processor,
     allocated on `device` in `dtype` directly (a 7B model never passes through host memory)."""
     tokenizer = qwen_tokenizer()
+    tokenizer.chat_template = published_template("qwen2_5_vl")  # prompts as the real model's
     processor = SimpleNamespace(image_processor=qwen_image_processor(), tokenizer=tokenizer)
     tables = successor_tables(len(tokenizer), agreement, seed, specials=len(QWEN_SPECIAL_TOKENS))
     pair = []

@@ -7,6 +7,7 @@ algorithm, accepts what the decoder accepts, and EAGLE-2's tree is the reference
 the target's distribution; a mismatched head is refused before anything loads."""
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import replace
@@ -323,10 +324,10 @@ def test_a_head_pair_runs_ar_and_m_and_only_live(tiny_dirs):
         parse_grid({**grid, "pairs": [{"target": "tiny:target", "draft": "tiny:eagle_head"}]})
 
 
-@pytest.fixture(scope="module", params=KINDS)
-def word_head(request):
-    """test_sampling's 11-word target with a random head of its shape, far from it (EAGLE-3's
-    drafting 9 of the 11 words)."""
+@functools.lru_cache(maxsize=None)
+def word_head(kind: str):
+    """test_sampling's 11-word target with a random `kind` head of its shape, far from it
+    (EAGLE-3's drafting 9 of the 11 words)."""
     from pipeline.models.head_names import eagle3_layers
     from pipeline.models.heads.draft import HeadDraft, MedusaDraft
     from pipeline.models.heads.eagle import EagleHead
@@ -343,14 +344,14 @@ def word_head(request):
     target = HFLlava(build_llava(tokenizer, seed=0), llava_processor(tokenizer), "word-target")
     torch.manual_seed(11)
     layers = {"eagle": EagleHead, "msd": MsdHead, "vispec": VispecHead}
-    if request.param in layers:
-        module = layers[request.param](eagle_config(target.model)).eval()
-        return target, HeadDraft(module, target, f"{request.param}:word", request.param)
+    if kind in layers:
+        module = layers[kind](eagle_config(target.model)).eval()
+        return target, HeadDraft(module, target, f"{kind}:word", kind)
     head = Eagle3Head(eagle3_config(target.model, 9)).eval()
     with torch.no_grad():
         head.d2t.copy_(torch.tensor([0, 0, 0, 0, 2, 2, 2, 2, 2]))  # the words and one special: ids 0-3, 6-10
         head.t2d.copy_(torch.tensor([True] * 4 + [False] * 2 + [True] * 5))
-    if request.param == "medusa":
+    if kind == "medusa":
         return target, MedusaDraft(MedusaHeads(64, len(WORDS), 2, 1).eval(), target, "medusa:word", "medusa")
     head.target_layers = eagle3_layers(head.config.to_dict(), 2)
     return target, HeadDraft(head, target, "eagle3:word", "eagle3")
@@ -374,13 +375,20 @@ def first_token_distributions(target, head) -> tuple[torch.Tensor, torch.Tensor]
     return p, q
 
 
+DYNAMIC, EAGLE2 = {"kind": "dynamic", "nodes": 4, "top_k": 2}, {"kind": "eagle2", "depth": 1, "top_k": 2, "total_tokens": 5}
+# every head kind, and every verify kind alone and in a batch, at least once (not every product:
+# each case decodes 800 requests)
+SAMPLED = [("eagle", "chain", 1), ("eagle", EAGLE2, 4), ("eagle3", "chain", 4), ("eagle3", DYNAMIC, 4),
+           ("msd", "chain", 1), ("vispec", "chain", 4), ("vispec", EAGLE2, 4), ("medusa", "chain", 1),
+           ("medusa", DYNAMIC, 4)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("verify,batch", [("chain", 1), ("chain", 4), ({"kind": "dynamic", "nodes": 4, "top_k": 2}, 4),
-                                          ({"kind": "eagle2", "depth": 1, "top_k": 2, "total_tokens": 5}, 4)])
-def test_sampling_with_a_head_keeps_the_targets_distribution(word_head, verify, batch):
+@pytest.mark.parametrize("kind,verify,batch", SAMPLED)
+def test_sampling_with_a_head_keeps_the_targets_distribution(kind, verify, batch):
     from tests.test_sampling import RUNS, SAMPLE, TOLERANCE, exact_two_token_distribution, total_variation
 
-    target, head = word_head
+    target, head = word_head(kind)
     p, q = first_token_distributions(target, head)
     assert 0.5 * float((p - q).abs().sum()) > 0.3  # the head alone is far off
     exact = exact_two_token_distribution(target)

@@ -125,8 +125,8 @@ class GridRunner:
             print(f"[{label}] {line}", file=self.stream, flush=True)
         planned = plan_shards(
             self.run_name, units, self.samples.for_unit, shard_size=self.spec.shard_size,
-            grid_mode=self.spec.mode, live_samples=self.spec.live_samples,
-            live_seed=self.spec.live_seed, untimed=frozenset(self.spec.untimed + self.spec.untimed_verify),
+            grid_mode=self.spec.mode, timed=self.samples.timed_ids(),
+            untimed=frozenset(self.spec.untimed + self.spec.untimed_verify),
             timed_only=frozenset(self.spec.timed_only), done=resume.keep,
         )
         self.report.rows_skipped += len(resume.keep)

@@ -165,6 +165,11 @@ def sample(i: int, turn: str = "first") -> Sample:
     return Sample("toy", "test", i, turn, "USER: hi ASSISTANT:")
 
 
+def walltime(samples: list[Sample], count: int = 1) -> set[str]:
+    """The run's walltime samples among `samples` (one dataset), as `RunSamples.timed_ids` deals them."""
+    return set(choose_timed({samples[0].dataset: samples}, count, seed=0))
+
+
 def test_plan_shards_bundles_replay_configs_and_skips_done_rows():
     spec = grid(methods=["AR", "M", "MT"], gamma=[5], window=[None], distance=["kl"], turns=["first"])
     units = spec.units()
@@ -181,21 +186,22 @@ def test_plan_shards_bundles_replay_configs_and_skips_done_rows():
     assert [s.mode for s in replayed] == ["replay"] * 3  # every greedy config of a sample together, AR too
     assert all(len({c for c, _ in s.items}) == n_configs for s in replayed)
     # live_samples: chosen samples run live (walltime), the rest replay, each row once; shards name them
-    timed = plan_shards("r", units, lambda u: samples, shard_size=2, grid_mode="auto", live_samples=2, live_seed=7)
+    chosen = set(choose_timed({"toy": samples}, 2, seed=7))
+    timed = plan_shards("r", units, lambda u: samples, shard_size=2, grid_mode="auto", timed=chosen)
     keys = [k for s in timed for k in s.keys]
     assert len(keys) == len(set(keys)) == n_configs * 5
-    chosen = set(choose_timed({"toy": samples}, 2, seed=7))
     live_sd = [s for s in timed if s.mode == "live" and any(c.decode.methods != "AR" for c, _ in s.items)]
     assert {sid for s in live_sd for _, sid in s.items} == chosen == {sid for s in timed for sid in s.timed}
     # with several datasets the pair's live samples are dealt round-robin over them
     two = grid(datasets=["toy", "other"], methods=["AR", "M"], turns=["first"]).units()
     ids = lambda u: [Sample(u.dataset, "test", i, "first", "USER: hi ASSISTANT:") for i in range(4)]
-    dealt = plan_shards("r", two, ids, shard_size=2, grid_mode="auto", live_samples=3)
+    walltime = set(choose_timed({u.dataset: ids(u) for u in two}, 3, seed=0))
+    dealt = plan_shards("r", two, ids, shard_size=2, grid_mode="auto", timed=walltime)
     live_ids = {sid for s in dealt if s.mode == "live" for _, sid in s.items}
     assert len(live_ids) == 3 and sum(sid.startswith("toy/") for sid in live_ids) == 2
     # second turns are planned on their own and never run live for walltime
     again = grid(datasets=["toy", "other"], methods=["AR", "M"]).units(["again"])
-    second = plan_shards("r", again, ids, shard_size=2, grid_mode="auto", live_samples=3)
+    second = plan_shards("r", again, ids, shard_size=2, grid_mode="auto", timed=walltime)
     assert {s.mode for s in second} == {"replay"}
     # finished rows are not planned again, and a shard planned twice has the same id
     done = set(live[0].keys) | {live[1].keys[0]}
@@ -210,7 +216,7 @@ def test_drafts_of_one_target_share_shards_and_timed_samples_run_live_with_their
              {"target": "tiny:next_target", "draft": "tiny:draft"}]
     spec = grid(pairs=pairs, methods=["AR", "M"], gamma=[5], window=[None], distance=["kl"], turns=["first"])
     samples = [sample(i) for i in range(3)]
-    shards = plan_shards("r", spec.units(), lambda u: samples, shard_size=3, grid_mode="auto", live_samples=1)
+    shards = plan_shards("r", spec.units(), lambda u: samples, shard_size=3, grid_mode="auto", timed=walltime(samples))
     groups = {s.group for s in shards}
     assert {(g.target, g.drafts) for g in groups} == {
         ("tiny:target", ("tiny:draft", "tiny:next_target")), ("tiny:next_target", ("tiny:draft",))}
@@ -231,7 +237,7 @@ def test_a_pair_marked_untimed_is_replayed_on_the_timed_samples_too():
     timed_pair, untimed_pair = spec.pairs
     assert spec.untimed == (untimed_pair,)
     samples = [sample(i) for i in range(3)]
-    shards = plan_shards("r", spec.units(), lambda u: samples, shard_size=3, grid_mode="auto", live_samples=1,
+    shards = plan_shards("r", spec.units(), lambda u: samples, shard_size=3, grid_mode="auto", timed=walltime(samples),
                          untimed=frozenset(spec.untimed))
     live = [s for s in shards if s.mode == "live"]
     assert len(live) == 1 and {c.pair for c, _ in live[0].items} == {timed_pair} and len(live[0].timed) == 1
@@ -378,7 +384,7 @@ def test_a_pair_marked_timed_only_decodes_the_timed_samples_alone():
     full_pair, only_pair = spec.pairs
     assert spec.timed_only == (only_pair,) and spec.untimed == ()
     samples = [sample(i) for i in range(3)]
-    shards = plan_shards("r", spec.units(), lambda u: samples, shard_size=3, grid_mode="auto", live_samples=1,
+    shards = plan_shards("r", spec.units(), lambda u: samples, shard_size=3, grid_mode="auto", timed=walltime(samples),
                          timed_only=frozenset(spec.timed_only))
     rows = [(c.pair, sid, s.mode) for s in shards for c, sid in s.items]
     chosen = {sid for s in shards for sid in s.timed}
@@ -409,7 +415,7 @@ def test_a_verify_kind_marked_untimed_is_replayed_on_the_timed_samples_too():
                 verify=["chain", {"kind": "candidates", "timed": False}])
     assert [v.kind for v in spec.verify] == ["chain", "candidates"] and [v.kind for v in spec.untimed_verify] == ["candidates"]
     samples = [sample(i) for i in range(3)]
-    shards = plan_shards("r", spec.units(), lambda u: samples, shard_size=3, grid_mode="auto", live_samples=1,
+    shards = plan_shards("r", spec.units(), lambda u: samples, shard_size=3, grid_mode="auto", timed=walltime(samples),
                          untimed=frozenset(spec.untimed_verify))
     live = {(c.decode.methods, c.decode.verify.kind) for s in shards if s.mode == "live" for c, _ in s.items}
     assert live == {("AR", "chain"), ("MT", "chain")}

@@ -5,14 +5,13 @@ live, cut into shards of a few samples, and the `--dry-run` summary. No Ray here
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Collection, Iterable, Sequence
 
 from pipeline.data.sample import Sample
 from pipeline.decoding.verify_kinds import VerifySpec
 from pipeline.planning.grid import (
     FIRST_TURN, GridSpec, ModelGroup, Pair, RunConfig, Shard, WorkUnit, model_groups, row_key,
 )
-from pipeline.planning.timed_samples import choose_timed
 
 
 def decode_mode(config: RunConfig, grid_mode: str) -> str:
@@ -34,8 +33,7 @@ def plan_shards(
     *,
     shard_size: int,
     grid_mode: str = "live",
-    live_samples: int = 0,
-    live_seed: int = 0,
+    timed: Collection[str] = frozenset(),
     untimed: frozenset[Pair | VerifySpec] = frozenset(),
     timed_only: frozenset[Pair] = frozenset(),
     done: set[str] = frozenset(),
@@ -45,22 +43,21 @@ def plan_shards(
     configuration of their samples, for every draft (one trace collection scores them all);
     live shards carry the greedy configurations together (one shadow replay checks them,
     `actors.target_worker`) or one sampling configuration. In `auto` mode every greedy
-    configuration of `live_samples` first-turn samples per group
-    (`pipeline.planning.timed_samples`) runs live instead, AR included, so walltime is
-    measured on them, except for the `untimed` pairs and verify kinds, which are replayed there
+    configuration of the `timed` first-turn samples (the run's walltime samples, chosen once:
+    `pipeline.planning.samples.RunSamples.timed_ids`) runs live instead, AR included, so
+    walltime is measured on them, except for the `untimed` pairs and verify kinds, which are replayed there
     too; the `timed_only` pairs decode the timed samples alone. Each row is computed once either
     way, and every live shard names its timed samples."""
     group_of = model_groups(unit.config.pair for unit in units)
     groups: dict[tuple[ModelGroup, str, str], list[RunConfig]] = defaultdict(list)
     for unit in units:
         groups[(group_of[unit.config.pair], unit.dataset, unit.turn)].append(unit.config)
-    timed = (_timed_samples(groups, samples_for, live_samples, live_seed, timed_only) if grid_mode == "auto"
-             else {})
+    timed = set(timed) if grid_mode == "auto" else set()
     shards = []
     for (group, dataset, turn), configs in groups.items():
         here = _samples(configs, dataset, turn, samples_for, timed_only)
         hashes = {s.sample_id: s.prompt_hash for s in here}
-        timed_here = timed.get(group, set()) & set(hashes) if turn == FIRST_TURN else set()
+        timed_here = timed & set(hashes) if turn == FIRST_TURN else set()
         for mode, bundle, ids in _bundles(configs, list(hashes), timed_here, grid_mode, untimed):
             batch = bundle[0].batch
             size = -(-shard_size // batch) * batch  # whole batches in a shard
@@ -92,21 +89,6 @@ def is_timed(config: RunConfig, untimed: frozenset[Pair | VerifySpec]) -> bool:
     """Whether a replayable configuration runs live on the timed samples: neither its pair nor
     its verify kind is marked `timed: false`."""
     return config.pair not in untimed and config.decode.verify not in untimed
-
-
-def _timed_samples(
-    groups: dict[tuple[ModelGroup, str, str], list[RunConfig]],
-    samples_for: Callable[[WorkUnit], list[Sample]],
-    live_samples: int, live_seed: int, timed_only: frozenset[Pair],
-) -> dict[ModelGroup, set[str]]:
-    """Each group's walltime samples, chosen over its first-turn datasets in grid order (the
-    same for all its drafts, so their speedups are measured on the same samples)."""
-    by_group: dict[ModelGroup, dict[str, list[Sample]]] = defaultdict(dict)
-    for (group, dataset, turn), configs in groups.items():
-        if turn == FIRST_TURN:
-            by_group[group][dataset] = _samples(configs, dataset, turn, samples_for, timed_only)
-    return {group: set(choose_timed(datasets, live_samples, live_seed))
-            for group, datasets in by_group.items()}
 
 
 def _bundles(

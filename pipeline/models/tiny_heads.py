@@ -56,6 +56,12 @@ def eagle_config(target: PreTrainedModel) -> LlamaConfig:
 def build_eagle_head(target: PreTrainedModel, out_dir: Path, seed: int = 5) -> Path:
     """An EAGLE-1/2 head for the bigram `target`, written to `out_dir` in EAGLE's layout (MSD's
     too: the same files; MSD reads a prompt's image rows apart)."""
+    head, config = eagle_head(target, seed)
+    return save_head(head, config.to_dict(), out_dir)
+
+
+def eagle_head(target: PreTrainedModel, seed: int) -> tuple[EagleHead, LlamaConfig]:
+    """The EAGLE-1/2 head `build_eagle_head` writes, and its config."""
     torch.manual_seed(seed)
     config = eagle_config(target)
     head = EagleHead(config).eval()
@@ -67,7 +73,7 @@ def build_eagle_head(target: PreTrainedModel, out_dir: Path, seed: int = 5) -> P
     layer = head.layers[0]
     layer.self_attn.o_proj.weight.mul_(EAGLE_ATTENTION)
     layer.mlp.down_proj.weight.mul_(0.1)
-    return save_head(head, config, out_dir)
+    return head, config
 
 
 @torch.no_grad()
@@ -76,7 +82,7 @@ def build_vispec_head(target: PreTrainedModel, out_dir: Path, seed: int = 11) ->
     layer (and Qwen's `qkv_bias`), EAGLE's weights as `build_eagle_head` makes them, and the image
     adaptor and `img_fc` drawn at random, `img_fc`'s weight on the image summary large enough that
     a head handed another summary, or attending to the image rows it drops, accepts differently."""
-    eagle = EagleHead.from_pretrained(build_eagle_head(target, out_dir, seed=seed)).eval()
+    eagle, _ = eagle_head(target, seed)
     text = target.config.get_text_config()
     qkv_bias = "qwen2" in text.model_type  # ViSpec's Qwen2.5-VL heads have q/k/v biases, as Qwen2's layers do
     config = eagle_config(target)
@@ -95,17 +101,15 @@ def build_vispec_head(target: PreTrainedModel, out_dir: Path, seed: int = 11) ->
     for projection in (attention.q_proj, attention.k_proj, attention.v_proj):
         if projection.bias is not None:
             projection.bias.copy_(0.1 * torch.randn_like(projection.bias))
-    config_dict = {**config.to_dict(), "model_type": target.config.model_type}
-    config_dict.pop("num_q")  # ViSpec's config does not name it: `imadpt.q` does
-    save_head(head, config, out_dir)
-    (out_dir / "config.json").write_text(json.dumps(config_dict, indent=2))
-    return out_dir
+    written = {**config.to_dict(), "model_type": target.config.model_type}
+    written.pop("num_q")  # ViSpec's config does not name it: `imadpt.q` does
+    return save_head(head, written, out_dir)
 
 
-def save_head(head: torch.nn.Module, config: LlamaConfig, out_dir: Path) -> Path:
-    """`config.json` and `model.safetensors`, as the heads' reference code writes them."""
+def save_head(head: torch.nn.Module, config: dict, out_dir: Path) -> Path:
+    """`config.json` (`config`, as the kind's code writes it) and `model.safetensors`."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     save_file({name: tensor.contiguous() for name, tensor in head.state_dict().items()},
               out_dir / "model.safetensors")
     return out_dir
@@ -173,11 +177,8 @@ def build_eagle3_head(target: PreTrainedModel, tokenizer: PreTrainedTokenizerFas
     head.lm_head.weight[:, :passed] = target.lm_head.weight[words, :passed]
     head.d2t.copy_(words - torch.arange(len(words)))
     head.t2d.zero_()[words] = True
-    save_head(head, config, out_dir)
-    if head.target_positions:
-        written = json.loads((out_dir / "config.json").read_text())
-        (out_dir / "config.json").write_text(json.dumps(spec_forge_rope(written), indent=2))
-    return out_dir
+    written = config.to_dict()
+    return save_head(head, spec_forge_rope(written) if head.target_positions else written, out_dir)
 
 
 @torch.no_grad()

@@ -50,10 +50,12 @@ def word_pair():
 SAMPLE = Sample("unit", "test", 0, "first", "a <image> b c", (solid((200, 30, 30)),))
 
 
-def exact_two_token_distribution(model, methods: str = "M", weights=None) -> dict[tuple[int, ...], float]:
-    """P(first two tokens) of `model` (or of the fixed-weight mixture of its methods), EOS ending early."""
-    ids = model.tokenize_prompt(SAMPLE.prompt)
-    rows = DynamicCacheRows(model, [method_embeddings(model, m, ids, SAMPLE.pixels())[:-1] for m in methods])
+def exact_two_token_distribution(model, methods: str = "M", weights=None,
+                                 sample: Sample = SAMPLE) -> dict[tuple[int, ...], float]:
+    """P(first two tokens) of `model` (or of the fixed-weight mixture of its methods) after
+    `sample`'s prompt, EOS ending early."""
+    ids = model.tokenize_prompt(sample.prompt)
+    rows = DynamicCacheRows(model, [method_embeddings(model, m, ids, sample.pixels())[:-1] for m in methods])
     rows.prefill()
     w = torch.full((len(methods),), 1 / len(methods)) if weights is None else weights
 

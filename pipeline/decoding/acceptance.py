@@ -23,16 +23,20 @@ def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(logits / (temperature or 1.0), dim=-1)
 
 
-def verify_greedy(proposals: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def verify_greedy(proposals: torch.Tensor, target_logits: torch.Tensor,
+                  depths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Accept proposals while they equal the target's argmax; return (accepted, next token), `[B]` each.
 
     `proposals` `[B, g]`, `target_logits` `[B, g+1, V]` (row i = target scores before proposal
     i; row g is the bonus position). The next token is the target's own choice at the first
     mismatch, or the bonus token when all g were accepted — so the output is the target's
-    greedy output whatever the draft proposed.
+    greedy output whatever the draft proposed. `depths` `[B]`: each request proposed only its
+    first ones (a lookup without a match proposes none), the rest are fillers never accepted.
     """
     target_ids = target_logits.argmax(-1)
     accepted = leading_matches(proposals, target_ids[:, :-1])
+    if depths is not None:
+        accepted = torch.minimum(accepted, depths)
     return accepted, target_ids.gather(1, accepted[:, None])[:, 0]
 
 
@@ -46,18 +50,23 @@ def verify_sampling(
     target_probs: torch.Tensor,
     draft_probs: torch.Tensor,
     uniforms: torch.Tensor,
+    depths: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative sampling: accept y with prob min(1, p(y)/q(y)), else resample from
     norm(max(0, p - q)). `proposals` `[B, g]`; `draft_probs` `[B, g, V]` must be the
     distribution each proposal was sampled from (for an ensemble: the mixture); `uniforms`
     `[B, g + 1]` float64 (g acceptance tests, then one draw for the emitted token). The emitted
-    tokens are distributed exactly as sampling from the target. Returns `[B]` each."""
+    tokens are distributed exactly as sampling from the target. `depths` `[B]`: each request
+    proposed only its first ones; past them nothing is accepted and the token is drawn from p
+    itself (q = 0 there). Returns `[B]` each."""
     g = proposals.shape[1]
+    if depths is not None:
+        draft_probs = draft_probs * (torch.arange(g, device=depths.device) < depths[:, None])[..., None]
     index = proposals[..., None]
     p_y = target_probs[:, :g].gather(2, index)[..., 0].double()
     q_y = draft_probs.gather(2, index)[..., 0].double()
-    # u < p/q without dividing by a zero q
-    accepted = ((uniforms[:, :g] * q_y) < p_y).long().cumprod(1).sum(1)
+    # u < p/q without dividing by a zero q; a token of q 0 (past a depth) was never proposed
+    accepted = (((uniforms[:, :g] * q_y) < p_y) & (q_y > 0)).long().cumprod(1).sum(1)
     residual = (target_probs[:, :g] - draft_probs).clamp_min(0)
     total = residual.sum(-1, keepdim=True)
     # p == q everywhere leaves no residual mass; then rejection has probability 0 anyway

@@ -133,7 +133,11 @@ class ChainProposer(Proposer):
         logits = pending.feed_into(self.rows, branches * m)[:, -1]
         own = torch.arange(m, device=logits.device)
         tokens, method_probs, draws, steps = [], [], [], self.steps(budgets)
+        depths = ended = None  # where the rows may abstain (a lookup's), each request's real proposals
         for i in range(config.gamma):
+            if (abstains := getattr(self.rows, "abstains", None)) is not None and branches == 1:
+                ended = abstains[:, -1].view(requests, m).all(1) | (False if ended is None else ended)
+                depths = (~ended).long() + (0 if depths is None else depths)
             q = probabilities(logits, config.temperature).view(requests, branches, m, -1)
             ensemble = mix(q[:, 0], weights)[:, None]  # [B, 1, V]
             dists = torch.cat([ensemble, q[:, 1 + own, own]], 1) if branches > 1 else ensemble
@@ -152,7 +156,7 @@ class ChainProposer(Proposer):
         gammas = [config.gamma] * requests
         if branches == 1:
             return ChainProposal(chains[:, 0], None, draws[:, 0], gammas, None,
-                                 None if methods is None else methods[:, 0])
+                                 None if methods is None else methods[:, 0], depths)
         tree = candidate_tree(chains, merge=config.greedy)
         return CandidateProposal(tree.tokens, tree, draws.flatten(1, 2), gammas, None, methods)
 

@@ -20,6 +20,7 @@ import torch
 
 from pipeline.decoding.head_rows import HeadDynamicRows, HeadStaticRows
 from pipeline.decoding.inputs import Prompt, check_fits
+from pipeline.decoding.lookup_rows import LookupRows
 from pipeline.decoding.medusa_rows import MedusaRows
 from pipeline.decoding.rows import DynamicCacheRows
 from pipeline.decoding.rows_protocol import Rows
@@ -193,7 +194,12 @@ def medusa_rows(model: LVLM, prompts: list[torch.Tensor], **engine: object) -> R
     return MedusaRows(model, prompts, **engine)
 
 
+def lookup_rows(model: LVLM, prompts: list[torch.Tensor], **engine: object) -> Rows:
+    """A lookup per row over its token context, on either engine (`pipeline.decoding.lookup_rows`)."""
+    return LookupRows(model, prompts, **engine)
+
+
 # what drafts with a model (`LVLM.drafter`): a new kind of drafter is a rows class, a builder here
 # and a model adapter that names it
 DRAFTERS: dict[str, Callable[..., Rows]] = {"kv": kv_rows, "state": state_rows, "head": head_rows,
-                                            "medusa": medusa_rows}
+                                            "medusa": medusa_rows, "lookup": lookup_rows}

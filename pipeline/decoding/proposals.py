@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pipeline.decoding.acceptance import TreeOutcome, verify_branches_sampling, verify_sampling
+from pipeline.decoding.acceptance import TreeOutcome, verify_branches_sampling, verify_greedy, verify_sampling
 from pipeline.decoding.trees import Tree
 
 if TYPE_CHECKING:
@@ -108,6 +108,10 @@ class Proposal:
         accepted, token = verify_sampling(self.tokens, target_probs, self.draws, uniforms)
         return TreeOutcome(accepted, token, None)
 
+    def accept_greedy(self, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(accepted, the target's next token) of a greedy chain block."""
+        return verify_greedy(self.tokens, target_logits)
+
     def history(self, path: torch.Tensor | None, accepted: torch.Tensor) -> torch.Tensor:
         """Each method's distributions `[B, gamma, m, V]` at the root and along each request's
         accepted path (its first positions are what the history learns from)."""
@@ -117,9 +121,18 @@ class Proposal:
 @dataclass
 class ChainProposal(Proposal):
     """`methods` `[B, gamma, m, V]`: each method's distributions at the root and the proposals
-    (None when the weights learn nothing)."""
+    (None when the weights learn nothing); `depths` `[B]`: the proposals each request really
+    made, where a member may abstain (a lookup without a match; None: all of them)."""
 
     methods: torch.Tensor | None
+    depths: torch.Tensor | None = None
+
+    def accept_sampled(self, target_probs: torch.Tensor, uniforms: torch.Tensor) -> TreeOutcome:
+        accepted, token = verify_sampling(self.tokens, target_probs, self.draws, uniforms, self.depths)
+        return TreeOutcome(accepted, token, None)
+
+    def accept_greedy(self, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return verify_greedy(self.tokens, target_logits, self.depths)
 
     def history(self, path: torch.Tensor | None, accepted: torch.Tensor) -> torch.Tensor:
         return self.methods

@@ -25,6 +25,7 @@ from transformers import PreTrainedTokenizerBase
 from pipeline.decoding.acceptance import recorded_weights, settle_block
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.draft import proposer_class
+from pipeline.decoding.lookup_replay import LookupTrace
 from pipeline.decoding.records import SampleRecord
 from pipeline.drafting.scoring import mixing_weights
 
@@ -52,6 +53,8 @@ class Traces:
     time_collect_s: float = 0.0
     #: the plain greedy decode that produced y: a real AR baseline row, timings included
     baseline: SampleRecord | None = field(default=None, repr=False, compare=False)
+    #: a draft-free drafter's context instead of draft distributions (`draft_probs` is empty)
+    lookup: LookupTrace | None = field(default=None, repr=False, compare=False)
 
     @property
     def complete(self) -> bool:
@@ -72,6 +75,8 @@ def _check_replayable(traces: Traces, config: DecodeConfig) -> None:
             f"replay is exact only for greedy decoding, got temperature {config.temperature}: with "
             "sampling the output depends on the draft's proposals, so run the live engine"
         )
+    if traces.lookup is not None and not config.verify.is_chain:
+        raise ValueError(f"a lookup draft replays as a chain only, not as {config.verify.label}: run it live")
     if not config.verify.replayable:
         raise ValueError(
             f"a {config.verify.label} tree cannot be replayed from traces: its shape depends on draft "
@@ -107,7 +112,9 @@ def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
     q = traces.draft_probs[:n, rows].contiguous()  # [n, m, V] in the config's method order
     p = traces.target_probs
     state = policy.start(len(methods))
-    rule = proposer_class(config.verify).replay_rule(config)  # a bandit's: which shape each block uses
+    # a bandit's rule says which shape each block uses; a lookup's makes its plans
+    rule = (proposer_class(config.verify).replay_rule(config) if traces.lookup is None
+            else traces.lookup.rule(config.gamma, y))
     record = SampleRecord(sample_id=traces.sample_id, mode="replay", engine=traces.engine,
                           prompt_tokens=traces.baseline.prompt_tokens if traces.baseline else None)
     t = 0  # tokens decoded so far = position of the block's first proposal

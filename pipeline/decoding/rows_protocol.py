@@ -1,6 +1,6 @@
 """What proposers, verification, replay's traces and calibration ask of a batch of rows, the
 drafter seam: the verbs that feed and roll back, defined once. Each kind of drafter implements
-them (`pipeline.decoding.rows`' KV rows, `state_rows`, `head_rows`), and `engine.DRAFTERS`
+them (`pipeline.decoding.rows`' KV rows, `state_rows`, `head_rows`, `lookup_rows`), and `engine.DRAFTERS`
 builds the kind a model names (`LVLM.drafter`)."""
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ class Rows(Protocol):
     # settling keeps only what was read with the target's states, and the next block reads the
     # accepted proposals again with them (`Pending.after`): a head's rows
     rereads_kept: bool
+    # rows that may propose nothing at a position (a lookup without a match; absent or None for
+    # the others): after each feed, `[rows, keep]` True where a row abstained, its distribution
+    # uniform; a chain ends where every row of a request abstains (`ChainProposal.depths`)
+    abstains: torch.Tensor | None
 
     def prefill(self, hidden: tuple[int, ...] = ()) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run the prompts once; fp32 logits after each row's last prompt token `[rows, 1, V]`

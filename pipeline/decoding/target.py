@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.decoding.acceptance import probabilities, verify_greedy, verify_tree_greedy
+from pipeline.decoding.acceptance import probabilities, verify_tree_greedy
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.proposals import Proposal
 from pipeline.decoding.rows_protocol import Rows
@@ -52,7 +52,7 @@ def check(rows: Rows, pending: torch.Tensor, proposal: Proposal, config: DecodeC
         outcome = proposal.accept_sampled(p, uniforms)
         accepted, next_token, path = outcome.accepted, outcome.next_token, outcome.path
     elif tree is None:
-        (accepted, next_token), path = verify_greedy(proposal.tokens, logits), None
+        (accepted, next_token), path = proposal.accept_greedy(logits), None
     else:
         outcome = verify_tree_greedy(tree, logits)
         accepted, next_token, path = outcome.accepted, outcome.next_token, outcome.path

@@ -17,8 +17,10 @@ from pipeline.decoding.engine import default_engine, prefilled_rows
 from pipeline.decoding.loop import autoregressive_decode
 from pipeline.decoding.inputs import tokenize
 from pipeline.decoding.records import SampleRecord
+from pipeline.decoding.lookup_replay import LookupTrace
 from pipeline.decoding.replay import Traces
 from pipeline.drafting.captioner import Captioner
+from pipeline.drafting.methods import method_embeddings
 from pipeline.models.base import LVLM
 
 
@@ -119,13 +121,21 @@ def collect_traces(
             f"{target_trace.engine} engine, not {max_new_tokens} on {engine}"
         )
     y = target_trace.output_ids
-    draft_logits = _teacher_forced_logits(draft, sample, methods, captioner, y, engine)
+    lookup = None
+    if draft.drafter == "lookup":  # no distributions to trace: its context serves replay
+        prompt = tokenize(draft, sample)
+        lookup = LookupTrace(method_embeddings(draft, "M", prompt.ids, prompt.images)[:, 0].tolist(),
+                             draft.new_lookup)
+        draft_probs = torch.zeros(len(y), len(methods), 0)
+    else:
+        draft_logits = _teacher_forced_logits(draft, sample, methods, captioner, y, engine)
+        draft_probs = probabilities(draft_logits, 0.0).transpose(0, 1).contiguous().cpu()
     return Traces(
         sample_id=sample.sample_id,
         methods=methods,
         output_ids=y,
         target_probs=target_trace.target_probs,
-        draft_probs=probabilities(draft_logits, 0.0).transpose(0, 1).contiguous().cpu(),
+        draft_probs=draft_probs,
         max_new_tokens=max_new_tokens,
         eos_token_ids=frozenset(target.eos_token_ids),
         tokenizer=target.tokenizer,
@@ -133,4 +143,5 @@ def collect_traces(
         target_forwards=target_trace.target_forwards,
         time_collect_s=target_trace.time_s + time.perf_counter() - start,
         baseline=target_trace.baseline,
+        lookup=lookup,
     )

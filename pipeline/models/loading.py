@@ -17,6 +17,7 @@ from pipeline.models.families import (
 )
 from pipeline.models.gemma3 import HFGemma3, HFGemma3Text
 from pipeline.models.head_names import EMBEDDED_HEADS, head_kind, head_path
+from pipeline.models.lookup_names import lookup_spec, reads_target
 from pipeline.models.hf import HFLlava, HFModel
 from pipeline.models.internvl import HFInternVL
 from pipeline.models.qwen_vl import HFQwen3VL, HFQwenVL
@@ -144,18 +145,22 @@ def load_target_and_drafts(
         return load_model(name, dtype=dtype, device=home, allow_text=allow_text, gpus=spread)
 
     # spread: the drafts first, so the target's plan sees what they leave free on the first GPU
-    early = {name: load(path) for name, path in drafts.items() if head_kind(path) is None} if gpus > 1 else {}
+    early = {name: load(path) for name, path in drafts.items() if not reads_target(path)} if gpus > 1 else {}
     loaded = load(target, gpus)
     try:
         drafts_only(target, "target", recurrent=loaded.recurrent)
     except UnsupportedFamily as err:
         raise ModelLoadError(str(err)) from None
-    models = early or {name: load(path) for name, path in drafts.items() if head_kind(path) is None}
+    models = early or {name: load(path) for name, path in drafts.items() if not reads_target(path)}
     for model in models.values():
         check_same_tokenizer(loaded, model)
-    for name, path in drafts.items():  # a head reads the target, so it loads after it, with its tokenizer
+    for name, path in drafts.items():  # a head or lookup reads the target: after it, with its tokenizer
         if head_kind(path) is not None:
             models[name] = load_head_of(path, loaded)
+        elif lookup_spec(path) is not None:
+            from pipeline.models.lookup_draft import LookupDraft
+
+            models[name] = LookupDraft(loaded, path, *lookup_spec(path))
     return loaded, {name: models[name] for name in drafts}
 
 

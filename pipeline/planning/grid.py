@@ -21,7 +21,7 @@ from pipeline.decoding.config import AR, DecodeConfig
 from pipeline.decoding.verify_kinds import Chain, VerifySpec
 from pipeline.drafting.methods import needs_captions
 from pipeline.drafting.policies import StaticPolicy, WeightPolicy
-from pipeline.models.head_names import HEAD_METHODS, head_kind
+from pipeline.models.lookup_names import READER_METHODS, reads_target, replays
 from pipeline.planning.catalog import Catalog  # noqa: F401  (grids are validated against it)
 
 TINY_PREFIX = "tiny:"  # tiny random models built locally on each node (pipeline.models.tiny)
@@ -108,9 +108,9 @@ class RunConfig:
 
     @property
     def replayable(self) -> bool:
-        """Greedy replay scores it exactly: its tree follows the target's path, its draft is no
-        head (a head drafts from its own guesses, which no forced pass makes)."""
-        return self.decode.greedy and self.decode.verify.replayable and head_kind(self.pair.draft) is None
+        """Greedy replay scores it exactly: its tree follows y, its draft replays (`lookup_names.replays`)."""
+        return self.decode.greedy and self.decode.verify.replayable and replays(self.pair.draft,
+                                                                                 self.decode.verify.is_chain)
 
     def key(self) -> str:
         """Hash of what changes results (not the run name or mode; the engine: walltimes do)."""
@@ -254,7 +254,7 @@ class GridSpec:
     def configs(self) -> list[RunConfig]:
         """Every distinct grid point, in file order, after normalisation. Greedy decoding draws
         nothing, so temperature 0 runs with the first seed only (its key, as before, hashes that
-        seed: rows written under it resume; the others were the same work again). Head pairs run AR, M."""
+        seed: rows written under it resume; the others were the same work again). Heads, lookups: AR, M."""
         seen: dict[RunConfig, None] = {}
         only = dict(self.verify_methods)  # AR verifies nothing: a restriction never removes it
         runs = lambda verify, methods: methods == AR or methods in only.get(verify, (methods,))
@@ -264,7 +264,7 @@ class GridSpec:
         )
         for pair, methods, policy, window, distance, gamma, temperature, seed, engine, verify, batch in grid:
             greedy_repeat = temperature == 0 and seed != self.seed[0]
-            not_head = head_kind(pair.draft) is not None and methods not in (AR, *HEAD_METHODS)
+            not_head = reads_target(pair.draft) and methods not in (AR, *READER_METHODS)
             if greedy_repeat or not_head or not policy.applies_to(methods) or not runs(verify, methods):
                 continue
             decode = DecodeConfig(methods, replace(policy.policy, window=window, distance=distance), gamma,

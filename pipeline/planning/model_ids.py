@@ -15,6 +15,9 @@ from pipeline.models.families import (
 from pipeline.models.head_names import (
     EMBEDDED_HEADS, HEAD_KINDS, TINY_HEADS, HeadMismatch, check_head, head_kind, head_path,
 )
+from pipeline.models.lookup_names import (
+    LookupNameError, lookup_entry_name, lookup_name, lookup_spec, reads_target,
+)
 from pipeline.names import did_you_mean
 from pipeline.planning.grid import TINY_PREFIX, GridError, Pair
 
@@ -71,11 +74,21 @@ def _cached_file(name: str, filename: str) -> Path | None:
 def check_model_id(name: Any, where: str) -> str:
     """A model is a hub id `org/name`, an existing local directory, `embedded:target|draft|small_draft`,
     a `tiny:` model (`TINY_MODELS`) or, as a draft, a head `<kind>:<hub id or directory>`
-    (`pipeline.models.head_names`; a grid file may write `{head: <kind>, path: ...}`)."""
-    if isinstance(name, dict) and where.endswith(".draft"):
-        name = head_name(name, where)
+    (`pipeline.models.head_names`; a grid file may write `{head: <kind>, path: ...}`) or a
+    draft-free lookup, `pld` or `pld(<name>=<int>,...)` (`pipeline.models.lookup_names`; a grid
+    file may write `{lookup: pld, <name>: <int>}`), returned in its canonical name."""
+    try:
+        if isinstance(name, dict) and where.endswith(".draft"):
+            name = lookup_entry_name(name) if "lookup" in name else head_name(name, where)
+        lookup = lookup_spec(name)
+    except LookupNameError as err:
+        raise GridError(f"{where}: {err}") from None
     if not isinstance(name, str) or not name:
         raise GridError(f"{where}: a model must be a non-empty string, got {name!r}")
+    if lookup is not None:
+        if not where.endswith(".draft"):
+            raise GridError(f"{where}: {name!r} is a draft-free lookup: it drafts, it is never a target")
+        return lookup_name(*lookup)
     kind, _, path = name.partition(":")
     if kind in HEAD_KINDS:
         if not where.endswith(".draft"):
@@ -210,7 +223,7 @@ def check_same_tokenizer(target: str, draft: str, where: str) -> None:
     the hub cache, without loading either: when the grid is read, and again before Ray starts
     once `fetch_tokenizer` has fetched what the cache lacked (else the pair is checked when it
     loads)."""
-    if head_kind(draft) is not None:  # a head speaks its target's tokenizer, being part of it
+    if reads_target(draft):  # a head or lookup speaks its target's tokenizer, being part of it
         return
     vocabularies = []
     for name in (target, draft):
@@ -269,7 +282,7 @@ def check_pair_here(pair: Pair, where: str, *, allow_text: bool) -> None:
 def check_family_here(name: str, where: str, *, allow_text: bool) -> None:
     """Refuse, by name, a model whose config (where readable here) is of no supported family
     (`pipeline.models.families`), or text-only where the pair does not say `text_only`."""
-    if head_kind(name) is not None:  # a head is no family's model: `check_head_here` checks it
+    if reads_target(name):  # no family's model: `check_head_here` checks a head
         return
     config, role = readable_config(name), where.rsplit(".", 1)[-1]
     if config is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pipeline.models.head_names import head_kind
+from pipeline.models.lookup_names import replays
 
 GROUP_KEYS = ["target", "draft", "dtype", "engine"]
 COLUMNS = GROUP_KEYS + ["live rows", "checked", "identical", "rate %", "mean abs dtau", "max abs dtau"]
@@ -29,10 +29,13 @@ def _tau(accepted) -> float:
 def fidelity_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """The live greedy speculative rows that decoded, with `checked` (replay counts present),
     `identical` (same accepted count in every block) and `dtau` (|tau live - tau replay|). A
-    head draft's rows are left out: replay never scores a head (it drafts from its own guesses)."""
+    head's rows, and a lookup's beyond chains, are left out: replay never scores them
+    (`pipeline.models.lookup_names.replays`)."""
     if "replay_accepted_per_block" not in rows.columns:
         rows = rows.assign(replay_accepted_per_block=None)
-    heads = rows["draft"].astype(str).map(lambda draft: head_kind(draft) is not None)
+    kinds = rows["verify_kind"] if "verify_kind" in rows.columns else pd.Series("chain", index=rows.index)
+    heads = ~pd.Series([replays(str(d), k == "chain") for d, k in zip(rows["draft"], kinds)],
+                       index=rows.index, dtype=bool)
     live = rows[(rows["mode"] == "live") & (rows["temperature"] == 0) & (rows["methods"] != "AR")
                 & rows["error"].isna() & ~heads]
     checked, identical, dtau = [], [], []

@@ -1,0 +1,78 @@
+"""Which draft names are draft-free lookups, without torch: a pair's draft `pld`, `ngram` or `sam`
+with the reference's defaults, or with hyperparameters, `pld(max_matching_ngram_size=3)` (in a
+grid file also `{lookup: pld, max_matching_ngram_size: 3}`). The canonical name lists only the
+values that differ from the defaults, sorted, so one lookup has one name (and one key)."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pipeline.lookups import LOOKUP_KINDS
+from pipeline.models.head_names import HEAD_METHODS, head_kind
+from pipeline.names import did_you_mean
+
+# a head or a lookup reads the target's own prompt: it drafts with that prompt alone
+READER_METHODS = HEAD_METHODS
+_CALL = re.compile(r"^(?P<kind>[a-z_]+)(?:\((?P<args>[^()]*)\))?$")
+
+
+class LookupNameError(ValueError):
+    """A lookup draft named with an unknown kind or a bad hyperparameter."""
+
+
+def lookup_spec(name: str) -> tuple[str, dict[str, int]] | None:
+    """(kind, every hyperparameter with defaults) of a lookup draft name; None for any other
+    draft. LookupNameError names a bad hyperparameter of a known kind."""
+    found = _CALL.match(name) if isinstance(name, str) else None
+    if found is None or found["kind"] not in LOOKUP_KINDS:  # not a lookup: another draft's name
+        return None
+    given: dict[str, Any] = {}
+    for part in filter(None, (found["args"] or "").split(",")):
+        key, sep, value = (s.strip() for s in part.partition("="))
+        if not sep or not re.fullmatch(r"-?\d+", value):
+            raise LookupNameError(f"lookup draft {name!r}: {part.strip()!r} is not <name>=<integer>")
+        given[key] = int(value)
+    return found["kind"], lookup_params(found["kind"], given, name)
+
+
+def lookup_entry_name(entry: dict[str, Any]) -> str:
+    """A grid file's `{lookup: <kind>, <hyperparameter>: <int>, ...}` as its canonical draft name."""
+    kind = entry["lookup"]
+    if kind not in LOOKUP_KINDS:
+        raise LookupNameError(f"unknown lookup {kind!r}{did_you_mean(str(kind), LOOKUP_KINDS)}; "
+                              f"known: {', '.join(LOOKUP_KINDS)}")
+    return lookup_name(kind, {k: v for k, v in entry.items() if k != "lookup"})
+
+
+def lookup_params(kind: str, given: dict[str, Any], where: str) -> dict[str, int]:
+    """Every hyperparameter of a `kind` lookup: `given` over its defaults (LookupNameError if bad)."""
+    try:
+        return LOOKUP_KINDS[kind].check_params(dict(given))
+    except ValueError as err:
+        raise LookupNameError(f"lookup draft {where!r}: {err}") from None
+
+
+def lookup_name(kind: str, params: dict[str, Any]) -> str:
+    """The canonical draft name of a `kind` lookup with `params` (checked)."""
+    full = lookup_params(kind, params, kind)
+    defaults = LOOKUP_KINDS[kind].check_params({})
+    written = lambda values: f"{kind}({','.join(f'{k}={v}' for k, v in sorted(values.items()))})"
+    changed = {k: v for k, v in full.items() if v != defaults[k]}
+    if not changed:
+        return kind
+    # a kind whose values follow from one another (ngram's bounds) names them all where needed
+    return written(changed) if lookup_spec(written(changed))[1] == full else written(full)
+
+
+def replays(draft: str, chain: bool) -> bool:
+    """Whether greedy trace replay scores a draft's configuration: never a head's (it drafts
+    from its own guesses, which no teacher-forced pass makes), a lookup's as a chain (its plan
+    is a function of the prompt and the output so far), every other draft's."""
+    return head_kind(draft) is None and (chain or lookup_spec(draft) is None)
+
+
+def reads_target(name: str) -> bool:
+    """Whether a draft is built from its target rather than loaded as a model of its own (a head
+    reads the target's states, a lookup its tokens): it speaks the target's tokenizer and
+    prompts, drafts with M alone and loads after the target."""
+    return head_kind(name) is not None or lookup_spec(name) is not None

@@ -1,0 +1,182 @@
+"""Draft-free drafters (`pld`, `ngram`, `sam`) through the drafter seam: a pair names one as its
+draft, greedy SD with it is the target's own greedy output for every verify kind, batch 1 and 3,
+both engines; a block drafts the lookup's own continuation (transformers' candidates, for
+`pld`); a request without a match drafts nothing and still decodes; sampling keeps the target's
+distribution; a grid names them with their defaults or with hyperparameters."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from pipeline.data.sample import Sample
+from pipeline.decoding.config import DecodeConfig
+from pipeline.decoding.engine import prefilled_rows
+from pipeline.decoding.inputs import tokenize
+from pipeline.decoding.loop import autoregressive_decode, speculative_decode
+from pipeline.decoding.step_costs import calibrate
+from pipeline.lookups import new_lookup
+from pipeline.models.loading import load_target_and_drafts
+from pipeline.models.lookup_names import lookup_spec
+from pipeline.planning.grid import GridError
+from pipeline.planning.grid_file import parse_grid
+from pipeline.planning.verify_entries import make_verify
+from tests.conftest import solid
+
+MAX_NEW = 24
+LOOKUPS = ("pld", "ngram(prompt_lookup_min=1,prompt_lookup_max=3)", "sam(len_threshold=1)")
+VERIFY = ("chain", "candidates", {"kind": "dynamic", "nodes": 8, "top_k": 3}, {"kind": "shape", "shape": [3, 2, 1]},
+          "bandit", {"kind": "eagle2", "depth": 3, "top_k": 8, "total_tokens": 30})
+
+
+def prompts(n: int) -> list[Sample]:
+    """Requests of different lengths whose text repeats itself, so a lookup finds matches."""
+    words = ["Describe the image. Describe the image in", "What colour is the shape? What colour is",
+             "Read it: one two three four. Again: one two"]
+    colours = [(200, 30, 30), (20, 90, 210), (30, 160, 60)]
+    return [Sample("unit", "test", i, "first", f"USER: <image>\n{words[i % 3]} ASSISTANT:", (solid(colours[i % 3]),))
+            for i in range(n)]
+
+
+@pytest.fixture(scope="module", params=LOOKUPS)
+def pair(request, tiny_dirs):
+    target, drafts = load_target_and_drafts(tiny_dirs["bigram_target"], {request.param: request.param})
+    return target, drafts[request.param]
+
+
+def quoting(target, batch: list[Sample]) -> list[Sample]:
+    """`batch`'s prompts, each quoting the start of the bigram target's answer to it: the target's
+    next token depends on the last alone, so it answers the same, and a lookup finds it quoted."""
+    answers = autoregressive_decode(target, batch, max_new_tokens=MAX_NEW // 2)
+    return [replace(s, prompt=s.prompt.replace("USER: <image>\n", "USER: <image>\n"
+                                                + target.tokenizer.decode(a.output_ids) + " "))
+            for s, a in zip(batch, answers)]
+
+
+@pytest.mark.parametrize("engine", ["eager", "static"])
+def test_greedy_sd_with_a_lookup_is_the_targets_own_greedy_output(pair, engine):
+    """Every verify kind, gamma 1/3/5 on chains, batch 1 and 3; lookups propose, and blocks
+    accept none and some."""
+    target, lookup = pair
+    batch = quoting(target, prompts(3))
+    reference = [r.output_ids for r in autoregressive_decode(target, batch, max_new_tokens=MAX_NEW, engine=engine)]
+    accepted = []
+    for verify in VERIFY:
+        spec = make_verify(verify)
+        for gamma in ((1, 3, 5) if spec.is_chain else (3,)):
+            config = DecodeConfig("M", gamma=gamma, max_new_tokens=MAX_NEW, verify=spec)
+            config = replace(config, gamma=spec.settled(1, gamma)[1], verify=spec.settled(1, gamma)[0])
+            alone = [speculative_decode(target, lookup, [s], config, engine=engine)[0] for s in batch]
+            together = speculative_decode(target, lookup, batch, config, engine=engine)
+            for one, many, ar in zip(alone, together, reference):
+                assert one.output_ids == ar == many.output_ids, (verify, gamma)
+                assert one.accepted_per_block == many.accepted_per_block, (verify, gamma)
+                accepted += one.accepted_per_block
+    assert 0 in accepted and max(accepted) >= 2
+
+
+def test_replay_scores_a_lookups_chain_as_live_decodes_it(pair):
+    from pipeline.decoding.replay import replay
+    from pipeline.decoding.traces import collect_traces
+
+    target, lookup = pair
+    batch = quoting(target, prompts(3))
+    traces = [collect_traces(target, lookup, s, "M", max_new_tokens=MAX_NEW) for s in batch]
+    blocks = []
+    for gamma in (1, 3, 5):
+        config = DecodeConfig("M", gamma=gamma, max_new_tokens=MAX_NEW)
+        for live, trace in zip(speculative_decode(target, lookup, batch, config), traces):
+            replayed = replay(trace, config)
+            assert replayed.output_ids == live.output_ids and replayed.accepted_per_block == live.accepted_per_block
+            blocks += live.accepted_per_block
+    assert 0 in blocks and max(blocks) >= 3
+
+
+def test_a_chain_drafts_the_lookups_own_continuation(tiny_dirs):
+    """The first block's chain is transformers' prompt lookup candidates for the prompt, cut at
+    gamma; a later token that leaves the plan looks up afresh."""
+    target, drafts = load_target_and_drafts(tiny_dirs["target"], {"pld": "pld"})
+    sample = Sample("unit", "test", 0, "first", "USER: <image>\nRead it: one two three four. Again: one two",
+                    (solid((30, 160, 60)),))
+    prompt = tokenize(target, sample)
+    rows, _ = prefilled_rows(drafts["pld"], [prompt], "M", None, engine="eager", capacity=8, role="draft")
+    reference = new_lookup("pld", lookup_spec("pld")[1])
+    reference.extend([-1 if t == target.image_token_id else t for t in prompt.ids])  # the image: one id of its own
+    plan = reference.propose()
+    assert len(plan) >= 2, "the prompt repeats itself: prompt lookup finds a continuation"
+    chain = [int(rows.feed([prompt.ids[-1]], valid=[1])[0, -1].argmax())]
+    for _ in range(len(plan) - 1):
+        chain.append(int(rows.feed([chain[-1]])[0, -1].argmax()))
+    assert chain == plan
+    assert bool(rows.feed([plan[0]]).isfinite().all()) == bool(rows.abstains.all())  # spent: uniform
+
+
+def test_a_request_without_a_match_drafts_nothing_and_still_decodes(tiny_dirs):
+    never = "sam(len_threshold=1000)"
+    target, drafts = load_target_and_drafts(tiny_dirs["target"], {never: never})
+    batch = prompts(3)
+    reference = autoregressive_decode(target, batch, max_new_tokens=MAX_NEW)
+    for record, ar in zip(speculative_decode(target, drafts[never], batch, DecodeConfig("M", gamma=4,
+                                                                                       max_new_tokens=MAX_NEW)),
+                          reference):
+        assert record.output_ids == ar.output_ids
+        assert set(record.accepted_per_block) == {0} and len(record.accepted_per_block) == len(ar.output_ids)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verify,batch", [("chain", 1), ("chain", 4), ({"kind": "dynamic", "nodes": 4, "top_k": 2}, 4)])
+def test_sampling_with_a_lookup_keeps_the_targets_distribution(verify, batch):
+    """A prompt whose suffix occurs earlier: pld proposes one token (then the image cuts its plan),
+    accepted with p(c) or resampled from p without c, then drafts nothing."""
+    from pipeline.models.hf import HFLlava
+    from pipeline.models.lookup_draft import LookupDraft
+    from pipeline.models.tiny import build_llava, llava_processor
+    from tests.test_sampling import RUNS, TOLERANCE, exact_two_token_distribution, total_variation, word_tokenizer
+
+    tokenizer = word_tokenizer()
+    target = HFLlava(build_llava(tokenizer, seed=0), llava_processor(tokenizer), "word-target")
+    lookup = LookupDraft(target, "pld", "pld", lookup_spec("pld")[1])
+    sample = Sample("unit", "test", 0, "first", "a b c <image> a b", (solid((200, 30, 30)),))
+    exact = exact_two_token_distribution(target, sample=sample)
+    config = DecodeConfig("M", gamma=2, temperature=1.0, max_new_tokens=2, verify=make_verify(verify))
+    counts: dict[tuple[int, ...], int] = {}
+    for start in range(0, RUNS, batch):
+        requests = [replace(sample, row=start + i) for i in range(batch)] if batch > 1 else [sample]
+        for record in speculative_decode(target, lookup, requests, replace(config, seed=start if batch == 1 else 0)):
+            counts[tuple(record.output_ids)] = counts.get(tuple(record.output_ids), 0) + 1
+    assert total_variation({k: v / RUNS for k, v in counts.items()}, exact) < TOLERANCE
+    c = tokenizer.convert_tokens_to_ids("c")
+    assert 0.5 < sum(v for k, v in counts.items() if k[0] != c) / RUNS, "the target mostly rejects c"
+
+
+def test_a_lookups_step_is_calibrated_as_its_own_cost(tiny_dirs):
+    target, drafts = load_target_and_drafts(tiny_dirs["target"], {"pld": "pld"})
+    calibration = calibrate(target, drafts["pld"], repeats=2, rounds=1)
+    assert 0 < calibration.ratio_draft_target < 1
+
+
+def test_a_grid_names_lookups_by_kind_or_with_hyperparameters(tmp_path):
+    grid = lambda draft: parse_grid({"datasets": ["embedded_vqa"], "pairs": [{"target": "embedded:target",
+                                                                               "draft": draft}],
+                                     "methods": ["AR", "M", "MT"], "max_new_tokens": 8})
+    assert grid("pld").pairs[0].draft == "pld"
+    assert grid({"lookup": "pld", "num_output_tokens": 10}).pairs[0].draft == "pld"  # the default
+    named = grid({"lookup": "ngram", "prompt_lookup_max": 6}).pairs[0].draft  # vLLM: min follows max
+    assert named == "ngram(prompt_lookup_max=6,prompt_lookup_min=6)" == grid("ngram(prompt_lookup_max=6)").pairs[0].draft
+    # min 2 with the default max 5 could not be written as min alone (that sets max to 2 too)
+    assert grid({"lookup": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 5}).pairs[0].draft == (
+        "ngram(num_speculative_tokens=5,prompt_lookup_max=5,prompt_lookup_min=2)")
+    spec = parse_grid({"datasets": ["embedded_vqa"], "pairs": [{"target": "embedded:target", "draft": "sam"}],
+                       "methods": ["AR", "M", "MT"], "verify": ["chain", "candidates", "bandit"], "max_new_tokens": 8})
+    drafted = [c for c in spec.configs() if c.decode.methods != "AR"]
+    assert {c.decode.methods for c in drafted} == {"M"}  # a lookup drafts with M alone
+    # its chain (a candidate tree of one method is its chain) replays; its trees run live
+    assert sorted((c.decode.verify.kind, c.replayable) for c in drafted) == [("bandit", False), ("chain", True)]
+    for bad, words in ((("pld(max_matching_ngram_size=0)"), "max_matching_ngram_size"),
+                       ({"lookup": "pld", "window": 3}, "window"), ({"lookup": "pdl"}, "did you mean")):
+        with pytest.raises(GridError, match=words):
+            grid(bad)
+    with pytest.raises(GridError, match="never a target"):
+        parse_grid({"datasets": ["embedded_vqa"], "pairs": [{"target": "pld", "draft": "embedded:draft"}],
+                    "methods": ["M"], "max_new_tokens": 8})

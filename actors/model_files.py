@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from pipeline.models.head_names import head_kind
+from pipeline.models.lookup_names import MIX, mixed_parts
 from pipeline.planning.grid import TINY_PREFIX
 
 TINY_DIR_ENV = "TABED_TINY_DIR"
@@ -54,6 +55,8 @@ def ensure_tiny_models(root: Path | None = None) -> Path:
 
 def resolve_model(name: str) -> str:
     """What `load_model` should load for a grid model name (a tiny head: `<kind>:<its folder>`)."""
+    if (parts := mixed_parts(name)) is not None:  # a draft model beside a lookup
+        return f"{resolve_model(parts[0])}{MIX}{parts[1]}"
     if name.startswith(TINY_PREFIX):
         folder = str(ensure_tiny_models() / name[len(TINY_PREFIX):])
         kind = head_kind(name)

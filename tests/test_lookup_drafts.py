@@ -171,8 +171,9 @@ def test_a_grid_names_lookups_by_kind_or_with_hyperparameters(tmp_path):
                        "methods": ["AR", "M", "MT"], "verify": ["chain", "candidates", "bandit"], "max_new_tokens": 8})
     drafted = [c for c in spec.configs() if c.decode.methods != "AR"]
     assert {c.decode.methods for c in drafted} == {"M"}  # a lookup drafts with M alone
-    # its chain (a candidate tree of one method is its chain) replays; its trees run live
-    assert sorted((c.decode.verify.kind, c.replayable) for c in drafted) == [("bandit", False), ("chain", True)]
+    # its chain (a candidate tree of one method is its chain) replays; a grid runs no tree of a
+    # point mass (its other nodes would hold tokens of probability 0)
+    assert [(c.decode.verify.kind, c.replayable) for c in drafted] == [("chain", True)]
     for bad, words in ((("pld(max_matching_ngram_size=0)"), "max_matching_ngram_size"),
                        ({"lookup": "pld", "window": 3}, "window"), ({"lookup": "pdl"}, "did you mean")):
         with pytest.raises(GridError, match=words):
@@ -180,3 +181,83 @@ def test_a_grid_names_lookups_by_kind_or_with_hyperparameters(tmp_path):
     with pytest.raises(GridError, match="never a target"):
         parse_grid({"datasets": ["embedded_vqa"], "pairs": [{"target": "pld", "draft": "embedded:draft"}],
                     "methods": ["M"], "max_new_tokens": 8})
+
+
+MIXED_VERIFY = ("chain", "candidates", {"kind": "dynamic", "nodes": 8, "top_k": 3}, {"kind": "shape", "shape": [3, 2]},
+                "bandit")
+
+
+@pytest.fixture(scope="module")
+def mixed(tiny_dirs):
+    """The tiny draft beside prompt lookup, drafting for the bigram target (the draft is far from it)."""
+    name = f"{tiny_dirs['draft']}+pld"
+    target, drafts = load_target_and_drafts(tiny_dirs["bigram_target"], {name: name})
+    return target, drafts[name]
+
+
+def policies():
+    from pipeline.drafting.policies import make_policy
+
+    return [make_policy("static"), make_policy("grid", measure="hard+soft"), make_policy("inverse", temperature=1.0)]
+
+
+@pytest.mark.parametrize("engine", ["eager", "static"])
+def test_an_ensemble_across_drafters_is_the_targets_own_greedy_output(mixed, engine):
+    """The draft's M (and T) with the lookup, every policy, every verify kind, batch 1 and 3."""
+    target, draft = mixed
+    batch = quoting(target, prompts(3))
+    reference = [r.output_ids for r in autoregressive_decode(target, batch, max_new_tokens=MAX_NEW, engine=engine)]
+    accepted = []
+    for methods, policy, verify in [("ML", p, "chain") for p in policies()] + [
+            ("MTL", policies()[2], v) for v in MIXED_VERIFY[1:]]:
+        spec = make_verify(verify)
+        config = DecodeConfig(methods, policy=policy, gamma=3, max_new_tokens=MAX_NEW, verify=spec)
+        config = replace(config, verify=spec.settled(len(methods), 3)[0], gamma=spec.settled(len(methods), 3)[1])
+        alone = [speculative_decode(target, draft, [s], config, engine=engine)[0] for s in batch]
+        together = speculative_decode(target, draft, batch, config, engine=engine)
+        for one, many, ar in zip(alone, together, reference):
+            assert one.output_ids == ar == many.output_ids, (methods, verify)
+            assert one.accepted_per_block == many.accepted_per_block, (methods, verify)
+            accepted += one.accepted_per_block
+    assert max(accepted) >= 2
+
+
+def test_replay_scores_an_ensemble_across_drafters_as_live_decodes_it(mixed):
+    """The lookup's distributions are made per block in replay, as the live rows make them; the
+    weights a policy learns from them agree too."""
+    from pipeline.decoding.replay import replay
+    from pipeline.decoding.traces import collect_traces
+
+    target, draft = mixed
+    batch = quoting(target, prompts(3))
+    traces = [collect_traces(target, draft, s, "MTL", max_new_tokens=MAX_NEW) for s in batch]
+    learned = []
+    for methods, policy, verify in [("ML", p, "chain") for p in policies()] + [
+            ("MTL", policies()[1], "candidates"), ("ML", policies()[0], "bandit")]:
+        spec = make_verify(verify)
+        config = DecodeConfig(methods, policy=policy, gamma=3, max_new_tokens=MAX_NEW, verify=spec)
+        config = replace(config, verify=spec.settled(len(methods), 3)[0], gamma=spec.settled(len(methods), 3)[1])
+        for live, trace in zip(speculative_decode(target, draft, batch, config), traces):
+            replayed = replay(trace, config)
+            assert replayed.output_ids == live.output_ids, (methods, verify)
+            assert replayed.accepted_per_block == live.accepted_per_block, (methods, policy, verify)
+            for a, b in zip(replayed.weights_per_block, live.weights_per_block):
+                assert a == pytest.approx(b, abs=1e-5)
+            learned += [w[-1] for w in live.weights_per_block]
+    assert min(learned) < 0.5 < max(learned), "a policy moved the lookup's weight both ways"
+
+
+def test_a_grid_mixes_a_draft_with_a_lookup():
+    grid = lambda draft, methods=("AR", "M", "ML", "MTL", "L"): parse_grid(
+        {"datasets": ["embedded_vqa"], "pairs": [{"target": "embedded:target", "draft": draft}],
+         "methods": list(methods), "max_new_tokens": 8})
+    spec = grid(["embedded:small_draft", {"lookup": "pld", "num_output_tokens": 4}])
+    assert spec.pairs[0].draft == "embedded:small_draft+pld(num_output_tokens=4)"
+    # the draft's own sets are its own pair's, L alone the lookup's: the mixed pair runs what mixes
+    assert sorted(c.decode.methods for c in spec.configs()) == ["AR", "ML", "MTL"]
+    assert all(c.replayable for c in spec.configs())
+    assert sorted(c.decode.methods for c in grid("embedded:small_draft").configs()) == ["AR", "M"]
+    for bad, words in (("embedded:head+pld", "draft model with rows of its own"),
+                       (["embedded:small_draft", "embedded:draft"], "not a draft-free lookup")):
+        with pytest.raises(GridError, match=words):
+            grid(bad)

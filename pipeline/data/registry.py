@@ -182,6 +182,8 @@ _SPECS = (
                 embedded_rows=scenarios.story_rows),
     DatasetSpec("embedded_gallery", "easyVQA-Gallery", "ood", "test", Prebuilt(),
                 embedded_rows=scenarios.gallery_rows),
+    DatasetSpec("embedded_quote", "easyVQA-Quote", "benchmark", "test", Prebuilt(),
+                embedded_rows=scenarios.quote_rows),
 )
 
 # MMSpec (github.com/fanyunfeng-bit/MMSpec-fyf): a split is a folder of mmspec.jsonl and images/;

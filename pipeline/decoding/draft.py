@@ -152,6 +152,9 @@ class ChainProposer(Proposer):
             if i < steps - 1:
                 logits = self.rows.feed(token.repeat_interleave(m, 1).view(-1, 1))[:, -1]
         chains, draws = torch.stack(tokens, 2), torch.stack(draws, 2)  # [B, branches, gamma(, V)]
+        if depths is not None:  # rows that abstain (a lookup's): the target verifies what was proposed
+            longest = int(depths.max())  # one read of what the host made (a lookup's rows are the host's)
+            chains, draws = chains[..., :longest], draws[:, :, :longest]
         methods = torch.stack(method_probs, 2) if self.keep_methods else None  # [B, branches, gamma, m, V]
         gammas = [config.gamma] * requests
         if branches == 1:

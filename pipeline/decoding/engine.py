@@ -22,6 +22,7 @@ from pipeline.decoding.head_rows import HeadDynamicRows, HeadStaticRows
 from pipeline.decoding.inputs import Prompt, check_fits
 from pipeline.decoding.lookup_rows import LookupRows
 from pipeline.decoding.medusa_rows import MedusaRows
+from pipeline.decoding.mixed_rows import MixedRows
 from pipeline.decoding.rows import DynamicCacheRows
 from pipeline.decoding.rows_protocol import Rows
 from pipeline.decoding.state_rows import StateRows
@@ -114,7 +115,7 @@ def prefilled_rows(
     states = None if target_states is None else [s for s in target_states for _ in methods]
     rows = new_rows(model, embeds, engine=engine, capacity=capacity, role=role, compiled=compiled,
                     step_log=step_log, span=span, per_request=len(methods), positions=positions,
-                    extras=extras, target_states=states)
+                    extras=extras, target_states=states, methods=methods)
     return rows, rows.prefill(hidden) if hidden else rows.prefill()
 
 
@@ -126,12 +127,14 @@ def new_rows(
     model: LVLM, prompts: list[torch.Tensor], *, engine: str, capacity: int, role: str,
     compiled: bool | None = None, step_log: StepLog | None = None, span: int | None = None,
     per_request: int = 1, positions: list[torch.Tensor | None] | None = None, extras: list | None = None,
-    target_states: list[torch.Tensor] | None = None,
+    target_states: list[torch.Tensor] | None = None, methods: str | None = None,
 ) -> Rows:
     """Rows of prompt embeddings `[L_i, hidden]` (not prefilled), `per_request` rows per request,
     of the kind the model drafts with (`model.drafter`, a key of `DRAFTERS`) on `engine`;
     `positions` and `extras`: each prompt's `model.prompt_positions` and `model.prompt_extras`;
-    `target_states`: each row's target states at its prompt positions (a head's rows read them)."""
+    `target_states`: each row's target states at its prompt positions (a head's rows read them);
+    `methods`: each request's rows' drafting methods, in order (an ensemble across drafters
+    splits by them)."""
     check_engine(engine)
     if model.drafter not in DRAFTERS:
         raise ValueError(f"{model.name} drafts with {model.drafter!r} rows, which no drafter builds; "
@@ -140,7 +143,7 @@ def new_rows(
     build = DRAFTERS[model.drafter]
     return build(model, prompts, engine=engine, capacity=capacity, role=role, compiled=compiled,
                  step_log=step_log, span=span, per_request=per_request, positions=positions, extras=extras,
-                 target_states=target_states)
+                 target_states=target_states, methods=methods)
 
 
 def kv_rows(model: LVLM, prompts: list[torch.Tensor], *, engine: str, capacity: int, role: str,
@@ -199,7 +202,28 @@ def lookup_rows(model: LVLM, prompts: list[torch.Tensor], **engine: object) -> R
     return LookupRows(model, prompts, **engine)
 
 
+def mixed_rows(model: LVLM, prompts: list[torch.Tensor], *, methods: str | None = None, per_request: int = 1,
+               positions: list | None = None, extras: list | None = None, step_log: StepLog | None = None,
+               **engine: object) -> Rows:
+    """An ensemble across drafters (`pipeline.models.mixed_draft`): the rows of methods L are the
+    lookup's, the others the draft model's own kind (`pipeline.decoding.mixed_rows`). Without
+    `methods` (calibration's rows), every row is the model's."""
+    lookup = [i for i in range(len(prompts)) if methods is not None and methods[i % per_request] == "L"]
+    rest = [i for i in range(len(prompts)) if i not in set(lookup)]
+    pick = lambda values, index: None if values is None else [values[i] for i in index]
+    looked = len(lookup) * per_request // len(prompts)
+    if rest:
+        own = new_rows(model.model_draft, pick(prompts, rest), per_request=per_request - looked,
+                       positions=pick(positions, rest), extras=pick(extras, rest), step_log=step_log,
+                       **engine)
+        if not lookup:
+            return own
+        step_log = own.step_log
+    rows = LookupRows(model.lookup, pick(prompts, lookup), per_request=looked, step_log=step_log)
+    return MixedRows([(own, rest), (rows, lookup)], per_request) if rest else rows
+
+
 # what drafts with a model (`LVLM.drafter`): a new kind of drafter is a rows class, a builder here
 # and a model adapter that names it
 DRAFTERS: dict[str, Callable[..., Rows]] = {"kv": kv_rows, "state": state_rows, "head": head_rows,
-                                            "medusa": medusa_rows, "lookup": lookup_rows}
+                                            "medusa": medusa_rows, "lookup": lookup_rows, "mixed": mixed_rows}

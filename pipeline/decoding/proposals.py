@@ -122,12 +122,17 @@ class Proposal:
 class ChainProposal(Proposal):
     """`methods` `[B, gamma, m, V]`: each method's distributions at the root and the proposals
     (None when the weights learn nothing); `depths` `[B]`: the proposals each request really
-    made, where a member may abstain (a lookup without a match; None: all of them)."""
+    made, where a member may abstain (a lookup without a match; None: all of them): the block
+    holds as many as the deepest request's, its `gammas` stay the configuration's."""
 
     methods: torch.Tensor | None
     depths: torch.Tensor | None = None
 
     def accept_sampled(self, target_probs: torch.Tensor, uniforms: torch.Tensor) -> TreeOutcome:
+        """A block cut short of gamma (every request abstained past it) still draws its token with
+        the block's last uniform, so a request draws what it draws alone, whatever batch it is in."""
+        g = self.tokens.shape[1]
+        uniforms = torch.cat([uniforms[:, :g], uniforms[:, -1:]], 1)
         accepted, token = verify_sampling(self.tokens, target_probs, self.draws, uniforms, self.depths)
         return TreeOutcome(accepted, token, None)
 

@@ -25,9 +25,10 @@ from transformers import PreTrainedTokenizerBase
 from pipeline.decoding.acceptance import recorded_weights, settle_block
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.draft import proposer_class
-from pipeline.decoding.lookup_replay import LookupTrace
+from pipeline.decoding.lookup_replay import LookupColumn, LookupTrace
 from pipeline.decoding.records import SampleRecord
 from pipeline.drafting.scoring import mixing_weights
+from pipeline.models.lookup_names import LOOKUP_LETTER
 
 
 @dataclass
@@ -75,7 +76,7 @@ def _check_replayable(traces: Traces, config: DecodeConfig) -> None:
             f"replay is exact only for greedy decoding, got temperature {config.temperature}: with "
             "sampling the output depends on the draft's proposals, so run the live engine"
         )
-    if traces.lookup is not None and not config.verify.is_chain:
+    if traces.lookup is not None and LOOKUP_LETTER not in config.methods and not config.verify.is_chain:
         raise ValueError(f"a lookup draft replays as a chain only, not as {config.verify.label}: run it live")
     if not config.verify.replayable:
         raise ValueError(
@@ -112,15 +113,20 @@ def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
     q = traces.draft_probs[:n, rows].contiguous()  # [n, m, V] in the config's method order
     p = traces.target_probs
     state = policy.start(len(methods))
-    # a bandit's rule says which shape each block uses; a lookup's makes its plans
-    rule = (proposer_class(config.verify).replay_rule(config) if traces.lookup is None
-            else traces.lookup.rule(config.gamma, y))
+    # a bandit's rule says which shape each block uses; a lookup's makes its plans; in an ensemble
+    # across drafters the lookup's distributions are made per block (`LookupColumn`)
+    member = methods.index(LOOKUP_LETTER) if LOOKUP_LETTER in methods and traces.lookup else None
+    alone = traces.lookup is not None and member is None
+    rule = traces.lookup.rule(config.gamma, y) if alone else proposer_class(config.verify).replay_rule(config)
+    column = LookupColumn(traces.lookup) if member is not None else None
     record = SampleRecord(sample_id=traces.sample_id, mode="replay", engine=traces.engine,
                           prompt_tokens=traces.baseline.prompt_tokens if traces.baseline else None)
     t = 0  # tokens decoded so far = position of the block's first proposal
     while t < n:
         weights, gamma, arm = state.choose(), rule.gamma, rule.arm
-        accepted = rule.accepted(q, y, t, gamma, mixing_weights(weights))
+        # the block's distributions from its first position on (an ensemble's L made for it), or all
+        qb, yb, at = (column.block(q, y, t, gamma, member), y[t:], 0) if column else (q, y, t)
+        accepted = rule.accepted(qb, yb, at, gamma, mixing_weights(weights))
         next_token = y[t + accepted] if t + accepted < n else None
         outcome = settle_block(y[t : t + accepted], next_token, gamma=gamma, produced=t,
                                max_new_tokens=config.max_new_tokens, eos=traces.eos_token_ids)
@@ -129,7 +135,7 @@ def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
         if arm is not None:
             record.shape_per_block.append(arm)
         if outcome.history and state.learns:
-            state.update(q[t : t + outcome.history], p[t : t + outcome.history])
+            state.update(qb[at : at + outcome.history], p[t : t + outcome.history])
         t += len(outcome.tokens)
         if outcome.stop:
             break

@@ -19,6 +19,7 @@ from pipeline.decoding.inputs import tokenize
 from pipeline.decoding.records import SampleRecord
 from pipeline.decoding.lookup_replay import LookupTrace
 from pipeline.decoding.replay import Traces
+from pipeline.models.lookup_names import LOOKUP_LETTER
 from pipeline.drafting.captioner import Captioner
 from pipeline.drafting.methods import method_embeddings
 from pipeline.models.base import LVLM
@@ -121,15 +122,21 @@ def collect_traces(
             f"{target_trace.engine} engine, not {max_new_tokens} on {engine}"
         )
     y = target_trace.output_ids
-    lookup = None
-    if draft.drafter == "lookup":  # no distributions to trace: its context serves replay
-        prompt = tokenize(draft, sample)
-        lookup = LookupTrace(method_embeddings(draft, "M", prompt.ids, prompt.images)[:, 0].tolist(),
-                             draft.new_lookup)
-        draft_probs = torch.zeros(len(y), len(methods), 0)
-    else:
-        draft_logits = _teacher_forced_logits(draft, sample, methods, captioner, y, engine)
-        draft_probs = probabilities(draft_logits, 0.0).transpose(0, 1).contiguous().cpu()
+    lookup, drafted = None, methods
+    if draft.drafter in ("lookup", "mixed"):  # no distributions to trace: its context serves replay
+        looks = draft if draft.drafter == "lookup" else draft.lookup
+        prompt = tokenize(looks, sample)
+        lookup = LookupTrace(method_embeddings(looks, "M", prompt.ids, prompt.images)[:, 0].tolist(),
+                             looks.new_lookup)
+        drafted = "" if draft.drafter == "lookup" else methods.replace(LOOKUP_LETTER, "")
+    draft_probs = torch.zeros(len(y), len(methods), 0)
+    if drafted:
+        model = draft if draft.drafter != "mixed" else draft.model_draft
+        draft_logits = _teacher_forced_logits(model, sample, drafted, captioner, y, engine)
+        drafted_probs = probabilities(draft_logits, 0.0).transpose(0, 1).contiguous().cpu()  # [n, m, V]
+        # an ensemble's L: a placeholder, made per block by replay (`LookupColumn`)
+        draft_probs = torch.zeros(len(y), len(methods), drafted_probs.shape[-1])
+        draft_probs[:, [i for i, m in enumerate(methods) if m in drafted]] = drafted_probs
     return Traces(
         sample_id=sample.sample_id,
         methods=methods,

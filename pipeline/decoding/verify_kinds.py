@@ -62,6 +62,10 @@ class VerifySpec:
         equivalent grid points collapse into one)."""
         return self, gamma
 
+    def runs_as_chain(self, methods: int) -> bool:
+        """Whether `methods` drafting methods verify as one chain (a candidate tree of one is)."""
+        return self.settled(methods, 1)[0].is_chain
+
     def tree_nodes(self, gamma: int, methods: int) -> int:
         """Nodes a block feeds the target besides its pending token (a chain: gamma)."""
         return gamma

@@ -193,3 +193,19 @@ def method_embeddings(
 
         raise ModelInputError(f"unknown drafting method {method!r}; known: {', '.join(METHODS)}")
     return METHODS[method].embeddings(model, ids, images, captions)
+
+
+class LookupMember(DraftingMethod, letter="L"):
+    """L: the pair's draft-free lookup, beside the draft model's own methods, for a draft named
+    `<draft>+<lookup>` (`pipeline.models.mixed_draft`): `ML` mixes the draft's M with the lookup."""
+
+    name = "lookup"
+
+    def embeddings(self, model, ids, images, captions):
+        from pipeline.models.base import ModelInputError
+
+        lookup = getattr(model, "lookup", None)
+        if lookup is None:
+            raise ModelInputError(f"{model.name}: lookup drafting (L) needs a draft named <draft>+<lookup>, "
+                                  "e.g. embedded:small_draft+pld")
+        return splice(lookup, ids, lookup.image_features(images) if images else [])

@@ -17,7 +17,7 @@ from pipeline.models.families import (
 )
 from pipeline.models.gemma3 import HFGemma3, HFGemma3Text
 from pipeline.models.head_names import EMBEDDED_HEADS, head_kind, head_path
-from pipeline.models.lookup_names import lookup_spec, reads_target
+from pipeline.models.lookup_names import lookup_spec, mixed_parts, model_of, reads_target
 from pipeline.models.hf import HFLlava, HFModel
 from pipeline.models.internvl import HFInternVL
 from pipeline.models.qwen_vl import HFQwen3VL, HFQwenVL
@@ -144,24 +144,33 @@ def load_target_and_drafts(
     def load(name: str, spread: int = 1) -> LVLM:
         return load_model(name, dtype=dtype, device=home, allow_text=allow_text, gpus=spread)
 
-    # spread: the drafts first, so the target's plan sees what they leave free on the first GPU
-    early = {name: load(path) for name, path in drafts.items() if not reads_target(path)} if gpus > 1 else {}
+    # spread: the drafts first, so the target's plan sees what they leave free on the first GPU; a
+    # draft model beside a lookup loads once, as itself
+    own = {model_of(path) for path in drafts.values() if not reads_target(path)}
+    early = {path: load(path) for path in own} if gpus > 1 else {}
     loaded = load(target, gpus)
     try:
         drafts_only(target, "target", recurrent=loaded.recurrent)
     except UnsupportedFamily as err:
         raise ModelLoadError(str(err)) from None
-    models = early or {name: load(path) for name, path in drafts.items() if not reads_target(path)}
-    for model in models.values():
+    by_path = early or {path: load(path) for path in own}
+    for model in by_path.values():
         check_same_tokenizer(loaded, model)
+    models = {}
     for name, path in drafts.items():  # a head or lookup reads the target: after it, with its tokenizer
         if head_kind(path) is not None:
             models[name] = load_head_of(path, loaded)
-        elif lookup_spec(path) is not None:
+        elif lookup_spec(path) is not None or mixed_parts(path) is not None:
             from pipeline.models.lookup_draft import LookupDraft
+            from pipeline.models.mixed_draft import MixedDraft
 
-            models[name] = LookupDraft(loaded, path, *lookup_spec(path))
-    return loaded, {name: models[name] for name in drafts}
+            lookup = path if lookup_spec(path) is not None else mixed_parts(path)[1]
+            models[name] = LookupDraft(loaded, lookup, *lookup_spec(lookup))
+            if lookup != path:
+                models[name] = MixedDraft(by_path[model_of(path)], models[name], path)
+        else:
+            models[name] = by_path[path]
+    return loaded, models
 
 
 def load_head_of(name: str, target: LVLM) -> LVLM:

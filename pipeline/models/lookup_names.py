@@ -64,10 +64,42 @@ def lookup_name(kind: str, params: dict[str, Any]) -> str:
     return written(changed) if lookup_spec(written(changed))[1] == full else written(full)
 
 
+MIX = "+"  # `<draft>+<lookup>`: a draft model and a lookup, drafting methods M, T, C, P and L
+LOOKUP_LETTER = "L"
+
+
+def mixed_parts(name: str) -> tuple[str, str] | None:
+    """(the draft model, the lookup) of an ensemble across drafters' name, else None."""
+    model, sep, lookup = name.rpartition(MIX) if isinstance(name, str) else ("", "", "")
+    return (model, lookup) if sep and model and lookup_spec(lookup) is not None else None
+
+
+def model_of(name: str) -> str:
+    """The draft model a draft name loads: the model of an ensemble across drafters, else itself."""
+    parts = mixed_parts(name)
+    return name if parts is None else parts[0]
+
+
+def drafts_with(draft: str, methods: str, chain: bool = True) -> bool:
+    """Whether a grid runs a draft with a method set, verified as a chain or not: a head M
+    alone (it reads the target's own prompt); a lookup M alone, on chains (its point mass gives a
+    tree's node one child with mass: the rest of the tree would be tokens of probability 0); an
+    ensemble across drafters the sets that mix L with the model's methods (the model's own sets
+    are its own pair's, L alone the lookup's); any other draft the sets without L."""
+    if lookup_spec(draft) is not None:
+        return methods in READER_METHODS and chain
+    if reads_target(draft):
+        return methods in READER_METHODS
+    if mixed_parts(draft) is not None:
+        return LOOKUP_LETTER in methods and len(methods) > 1
+    return LOOKUP_LETTER not in methods
+
+
 def replays(draft: str, chain: bool) -> bool:
     """Whether greedy trace replay scores a draft's configuration: never a head's (it drafts
     from its own guesses, which no teacher-forced pass makes), a lookup's as a chain (its plan
-    is a function of the prompt and the output so far), every other draft's."""
+    is a function of the prompt and the output so far), every other draft's (an ensemble across
+    drafters': its lookup's plans are replayed along the output, block by block)."""
     return head_kind(draft) is None and (chain or lookup_spec(draft) is None)
 
 

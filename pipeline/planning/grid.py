@@ -21,7 +21,7 @@ from pipeline.decoding.config import AR, DecodeConfig
 from pipeline.decoding.verify_kinds import Chain, VerifySpec
 from pipeline.drafting.methods import needs_captions
 from pipeline.drafting.policies import StaticPolicy, WeightPolicy
-from pipeline.models.lookup_names import READER_METHODS, reads_target, replays
+from pipeline.models.lookup_names import drafts_with, replays
 from pipeline.planning.catalog import Catalog  # noqa: F401  (grids are validated against it)
 
 TINY_PREFIX = "tiny:"  # tiny random models built locally on each node (pipeline.models.tiny)
@@ -252,9 +252,9 @@ class GridSpec:
         return tuple(t for t in self.turns if t != FIRST_TURN)
 
     def configs(self) -> list[RunConfig]:
-        """Every distinct grid point, in file order, after normalisation. Greedy decoding draws
-        nothing, so temperature 0 runs with the first seed only (its key, as before, hashes that
-        seed: rows written under it resume; the others were the same work again). Heads, lookups: AR, M."""
+        """Every distinct grid point, in file order, after normalisation (a draft's sets: `drafts_with`).
+        Greedy decoding draws nothing, so temperature 0 runs with the first seed only (its key hashes
+        that seed: rows written under it resume; the others were the same work again)."""
         seen: dict[RunConfig, None] = {}
         only = dict(self.verify_methods)  # AR verifies nothing: a restriction never removes it
         runs = lambda verify, methods: methods == AR or methods in only.get(verify, (methods,))
@@ -264,8 +264,8 @@ class GridSpec:
         )
         for pair, methods, policy, window, distance, gamma, temperature, seed, engine, verify, batch in grid:
             greedy_repeat = temperature == 0 and seed != self.seed[0]
-            not_head = reads_target(pair.draft) and methods not in (AR, *READER_METHODS)
-            if greedy_repeat or not_head or not policy.applies_to(methods) or not runs(verify, methods):
+            drafted = methods == AR or drafts_with(pair.draft, methods, verify.runs_as_chain(len(methods)))
+            if greedy_repeat or not drafted or not policy.applies_to(methods) or not runs(verify, methods):
                 continue
             decode = DecodeConfig(methods, replace(policy.policy, window=window, distance=distance), gamma,
                                   temperature, self.max_new_tokens, seed, verify)

@@ -16,9 +16,10 @@ from pipeline.models.head_names import (
     EMBEDDED_HEADS, HEAD_KINDS, TINY_HEADS, HeadMismatch, check_head, head_kind, head_path,
 )
 from pipeline.models.lookup_names import (
-    LookupNameError, lookup_entry_name, lookup_name, lookup_spec, reads_target,
+    LookupNameError, lookup_name, lookup_spec, mixed_parts, model_of, reads_target,
 )
 from pipeline.names import did_you_mean
+from pipeline.planning.draft_entries import draft_entry
 from pipeline.planning.grid import TINY_PREFIX, GridError, Pair
 
 TINY_MODELS = ("target", "draft", "next_target", "bigram_target", "mamba_draft", "mamba2_draft",
@@ -42,6 +43,7 @@ HUB_TIMEOUT_S = 10.0  # a metadata request for a hub id's config, before Ray sta
 def model_kind(name: str) -> str:
     """A model's `model_type` where it is known without loading it (a local config, a `tiny:`
     name, a LLaVA-NeXT, Qwen2.5-VL, Qwen3-VL, InternVL or Gemma 3 hub id), else `other`."""
+    name = model_of(name)  # beside a lookup, the draft model
     tiny = name[len(TINY_PREFIX):].rsplit("_", 1)[0] if name.startswith(TINY_PREFIX) else None
     if name == f"{TINY_PREFIX}next_target":
         return "llava_next"
@@ -76,15 +78,18 @@ def check_model_id(name: Any, where: str) -> str:
     a `tiny:` model (`TINY_MODELS`) or, as a draft, a head `<kind>:<hub id or directory>`
     (`pipeline.models.head_names`; a grid file may write `{head: <kind>, path: ...}`) or a
     draft-free lookup, `pld` or `pld(<name>=<int>,...)` (`pipeline.models.lookup_names`; a grid
-    file may write `{lookup: pld, <name>: <int>}`), returned in its canonical name."""
+    file may write `{lookup: pld, <name>: <int>}`), or both side by side, `<draft>+<lookup>`
+    (`[<draft>, <lookup>]`), returned in its canonical name (`pipeline.planning.draft_entries`)."""
+    if where.endswith(".draft"):
+        name = draft_entry(name, where, check_model_id)
     try:
-        if isinstance(name, dict) and where.endswith(".draft"):
-            name = lookup_entry_name(name) if "lookup" in name else head_name(name, where)
         lookup = lookup_spec(name)
     except LookupNameError as err:
         raise GridError(f"{where}: {err}") from None
     if not isinstance(name, str) or not name:
         raise GridError(f"{where}: a model must be a non-empty string, got {name!r}")
+    if mixed_parts(name) is not None:
+        return name
     if lookup is not None:
         if not where.endswith(".draft"):
             raise GridError(f"{where}: {name!r} is a draft-free lookup: it drafts, it is never a target")
@@ -117,19 +122,6 @@ def check_model_id(name: Any, where: str) -> str:
             f"(nor {'|'.join(EMBEDDED_MODELS)}, tiny:{'|'.join(TINY_MODELS)})"
         )
     return name
-
-
-def head_name(entry: dict, where: str) -> str:
-    """`{head: <kind>, path: <hub id or directory>}` as the draft name `<kind>:<path>`."""
-    if set(entry) != {"head", "path"}:
-        raise GridError(f"{where}: a head draft is {{head: <kind>, path: <hub id or directory>}}, got "
-                        f"{sorted(entry)}")
-    if entry["head"] not in HEAD_KINDS:
-        raise GridError(f"{where}.head: unknown head kind {entry['head']!r}"
-                        f"{did_you_mean(str(entry['head']), HEAD_KINDS)}; known: {', '.join(HEAD_KINDS)}")
-    if not isinstance(entry["path"], str) or not entry["path"]:
-        raise GridError(f"{where}.path: a head's path is a hub id or a directory, got {entry['path']!r}")
-    return f"{entry['head']}:{entry['path']}"
 
 
 def check_head_here(target: str, draft: str, where: str) -> None:
@@ -225,6 +217,7 @@ def check_same_tokenizer(target: str, draft: str, where: str) -> None:
     loads)."""
     if reads_target(draft):  # a head or lookup speaks its target's tokenizer, being part of it
         return
+    draft = model_of(draft)  # beside a lookup, the draft model
     vocabularies = []
     for name in (target, draft):
         path = Path(name).expanduser() / "tokenizer.json"
@@ -284,6 +277,7 @@ def check_family_here(name: str, where: str, *, allow_text: bool) -> None:
     (`pipeline.models.families`), or text-only where the pair does not say `text_only`."""
     if reads_target(name):  # no family's model: `check_head_here` checks a head
         return
+    name = model_of(name)
     config, role = readable_config(name), where.rsplit(".", 1)[-1]
     if config is None:
         try:

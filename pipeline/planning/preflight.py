@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pipeline.data.sample import turn_count
 from pipeline.models.head_names import head_kind, head_path
+from pipeline.models.lookup_names import model_of
 from pipeline.planning.grid import TINY_PREFIX, GridError, GridSpec
 from pipeline.planning.model_ids import (
     check_head_here, check_hub_id_resolves, check_same_tokenizer, context_length, fetch_config,
@@ -71,7 +72,8 @@ def check_models(spec: GridSpec) -> None:
     lacked are fetched, and each pair with one of them is compared (the others were when the
     grid was read). Ids are checked side by side, so a grid of many pairs waits one timeout at
     most; every failure is reported."""
-    files = lambda name: head_path(name) if head_kind(name) and not name.startswith(TINY_PREFIX) else name
+    files = lambda name: (head_path(name) if head_kind(name) and not name.startswith(TINY_PREFIX)
+                          else model_of(name))
     named = {files(getattr(pair, role)): f"pairs[{i}].{role}"
              for i, pair in enumerate(spec.pairs) for role in ("target", "draft")}
     problems = Problems()
@@ -82,7 +84,7 @@ def check_models(spec: GridSpec) -> None:
         problems.raise_all()
         fetched = {name for name, now in zip(named, pool.map(fetch_tokenizer, named)) if now}
     for i, pair in enumerate(spec.pairs):
-        if {pair.target, pair.draft} & fetched:
+        if {pair.target, files(pair.draft)} & fetched:
             problems.check(check_same_tokenizer, pair.target, pair.draft, f"pairs[{i}]")
         if files(pair.draft) != pair.draft:  # a hub or local head: its config against its target's
             for name in (files(pair.draft), pair.target):

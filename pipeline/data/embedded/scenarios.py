@@ -60,6 +60,17 @@ GALLERY_PROMPTS = (
 )
 
 
+# Answers that repeat the prompt (reading out or editing a given text): where a draft-free lookup
+# over the prompt (prompt lookup decoding) proposes whole runs of the answer with no model.
+QUOTE_TEXT = ("The picture shows a {color} {shape} on a white background. The {color} {shape} is the "
+              "only shape in the picture, and nothing else is drawn around it.")
+QUOTE_PROMPTS = (
+    f"{IMG}\nCopy this caption exactly, word for word: \"{{text}}\"",
+    f"{IMG}\nHere is a caption for the picture: \"{{text}}\" Repeat the caption, then say if it is right.",
+    f"{IMG}\nRewrite this paragraph, keeping every sentence as it is: \"{{text}}\"",
+)
+
+
 @functools.cache
 def image_paths() -> dict[int, str]:
     """Paths of the easy-VQA test images by image id, in id order (do not mutate: cached)."""
@@ -144,3 +155,12 @@ def gallery_rows() -> Iterator[dict]:
         group = [paths[(first + k) % len(paths)] for k in range(GALLERY_LENGTH)]
         text = GALLERY_PROMPTS[i % len(GALLERY_PROMPTS)].format(images=" ".join([IMG] * GALLERY_LENGTH))
         yield {"text": text, "images": group}
+
+
+def quote_rows() -> Iterator[dict]:
+    """Each described test image with a caption of it to read out or rewrite (`QUOTE_PROMPTS`)."""
+    paths, facts = image_paths(), shape_facts()
+    for i, image_id in enumerate(image_id for image_id in paths if image_id in facts):
+        color, shape = facts[image_id]
+        text = QUOTE_TEXT.format(color=color, shape=shape)
+        yield {"text": QUOTE_PROMPTS[i % len(QUOTE_PROMPTS)].format(text=text), "images": [paths[image_id]]}

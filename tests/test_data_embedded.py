@@ -10,7 +10,8 @@ from pipeline.data import DATASETS, get_dataset, load_samples
 from pipeline.data import loading
 from pipeline.data.embedded import scenarios
 
-EMBEDDED = {"embedded_vqa": 1, "embedded_describe": 1, "embedded_compare": 2, "embedded_story": 5, "embedded_gallery": 20}
+EMBEDDED = {"embedded_vqa": 1, "embedded_describe": 1, "embedded_compare": 2, "embedded_story": 5, "embedded_gallery": 20,
+            "embedded_quote": 1}
 EMBEDDED_DIR = Path(scenarios.__file__).parent
 
 

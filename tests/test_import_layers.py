@@ -1,7 +1,8 @@
 """The code's layers import only downward, and no modules import each other in a circle.
 
-Three wings, lowest first, then the entry points: the **core** (`pipeline.models`, then
-`pipeline.drafting`, then `pipeline.decoding`: no Ray, no grid files), **planning** (samples
+Three wings, lowest first, then the entry points: the **core** (`pipeline.lookups`, the torch-free
+draft-free drafters, then `pipeline.models`, `pipeline.drafting` and `pipeline.decoding`: no Ray,
+no grid files), **planning** (samples
 in `pipeline.data`, grids and shards in `pipeline.planning`, a shard's records computed in
 `pipeline.execution`, what a run leaves behind in `pipeline.storage`, and the reports read from it
 in `pipeline.reports`: no Ray), the **cluster** (`actors`: the Ray runner and the
@@ -16,13 +17,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # lowest first; a module may import its own layer and those below
 LAYERS = (
-    "pipeline.models", "pipeline.drafting", "pipeline.decoding",  # core
+    "pipeline.lookups", "pipeline.models", "pipeline.drafting", "pipeline.decoding",  # core
     "pipeline.data", "pipeline.planning", "pipeline.execution", "pipeline.storage", "pipeline.reports",
     "pipeline",  # planning
     "actors",  # cluster
     "jobs",
 )
-CORE = LAYERS[:3]
+CORE = LAYERS[:4]
 # leaf modules every layer may use: the value type the core decodes and the images it holds
 # encoded (decoded where a sample runs), the "did you mean" helper, the plug-in registry
 CORE_MAY_USE = {"pipeline.data.sample", "pipeline.data.images", "pipeline.names", "pipeline.registry"}

@@ -25,7 +25,7 @@ from pipeline.planning.verify_entries import make_verify
 from tests.conftest import solid
 
 MAX_NEW = 24
-LOOKUPS = ("pld", "ngram(prompt_lookup_min=1,prompt_lookup_max=3)", "sam(len_threshold=1)")
+LOOKUPS = ("pld", "ngram(prompt_lookup_min=1,prompt_lookup_max=3)", "sam(len_threshold=1)", "lookahead")
 VERIFY = ("chain", "candidates", {"kind": "dynamic", "nodes": 8, "top_k": 3}, {"kind": "shape", "shape": [3, 2, 1]},
           "bandit", {"kind": "eagle2", "depth": 3, "top_k": 8, "total_tokens": 30})
 
@@ -84,8 +84,11 @@ def test_replay_scores_a_lookups_chain_as_live_decodes_it(pair):
     batch = quoting(target, prompts(3))
     traces = [collect_traces(target, lookup, s, "M", max_new_tokens=MAX_NEW) for s in batch]
     blocks = []
-    for gamma in (1, 3, 5):
-        config = DecodeConfig("M", gamma=gamma, max_new_tokens=MAX_NEW)
+    # a ranking lookup (lookahead's trie) is replayed position by position, trees too
+    kinds = [("chain", 1), ("chain", 3), ("chain", 5)] + [("bandit", 3)] * lookup.ranks
+    for verify, gamma in kinds:
+        config = DecodeConfig("M", gamma=gamma, max_new_tokens=MAX_NEW, verify=make_verify(verify))
+        config = replace(config, gamma=config.verify.settled(1, gamma)[1])
         for live, trace in zip(speculative_decode(target, lookup, batch, config), traces):
             replayed = replay(trace, config)
             assert replayed.output_ids == live.output_ids and replayed.accepted_per_block == live.accepted_per_block
@@ -174,6 +177,10 @@ def test_a_grid_names_lookups_by_kind_or_with_hyperparameters(tmp_path):
     # its chain (a candidate tree of one method is its chain) replays; a grid runs no tree of a
     # point mass (its other nodes would hold tokens of probability 0)
     assert [(c.decode.verify.kind, c.replayable) for c in drafted] == [("chain", True)]
+    # a ranking lookup's trees grow from its weights: it runs them, replayed like a model's
+    spec = parse_grid({"datasets": ["embedded_vqa"], "pairs": [{"target": "embedded:target", "draft": "lookahead"}],
+                       "methods": ["M"], "verify": ["chain", "bandit"], "max_new_tokens": 8})
+    assert sorted((c.decode.verify.kind, c.replayable) for c in spec.configs()) == [("bandit", True), ("chain", True)]
     for bad, words in ((("pld(max_matching_ngram_size=0)"), "max_matching_ngram_size"),
                        ({"lookup": "pld", "window": 3}, "window"), ({"lookup": "pdl"}, "did you mean")):
         with pytest.raises(GridError, match=words):

@@ -204,3 +204,40 @@ def test_unknown_kind_lists_the_known_ones():
         new_lookup("pdl", {})
     with pytest.raises(ValueError, match="unknown lookup kind 'suffix'"):
         lookup_defaults("suffix")
+
+
+def brute_force_followers(seq: list[int], branch_length: int, window: int) -> dict[int, int]:
+    """The branch trie's definition, read off the sequence: how often each token followed the
+    longest suffix (at most `window` tokens, and no deeper than a branch) that was followed before."""
+    for width in range(min(window, branch_length, len(seq)), 0, -1):
+        path, found = seq[-width:], {}
+        for i in range(len(seq) - width):
+            if seq[i : i + width] == path:
+                found[seq[i + width]] = found.get(seq[i + width], 0) + 1
+        if found:
+            return found
+    return {}
+
+
+def test_lookahead_ranks_what_followed_the_longest_suffix():
+    rng = random.Random(3)
+    for _ in range(300):
+        params = {"branch_length": rng.randint(1, 6), "match_window": rng.randint(1, 5)}
+        lookup = new_lookup("lookahead", params)
+        context = [rng.randint(0, 4) for _ in range(rng.randint(0, 40))]
+        suffix = [rng.randint(0, 4) for _ in range(rng.randint(0, 6))]
+        for start in range(0, len(context), 7):
+            lookup.extend(context[start : start + 7])
+        copied = copy.deepcopy(lookup)
+        counts = lookup.counts(suffix)
+        assert counts == brute_force_followers(context + suffix, params["branch_length"], params["match_window"])
+        copied.extend(suffix)
+        assert counts == copied.counts()  # a suffix counts as if committed, and leaves the index as it was
+        assert lookup.counts(suffix) == counts and len(lookup._tokens) == len(context)
+    lookup = new_lookup("lookahead", {})
+    lookup.extend([1, 2, 3, 1, 2, 4, 1, 2, 3, 9, -1, 7, 1, 2])
+    assert lookup.counts() == {3: 2, 4: 1}  # after "1 2": 3 twice, 4 once
+    assert lookup.propose()[:2] == [3, 1]  # the most frequent branch (a tie: the smaller id)
+    assert lookup.counts([3, 9]) == {}  # after "9" came the image alone: an image is never proposed
+    assert new_lookup("lookahead", {}).max_tokens == 12 and lookup_defaults("lookahead") == {
+        "branch_length": 12, "match_window": 10}

@@ -9,12 +9,15 @@ index of the request's token context (its prompt, then every token settled), on 
   the plan is spent) the row abstains: its distribution is uniform (it spreads its weight over
   every token, so in an ensemble the other members choose), and `abstains` says so, so that a
   chain ends there (`ChainProposal.depths`): a request whose context has no match drafts nothing.
+- A ranking lookup (`lookahead`'s trie) has no plan: at every position, prompt, drafted or a
+  tree's node, its distribution is its weights for the next token after the context there.
 - Settling commits the kept tokens to the lookup's index; nothing else is rolled back.
 A prompt row arrives as `LookupDraft` embeds it: a column of token ids, each image one negative
 id (a lookup never matches an image, nor proposes one).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -26,14 +29,18 @@ from pipeline.models.base import LVLM, StepLog
 @dataclass(frozen=True)
 class Follow:
     """Where a row stands in a block: the tokens fed since the last settle (`suffix`, fillers left
-    out) and the plan it follows (`plan[at]` is its next proposal)."""
+    out) and the plan it follows (`plan[at]` is its next proposal), or a ranking lookup's weights
+    for the next token (`ranked`)."""
 
     suffix: tuple[int, ...]
     plan: tuple[int, ...]
     at: int
+    ranked: dict[int, int] | None = None
 
     @property
-    def proposal(self) -> int | None:
+    def proposal(self) -> int | dict[int, int] | None:
+        if self.ranked is not None:
+            return self.ranked or None
         return self.plan[self.at] if self.at < len(self.plan) else None
 
 
@@ -126,7 +133,9 @@ class LookupRows:
 
     def _fresh(self, row: int, suffix: tuple[int, ...]) -> Follow:
         """A new plan: the lookup's continuation after the settled context and `suffix`, cut
-        before any image."""
+        before any image (a ranking lookup: its weights there)."""
+        if self.model.ranks:
+            return Follow(suffix, (), 0, self._lookups[row].counts(list(suffix)))
         plan = []
         for token in self._lookups[row].propose(list(suffix)):
             if token < 0:
@@ -137,17 +146,24 @@ class LookupRows:
     def _follow(self, row: int, state: Follow, token: int) -> Follow:
         """`state` after `token`: on along the plan, or a fresh lookup where the token leaves it."""
         suffix = state.suffix + (token,)
-        if state.proposal == token:
+        if not self.model.ranks and state.proposal == token:
             return Follow(suffix, state.plan, state.at + 1)
         return self._fresh(row, suffix)
 
-    def _distributions(self, proposals: list[list[int | None]]) -> torch.Tensor:
+    def _distributions(self, proposals: list[list[int | dict[int, int] | None]]) -> torch.Tensor:
         """fp32 logits `[rows, keep, V]`: 0 at each proposal and -inf elsewhere (a point mass),
-        all 0 (uniform) where a row abstains; `abstains` notes those."""
+        or log weight / total at each ranked token; all 0 (uniform) where a row abstains;
+        `abstains` notes those."""
         abstains = torch.tensor([[p is None for p in row] for row in proposals])
-        tokens = torch.tensor([[0 if p is None else p for p in row] for row in proposals])
-        logits = torch.full((*tokens.shape, self.model.vocab_width), float("-inf"))
-        logits.scatter_(2, tokens[..., None], 0.0)
+        logits = torch.full((*abstains.shape, self.model.vocab_width), float("-inf"))
+        for r, row in enumerate(proposals):
+            for j, proposal in enumerate(row):
+                if isinstance(proposal, dict):
+                    total = sum(proposal.values())
+                    weights = [math.log(c / total) for c in proposal.values()]
+                    logits[r, j, list(proposal)] = torch.tensor(weights)
+                elif proposal is not None:
+                    logits[r, j, proposal] = 0.0
         logits[abstains] = 0.0
         self.abstains = abstains.to(self.model.device)
         return logits.to(self.model.device)

@@ -58,6 +58,23 @@ def _teacher_forced_logits(
     return rows.feed(sequence, keep=len(sequence))
 
 
+def _drafted_probs(draft: LVLM, sample: Sample, letters: str, captioner: Captioner | None, y: list[int],
+                   engine: str) -> torch.Tensor:
+    """`[n, len(letters), V]`: each method's teacher-forced distributions along y; in an ensemble
+    across drafters the model's methods from its rows and a ranking lookup's L from its own."""
+    mixed = draft.drafter == "mixed"
+    own = letters.replace(LOOKUP_LETTER, "") if mixed else letters
+    parts = {}
+    if own:
+        model = draft.model_draft if mixed else draft
+        logits = _teacher_forced_logits(model, sample, own, captioner, y, engine)
+        parts.update(zip(own, probabilities(logits, 0.0).cpu()))
+    if mixed and LOOKUP_LETTER in letters:
+        logits = _teacher_forced_logits(draft.lookup, sample, "M", None, y, engine)
+        parts[LOOKUP_LETTER] = probabilities(logits, 0.0).cpu()[0]
+    return torch.stack([parts[letter] for letter in letters], 1)
+
+
 @dataclass
 class TargetTrace:
     """The target's half of a sample's traces, shared by every draft paired with the target:
@@ -123,18 +140,16 @@ def collect_traces(
         )
     y = target_trace.output_ids
     lookup, drafted = None, methods
-    if draft.drafter in ("lookup", "mixed"):  # no distributions to trace: its context serves replay
-        looks = draft if draft.drafter == "lookup" else draft.lookup
+    looks = {"lookup": draft, "mixed": getattr(draft, "lookup", None)}.get(draft.drafter)
+    if looks is not None and not looks.ranks:  # a planning lookup: its context serves replay
         prompt = tokenize(looks, sample)
         lookup = LookupTrace(method_embeddings(looks, "M", prompt.ids, prompt.images)[:, 0].tolist(),
                              looks.new_lookup)
         drafted = "" if draft.drafter == "lookup" else methods.replace(LOOKUP_LETTER, "")
     draft_probs = torch.zeros(len(y), len(methods), 0)
     if drafted:
-        model = draft if draft.drafter != "mixed" else draft.model_draft
-        draft_logits = _teacher_forced_logits(model, sample, drafted, captioner, y, engine)
-        drafted_probs = probabilities(draft_logits, 0.0).transpose(0, 1).contiguous().cpu()  # [n, m, V]
-        # an ensemble's L: a placeholder, made per block by replay (`LookupColumn`)
+        drafted_probs = _drafted_probs(draft, sample, drafted, captioner, y, engine)  # [n, m, V]
+        # a planning lookup's L in an ensemble: a placeholder, made per block by replay (`LookupColumn`)
         draft_probs = torch.zeros(len(y), len(methods), drafted_probs.shape[-1])
         draft_probs[:, [i for i, m in enumerate(methods) if m in drafted]] = drafted_probs
     return Traces(

@@ -1,19 +1,21 @@
 """Draft-free drafters: a lookup over one request's token context (the prompt's token ids, then
 every token kept so far) proposes a continuation, by the reference semantics of transformers'
-prompt lookup (`pld`), vLLM's n-gram proposer (`ngram`) or SAM-Decoding's suffix automaton
-(`sam`). Torch-free, so grid files validate their hyperparameters without torch."""
+prompt lookup (`pld`), vLLM's n-gram proposer (`ngram`), SAM-Decoding's suffix automaton
+(`sam`) or the branch trie of Ant Group's lookahead decoding (`lookahead`, which ranks its
+candidates). Torch-free, so grid files validate their hyperparameters without torch."""
 from __future__ import annotations
 
 from typing import Any
 
 from pipeline.lookups.base import Lookup
+from pipeline.lookups.branch_trie import BranchTrieLookup
 from pipeline.lookups.ngram import NgramLookup
 from pipeline.lookups.prompt_lookup import PromptLookup
 from pipeline.lookups.suffix_automaton import SuffixAutomatonLookup
 from pipeline.names import did_you_mean
 
 LOOKUP_KINDS: dict[str, type[Lookup]] = {
-    cls.kind: cls for cls in (PromptLookup, NgramLookup, SuffixAutomatonLookup)
+    cls.kind: cls for cls in (PromptLookup, NgramLookup, SuffixAutomatonLookup, BranchTrieLookup)
 }
 
 
@@ -36,6 +38,6 @@ def new_lookup(kind: str, params: dict[str, Any]) -> Lookup:
 
 
 __all__ = [
-    "LOOKUP_KINDS", "Lookup", "NgramLookup", "PromptLookup", "SuffixAutomatonLookup",
+    "LOOKUP_KINDS", "BranchTrieLookup", "Lookup", "NgramLookup", "PromptLookup", "SuffixAutomatonLookup",
     "lookup_class", "lookup_defaults", "new_lookup",
 ]

@@ -15,6 +15,8 @@ class Lookup(ABC):
     hyperparameters are keyword arguments with the reference implementation's defaults."""
 
     kind: ClassVar[str]
+    # a lookup that ranks candidates (`counts`) rather than proposing one continuation (`propose`)
+    ranks: ClassVar[bool] = False
     # hyperparameter -> (default, least allowed value); every hyperparameter is an integer
     PARAMS: ClassVar[dict[str, tuple[int, int]]]
 
@@ -51,6 +53,11 @@ class Lookup(ABC):
     def extend(self, tokens: Sequence[int]) -> None:
         """Append committed tokens to the context (the index grows incrementally: amortised, no
         rebuild)."""
+
+    def counts(self, suffix: Sequence[int] = ()) -> dict[int, int]:
+        """A ranking lookup's weight for each token that may come next after context + `suffix`
+        ({} when none may); the index is left as it was."""
+        raise NotImplementedError(f"{self.kind} proposes one continuation, it ranks nothing")
 
     @abstractmethod
     def propose(self, suffix: Sequence[int] = ()) -> list[int]:

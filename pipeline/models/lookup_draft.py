@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import torch
 from PIL import Image
 
-from pipeline.lookups import Lookup, new_lookup
+from pipeline.lookups import LOOKUP_KINDS, Lookup, new_lookup
 from pipeline.models.base import LVLM, ModelInputError
 from pipeline.models.heads.draft import TargetsPrompt
 
@@ -30,6 +30,11 @@ class LookupDraft(TargetsPrompt, LVLM):
     @property
     def supports_static_cache(self) -> bool:
         return True  # its rows keep no cache: they draft beside a target on either engine
+
+    @property
+    def ranks(self) -> bool:
+        """Whether its lookup ranks candidates (a distribution a tree grows from) rather than plans."""
+        return LOOKUP_KINDS[self.kind].ranks
 
     def new_lookup(self) -> Lookup:
         """An empty index for one row."""

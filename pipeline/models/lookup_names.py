@@ -82,12 +82,13 @@ def model_of(name: str) -> str:
 
 def drafts_with(draft: str, methods: str, chain: bool = True) -> bool:
     """Whether a grid runs a draft with a method set, verified as a chain or not: a head M
-    alone (it reads the target's own prompt); a lookup M alone, on chains (its point mass gives a
-    tree's node one child with mass: the rest of the tree would be tokens of probability 0); an
+    alone (it reads the target's own prompt); a lookup M alone, a planning one on chains (its
+    point mass gives a tree's node one child with mass: the rest would be tokens of probability
+    0), a ranking one on every kind; an
     ensemble across drafters the sets that mix L with the model's methods (the model's own sets
     are its own pair's, L alone the lookup's); any other draft the sets without L."""
     if lookup_spec(draft) is not None:
-        return methods in READER_METHODS and chain
+        return methods in READER_METHODS and (chain or not plans(draft))
     if reads_target(draft):
         return methods in READER_METHODS
     if mixed_parts(draft) is not None:
@@ -97,10 +98,18 @@ def drafts_with(draft: str, methods: str, chain: bool = True) -> bool:
 
 def replays(draft: str, chain: bool) -> bool:
     """Whether greedy trace replay scores a draft's configuration: never a head's (it drafts
-    from its own guesses, which no teacher-forced pass makes), a lookup's as a chain (its plan
-    is a function of the prompt and the output so far), every other draft's (an ensemble across
-    drafters': its lookup's plans are replayed along the output, block by block)."""
-    return head_kind(draft) is None and (chain or lookup_spec(draft) is None)
+    from its own guesses, which no teacher-forced pass makes), a planning lookup's as a chain (its
+    plan is a function of the prompt and the output so far), every other draft's (an ensemble
+    across drafters': its lookup's plans are replayed along the output, block by block)."""
+    return head_kind(draft) is None and (chain or not plans(draft))
+
+
+def plans(draft: str) -> bool:
+    """Whether a draft is a lookup that proposes one continuation per block (`pld`, `ngram`,
+    `sam`): its chain's distributions depend on where a block began. A ranking lookup
+    (`lookahead`) weighs the next token by the context alone, position by position, as a model does."""
+    spec = lookup_spec(draft)
+    return spec is not None and not LOOKUP_KINDS[spec[0]].ranks
 
 
 def reads_target(name: str) -> bool:

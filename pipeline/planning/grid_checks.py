@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from pipeline.models.head_names import head_kind
-from pipeline.models.lookup_names import lookup_spec
+from pipeline.models.lookup_names import plans
 from pipeline.data.sample import FOLLOWUP_TURNS, previous_turn
 from pipeline.drafting.methods import METHODS, needs_captions
 from pipeline.names import did_you_mean
@@ -106,7 +106,7 @@ def _combinations(spec: GridSpec) -> Iterator[str]:
     if spec.mode == "replay" and heads:
         yield (f"mode 'replay' cannot score head drafts ({', '.join(heads)}): a head drafts from its own "
                "guesses past a block's first token, which a teacher-forced pass never makes; use 'auto'")
-    lookups = [pair.draft for pair in spec.pairs if lookup_spec(pair.draft) is not None]
+    lookups = [pair.draft for pair in spec.pairs if plans(pair.draft)]
     trees = sorted({v.label for v in spec.verify if not v.is_chain and v.settled(1, 1)[0].kind != "chain"})
     if spec.mode == "replay" and lookups and trees:
         yield (f"mode 'replay' scores lookup drafts ({', '.join(lookups)}) as chains only, not as "

@@ -12,6 +12,8 @@ pyplot, so reports need no display and a notebook shows them inline as they are.
 """
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 import matplotlib
@@ -79,7 +81,22 @@ def panel_label(pair: tuple[str, str, str], pairs: list[tuple[str, str, str]]) -
     suptitle names it), else the target above it, so labels of neighbouring panels never run
     into each other."""
     target, draft, dtype = pair
-    return f"<- {draft} ({dtype})" if len({p[0] for p in pairs}) == 1 else f"{target}\n<- {draft} ({dtype})"
+    label = wrapped(f"<- {draft} ({dtype})")
+    return label if len({p[0] for p in pairs}) == 1 else f"{target}\n{label}"
+
+
+LABEL_CHARS = 24  # a panel label's line: about a small panel's height in the figures' fonts
+
+
+def wrapped(label: str, width: int = LABEL_CHARS) -> str:
+    """`label` on lines of about `width` characters, broken after `,` or `+` or before `(` (a
+    lookup's hyperparameters, an ensemble's drafters), so a long draft name stays beside its panel."""
+    lines = [""]
+    for piece in re.findall(r"\(?[^,+(]*[,+]?", label):
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines.append("")
+        lines[-1] += piece
+    return "\n".join(line.strip() for line in lines if line.strip())
 
 
 def suptitle_target(pairs: list[tuple[str, str, str]]) -> str:

@@ -20,6 +20,7 @@ ROW_INCHES = {"two-column": 0.12, "one-column": 0.1}  # one method label's row
 FONT = {"two-column": 5.5, "one-column": 4.5}
 MIN_CELL_INCHES = 0.3  # a cell narrower than this cannot hold its value printed
 CMAP = "viridis"
+CHAR_EM = 0.6  # a label character's width, in ems of its font
 
 
 def tau_figure(rows: pd.DataFrame | Requests, width: str = "two-column") -> tuple[Figure, str] | None:
@@ -37,7 +38,9 @@ def tau_figure(rows: pd.DataFrame | Requests, width: str = "two-column") -> tupl
     # a row per label, shrunk (with its text) where that would pass a page's height
     row = min(ROW_INCHES[width], (PAGE_HEIGHT - 1.0 - 0.45 * len(pairs)) / (len(pairs) * len(labels)))
     font = min(font, font * row / ROW_INCHES[width] + 1.0)
-    height = 1.0 + len(pairs) * (0.45 + row * len(labels))
+    # a panel at least as tall as its pair's label, written up its side, is long
+    longest = max(len(line) for pair in pairs for line in panel_label(pair, pairs).splitlines())
+    height = 1.0 + len(pairs) * max(0.45 + row * len(labels), 0.15 + longest * CHAR_EM * font / 72)
     fig = Figure(figsize=(WIDTHS[width], height))
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(pairs), len(turns), squeeze=False, sharey=True)

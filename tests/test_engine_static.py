@@ -121,12 +121,12 @@ def test_one_host_transfer_per_block(monkeypatch, tiny_pair, config, engine):
 
 def test_the_counter_sees_a_host_read(monkeypatch, tiny_pair):
     """Guard against a vacuous count: an `.item()` slipped into the block is caught."""
-    import pipeline.decoding.target as verification
+    import pipeline.decoding.proposals as verification  # a chain's greedy rule (`accept_greedy`)
 
     verify = verification.verify_greedy
 
-    def syncing(proposals, logits):
-        accepted, token = verify(proposals, logits)
+    def syncing(proposals, logits, depths=None):
+        accepted, token = verify(proposals, logits, depths)
         accepted.item()
         return accepted, token
 

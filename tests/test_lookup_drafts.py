@@ -25,7 +25,8 @@ from pipeline.planning.verify_entries import make_verify
 from tests.conftest import solid
 
 MAX_NEW = 24
-LOOKUPS = ("pld", "ngram(prompt_lookup_min=1,prompt_lookup_max=3)", "sam(len_threshold=1)", "lookahead")
+REPLAYED = ("pld", "ngram(prompt_lookup_min=1,prompt_lookup_max=3)", "sam(len_threshold=1)", "lookahead")
+LOOKUPS = (*REPLAYED, "recycling")  # recycling learns from each block the target verified: live only
 VERIFY = ("chain", "candidates", {"kind": "dynamic", "nodes": 8, "top_k": 3}, {"kind": "shape", "shape": [3, 2, 1]},
           "bandit", {"kind": "eagle2", "depth": 3, "top_k": 8, "total_tokens": 30})
 
@@ -39,10 +40,19 @@ def prompts(n: int) -> list[Sample]:
             for i in range(n)]
 
 
+def lookup_pair(tiny_dirs, name: str):
+    target, drafts = load_target_and_drafts(tiny_dirs["bigram_target"], {name: name})
+    return target, drafts[name]
+
+
 @pytest.fixture(scope="module", params=LOOKUPS)
 def pair(request, tiny_dirs):
-    target, drafts = load_target_and_drafts(tiny_dirs["bigram_target"], {request.param: request.param})
-    return target, drafts[request.param]
+    return lookup_pair(tiny_dirs, request.param)
+
+
+@pytest.fixture(scope="module", params=REPLAYED)
+def replayed_pair(request, tiny_dirs):
+    return lookup_pair(tiny_dirs, request.param)
 
 
 def quoting(target, batch: list[Sample]) -> list[Sample]:
@@ -76,11 +86,11 @@ def test_greedy_sd_with_a_lookup_is_the_targets_own_greedy_output(pair, engine):
     assert 0 in accepted and max(accepted) >= 2
 
 
-def test_replay_scores_a_lookups_chain_as_live_decodes_it(pair):
+def test_replay_scores_a_lookups_chain_as_live_decodes_it(replayed_pair):
     from pipeline.decoding.replay import replay
     from pipeline.decoding.traces import collect_traces
 
-    target, lookup = pair
+    target, lookup = replayed_pair
     batch = quoting(target, prompts(3))
     traces = [collect_traces(target, lookup, s, "M", max_new_tokens=MAX_NEW) for s in batch]
     blocks = []
@@ -268,3 +278,38 @@ def test_a_grid_mixes_a_draft_with_a_lookup():
                        (["embedded:small_draft", "embedded:draft"], "not a draft-free lookup")):
         with pytest.raises(GridError, match=words):
             grid(bad)
+
+
+def test_token_recycling_learns_the_targets_own_candidates():
+    """On test_sampling's 11-word target greedy SD with recycling is the target's own output on a
+    chain and a tree; nothing is proposed before the target has read a token, and a token's row,
+    once the target has read it, is the target's top tokens there, best first."""
+    from pipeline.models.hf import HFLlava
+    from pipeline.models.lookup_draft import LookupDraft
+    from pipeline.models.tiny import build_llava, llava_processor
+    from tests.test_sampling import word_tokenizer
+
+    tokenizer = word_tokenizer()
+    target = HFLlava(build_llava(tokenizer, seed=0), llava_processor(tokenizer), "word-target")
+    lookup = LookupDraft(target, "recycling", "recycling", lookup_spec("recycling")[1])
+    batch = [Sample("unit", "test", i, "first", text, (solid((200, 30, 30)),))
+             for i, text in enumerate(["a <image> b c", "c d <image> e", "<image> f a b c d"])]
+    reference = autoregressive_decode(target, batch, max_new_tokens=MAX_NEW)
+    for verify in ("chain", {"kind": "shape", "shape": [2, 2, 1]}):
+        config = DecodeConfig("M", gamma=3, max_new_tokens=MAX_NEW, verify=make_verify(verify))
+        for record, ar in zip(speculative_decode(target, lookup, batch, config), reference):
+            assert record.output_ids == ar.output_ids
+            if verify == "chain":  # a chain proposes only what the matrix holds
+                assert record.accepted_per_block[0] == 0  # an empty matrix proposes nothing
+    rows, _ = prefilled_rows(lookup, [tokenize(lookup, batch[0])], "M", None, engine="eager", capacity=8,
+                             role="draft")
+    assert bool(rows.feed([7], valid=[1]).isfinite().all()) and bool(rows.abstains.all())
+    rows.observe_target(torch.tensor([[7, 9]]), torch.arange(16).view(1, 2, 8) % len(tokenizer))
+    assert int(rows.feed([9], valid=[1])[0, -1].argmax()) == 8 % len(tokenizer)  # 9's row, best first
+    assert not grid_replays("recycling")
+
+
+def grid_replays(draft: str) -> bool:
+    spec = parse_grid({"datasets": ["embedded_vqa"], "pairs": [{"target": "embedded:target", "draft": draft}],
+                       "methods": ["M"], "verify": ["chain", "bandit"], "max_new_tokens": 8})
+    return any(c.replayable for c in spec.configs())

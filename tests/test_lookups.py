@@ -241,3 +241,17 @@ def test_lookahead_ranks_what_followed_the_longest_suffix():
     assert lookup.counts([3, 9]) == {}  # after "9" came the image alone: an image is never proposed
     assert new_lookup("lookahead", {}).max_tokens == 12 and lookup_defaults("lookahead") == {
         "branch_length": 12, "match_window": 10}
+
+
+def test_recycling_ranks_the_targets_last_top_tokens_after_the_last_token():
+    lookup = new_lookup("recycling", {"output_topk": 3})
+    lookup.extend([5, 6, 7])
+    assert lookup.counts() == {} and lookup.propose() == []  # the target has verified nothing yet
+    lookup.observe(7, [2, 9, 4, 8])  # the target's top tokens after 7, best first (kept: 3)
+    lookup.observe(2, [7, -1, 3])
+    assert lookup.counts() == {2: 3, 9: 2, 4: 1}
+    assert lookup.counts([6, 2]) == {7: 3, 3: 1}  # an image id is never proposed
+    assert lookup.propose() == [2, 7, 2]  # the greedy chain through the matrix, max_tokens long
+    lookup.observe(7, [4])
+    assert lookup.counts() == {4: 1}  # a row is overwritten by the target's latest
+    assert lookup_defaults("recycling") == {"output_topk": 8}

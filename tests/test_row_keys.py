@@ -79,9 +79,10 @@ def row_digest(output_ids, accepted, weights, shapes) -> str:
 
 
 def test_the_embedded_grid_plans_the_configurations_its_earlier_run_wrote():
-    """The default left out the large draft since, and gained the head; with the pair its grid
-    file says to add back, and without the head, it plans exactly the configurations the earlier
-    run wrote."""
+    """The default left out the large draft since, and gained the head, prompt lookup and their
+    ensemble across drafters; with the pair its grid file says to add back, and without those, it
+    plans exactly the configurations the earlier run wrote (ML, added to the method sets and to
+    MT*'s policy, runs on the ensemble alone)."""
     from pipeline.planning.grid_file import parse_grid
     from pipeline.planning.grid_yaml import read_grid_yaml
 
@@ -89,7 +90,8 @@ def test_the_embedded_grid_plans_the_configurations_its_earlier_run_wrote():
     large = {"target": "embedded:target", "draft": "embedded:draft", "dtype": "fp32", "timed": False}
     assert 'draft: "embedded:draft", dtype: fp32, timed: false}' in path.read_text()  # says how
     raw = read_grid_yaml(path)
-    raw = {**raw, "pairs": [pair for pair in raw["pairs"] if pair["draft"] != "embedded:head"]}
+    added = ("embedded:head", "pld", "embedded:small_draft+pld")
+    raw = {**raw, "pairs": [pair for pair in raw["pairs"] if pair["draft"] not in added]}
     planned = {config.key() for config in parse_grid(raw).configs()}
     with_large = {config.key() for config in parse_grid({**raw, "pairs": raw["pairs"] + [large]}).configs()}
     assert planned < with_large == set(EMBEDDED_ROWS["configs"])

@@ -76,6 +76,13 @@ class Proposer(ABC):
         """Greedy trace replay of this kind for one sample (`pipeline.decoding.replay`)."""
         raise ValueError(f"{cls.__name__} has no greedy replay rule: its kind runs live")
 
+    def observe_target(self, fed: torch.Tensor, top: torch.Tensor) -> None:
+        """The target's top tokens `[B, N + 1, k]` after every token it just read `[B, N + 1]`,
+        for rows that learn from them (Token Recycling's: `LVLM.target_top_k`)."""
+        observe = getattr(getattr(self, "rows", None), "observe_target", None)
+        if observe is not None:
+            observe(fed, top)
+
     def steps(self, budgets: list[int]) -> int:
         """Draft forwards this block needs: the deepest proposal any running request can keep."""
         return min(self.config.gamma, max(budgets))

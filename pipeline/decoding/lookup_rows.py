@@ -121,6 +121,14 @@ class LookupRows:
         self._skips = [0] * self.rows
         self._states = [self._fresh(r, ()) for r in range(self.rows)]
 
+    def observe_target(self, fed: torch.Tensor, top: torch.Tensor) -> None:
+        """An observing lookup's rows learn the target's top tokens after each token it read."""
+        fed, top = fed.tolist(), top.tolist()
+        for r, lookup in enumerate(self._lookups):
+            for token, best in zip(fed[r // self.per_request], top[r // self.per_request]):
+                lookup.observe(token, best)
+        self._states = [self._fresh(r, ()) for r in range(self.rows)]  # what it ranks next changed
+
     def copy_rows(self, groups: int, source: torch.Tensor, start: int) -> None:
         """Each group of a request's rows takes the block (and plan) of group `source[b]`."""
         per = self.per_request // groups

@@ -78,7 +78,8 @@ def speculative_decode(
     first_features = prefill[1][:, -1:] if reads else None
     generators = [sample_generator(config.seed, s.sample_id) for s in samples]
     decoder = Decoder(target_rows, proposer, first, config, records, generators, target.eos_token_ids, timer,
-                      reads or ((LAST_HIDDEN,) if proposer.wants_target_hidden else ()), first_features)
+                      reads or ((LAST_HIDDEN,) if proposer.wants_target_hidden else ()), first_features,
+                      draft.target_top_k)
     while not decoder.block():
         pass
     return finish_records(records, decoder.outputs, target, timer, steps)
@@ -118,10 +119,11 @@ class Decoder:
     def __init__(self, target_rows: Rows, proposer: Proposer, first: torch.Tensor, config: DecodeConfig,
                  records: list[SampleRecord], generators: list[torch.Generator], eos: set[int],
                  timer: PhaseTimer, reads: tuple[int, ...] = (),
-                 first_features: torch.Tensor | None = None) -> None:
+                 first_features: torch.Tensor | None = None, top_k: int = 0) -> None:
         self.target_rows, self.proposer, self.records = target_rows, proposer, records
         self.config, self.eos, self.timer = config, eos, timer
         self.reads = reads  # the target's hidden states each verify returns, for the draft's side
+        self.top_k = top_k  # the target's top tokens each verify returns at every fed position
         self.device = first.device
         self.states = [config.policy.start(len(config.methods), self.device) for _ in records]
         self.learns = self.states[0].learns
@@ -147,7 +149,7 @@ class Decoder:
         with timer.phase("verify"):
             checks = None if uniforms is None else uniforms[:, proposer.draws_per_block :]
             checked = check(self.target_rows, self.target_pending, proposal, config, checks, self.learns,
-                            hidden=self.reads)
+                            hidden=self.reads, top_k=self.top_k)
             result = BlockResult.read(checked, weights)
             history = self._settle(result, proposal)
             if self.learns and any(history):
@@ -159,6 +161,8 @@ class Decoder:
                 verified = Verified(result.accepted, checked.accepted, checked.next_token, checked.path,
                                     checked.path_tokens, list(self.running), checked.hidden)
                 self.draft_pending = proposer.learn(proposal, verified)
+                if checked.observed is not None:
+                    proposer.observe_target(*checked.observed)
         self.blocks += 1
         return not any(self.running)
 

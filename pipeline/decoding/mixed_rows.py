@@ -47,6 +47,11 @@ class MixedRows:
             rows.settle([keep[r] for r in index],
                         None if order is None else order[torch.tensor(index, device=order.device)])
 
+    def observe_target(self, fed: torch.Tensor, top: torch.Tensor) -> None:
+        for rows, _ in self.parts:
+            if hasattr(rows, "observe_target"):
+                rows.observe_target(fed, top)
+
     def copy_rows(self, groups: int, source: torch.Tensor, start: int) -> None:
         for rows, _ in self.parts:
             rows.copy_rows(groups, source, start)

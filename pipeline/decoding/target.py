@@ -21,8 +21,9 @@ class Checked:
     `next_token` (`[B]`), the accepted path's tokens `path_tokens` (`[B, gamma]`, filler past
     `accepted`), its fed positions `path` (`[B, gamma + 1]`, root first; None for a chain), the
     target's distributions at the root and along the path `path_probs` (`[B, gamma, V]`, the TABED
-    history's p; None when nothing needs them) and the hidden states its LM head read there
-    (`[B, gamma + 1, H]`, only when asked)."""
+    history's p; None when nothing needs them), the hidden states its LM head read there
+    (`[B, gamma + 1, H]`, only when asked) and, when asked, every fed token with the target's top
+    tokens after it (`observed`: `[B, N + 1]` and `[B, N + 1, k]`, what Token Recycling learns)."""
 
     accepted: torch.Tensor
     next_token: torch.Tensor
@@ -30,14 +31,17 @@ class Checked:
     path: torch.Tensor | None
     path_probs: torch.Tensor | None
     hidden: torch.Tensor | None
+    observed: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def check(rows: Rows, pending: torch.Tensor, proposal: Proposal, config: DecodeConfig,
-          uniforms: torch.Tensor | None, keep_probs: bool, hidden: tuple[int, ...] = ()) -> Checked:
+          uniforms: torch.Tensor | None, keep_probs: bool, hidden: tuple[int, ...] = (),
+          top_k: int = 0) -> Checked:
     """Score each request's `pending` token (`[B]`) and proposals in ONE target forward and
     accept: greedy follows the target's argmax, sampling keeps the target's distribution by the
     rule of the proposal's kind (`accept_sampled`). `uniforms`: sampling's draws for acceptance
-    `[B, checks]`; `keep_probs`: return p; `hidden`: return those hidden states (`LVLM.logits`)."""
+    `[B, checks]`; `keep_probs`: return p; `hidden`: return those hidden states (`LVLM.logits`);
+    `top_k`: return the target's top tokens at every fed position."""
     tree = proposal.tree
     fed = torch.cat([pending[:, None], proposal.tokens], 1)
     keep = fed.shape[1]
@@ -47,6 +51,7 @@ def check(rows: Rows, pending: torch.Tensor, proposal: Proposal, config: DecodeC
         rows.begin_tree()
         out = rows.feed_tree(fed, tree.fed_depths(), tree.ancestry(), keep=keep, hidden=hidden)
     logits, states = out if hidden else (out, None)
+    observed = (fed, logits.topk(top_k, -1).indices) if top_k else None
     p = probabilities(logits, config.temperature) if keep_probs or not config.greedy else None
     if not config.greedy:
         outcome = proposal.accept_sampled(p, uniforms)
@@ -59,11 +64,11 @@ def check(rows: Rows, pending: torch.Tensor, proposal: Proposal, config: DecodeC
     if path is None:
         on_path = lambda values: values[:, :keep]
         return Checked(accepted, next_token, proposal.tokens, None, None if p is None else p[:, :-1],
-                       None if states is None else on_path(states))
+                       None if states is None else on_path(states), observed)
     along = lambda values, at: values.gather(1, at[..., None].expand(-1, -1, values.shape[-1]))
     path_probs = None if p is None else along(p, path[:, :-1])
     return Checked(accepted, next_token, fed.gather(1, path[:, 1:]), path, path_probs,
-                   None if states is None else along(states, path))
+                   None if states is None else along(states, path), observed)
 
 
 def keep_accepted(rows: Rows, checked: Checked, accepted: list[int], running: list[bool]) -> None:

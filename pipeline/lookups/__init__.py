@@ -1,8 +1,9 @@
 """Draft-free drafters: a lookup over one request's token context (the prompt's token ids, then
 every token kept so far) proposes a continuation, by the reference semantics of transformers'
 prompt lookup (`pld`), vLLM's n-gram proposer (`ngram`), SAM-Decoding's suffix automaton
-(`sam`) or the branch trie of Ant Group's lookahead decoding (`lookahead`, which ranks its
-candidates). Torch-free, so grid files validate their hyperparameters without torch."""
+(`sam`), the branch trie of Ant Group's lookahead decoding (`lookahead`, which ranks its
+candidates) or Token Recycling's adjacency matrix of the target's own top tokens (`recycling`).
+Torch-free, so grid files validate their hyperparameters without torch."""
 from __future__ import annotations
 
 from typing import Any
@@ -11,11 +12,13 @@ from pipeline.lookups.base import Lookup
 from pipeline.lookups.branch_trie import BranchTrieLookup
 from pipeline.lookups.ngram import NgramLookup
 from pipeline.lookups.prompt_lookup import PromptLookup
+from pipeline.lookups.recycling import RecyclingLookup
 from pipeline.lookups.suffix_automaton import SuffixAutomatonLookup
 from pipeline.names import did_you_mean
 
 LOOKUP_KINDS: dict[str, type[Lookup]] = {
-    cls.kind: cls for cls in (PromptLookup, NgramLookup, SuffixAutomatonLookup, BranchTrieLookup)
+    cls.kind: cls
+    for cls in (PromptLookup, NgramLookup, SuffixAutomatonLookup, BranchTrieLookup, RecyclingLookup)
 }
 
 
@@ -38,6 +41,7 @@ def new_lookup(kind: str, params: dict[str, Any]) -> Lookup:
 
 
 __all__ = [
-    "LOOKUP_KINDS", "BranchTrieLookup", "Lookup", "NgramLookup", "PromptLookup", "SuffixAutomatonLookup",
+    "LOOKUP_KINDS", "BranchTrieLookup", "Lookup", "NgramLookup", "PromptLookup", "RecyclingLookup",
+    "SuffixAutomatonLookup",
     "lookup_class", "lookup_defaults", "new_lookup",
 ]

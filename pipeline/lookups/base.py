@@ -17,6 +17,8 @@ class Lookup(ABC):
     kind: ClassVar[str]
     # a lookup that ranks candidates (`counts`) rather than proposing one continuation (`propose`)
     ranks: ClassVar[bool] = False
+    # a lookup that learns from the target's top tokens at every token it verified (`observe`)
+    observes: ClassVar[bool] = False
     # hyperparameter -> (default, least allowed value); every hyperparameter is an integer
     PARAMS: ClassVar[dict[str, tuple[int, int]]]
 
@@ -53,6 +55,10 @@ class Lookup(ABC):
     def extend(self, tokens: Sequence[int]) -> None:
         """Append committed tokens to the context (the index grows incrementally: amortised, no
         rebuild)."""
+
+    def observe(self, token: int, top: Sequence[int]) -> None:
+        """An observing lookup: the target's top tokens right after `token`, where it just verified it."""
+        raise NotImplementedError(f"{self.kind} does not learn from the target")
 
     def counts(self, suffix: Sequence[int] = ()) -> dict[int, int]:
         """A ranking lookup's weight for each token that may come next after context + `suffix`

@@ -63,6 +63,9 @@ class LVLM(ABC):
     #: The target's hidden states a head draft reads with every token (`logits(hidden=...)`'s
     #: indices); () for a model that reads tokens alone.
     target_layers: tuple[int, ...] = ()
+    #: How many of the target's top tokens at every verified position the draft learns from
+    #: (Token Recycling's matrix, `pipeline.lookups.recycling`); 0: none.
+    target_top_k: int = 0
     #: GPUs its weights are spread over (`pipeline.models.sharding`); `device` is the first, where
     #: its inputs go and its logits, image features and embeddings come back.
     gpus: int = 1

@@ -36,6 +36,11 @@ class LookupDraft(TargetsPrompt, LVLM):
         """Whether its lookup ranks candidates (a distribution a tree grows from) rather than plans."""
         return LOOKUP_KINDS[self.kind].ranks
 
+    @property
+    def target_top_k(self) -> int:
+        """The target's top tokens an observing lookup learns from at every verified position."""
+        return self.params["output_topk"] if LOOKUP_KINDS[self.kind].observes else 0
+
     def new_lookup(self) -> Lookup:
         """An empty index for one row."""
         return new_lookup(self.kind, self.params)

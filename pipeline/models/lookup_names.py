@@ -100,8 +100,17 @@ def replays(draft: str, chain: bool) -> bool:
     """Whether greedy trace replay scores a draft's configuration: never a head's (it drafts
     from its own guesses, which no teacher-forced pass makes), a planning lookup's as a chain (its
     plan is a function of the prompt and the output so far), every other draft's (an ensemble
-    across drafters': its lookup's plans are replayed along the output, block by block)."""
-    return head_kind(draft) is None and (chain or not plans(draft))
+    across drafters': its lookup's plans are replayed along the output, block by block), unless
+    its lookup learns from the target (`observes`)."""
+    return head_kind(draft) is None and (chain or not plans(draft)) and not observes(draft)
+
+
+def observes(draft: str) -> bool:
+    """Whether a draft's lookup (alone or in an ensemble) learns from what the target verified
+    (`recycling`): what it proposes depends on each block, so it decodes live."""
+    parts = mixed_parts(draft)
+    spec = lookup_spec(parts[1] if parts else draft)
+    return spec is not None and LOOKUP_KINDS[spec[0]].observes
 
 
 def plans(draft: str) -> bool:

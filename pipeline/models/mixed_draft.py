@@ -33,6 +33,10 @@ class MixedDraft:
     def prompt_format(self, value: str) -> None:
         self.model_draft.prompt_format = value
 
+    @property
+    def target_top_k(self) -> int:
+        return self.lookup.target_top_k
+
     def prompt_positions(self, embeds: torch.Tensor) -> torch.Tensor | None:
         """The model's, for its rows; a lookup's row (token ids) has none."""
         return None if embeds.dtype == torch.long else self.model_draft.prompt_positions(embeds)

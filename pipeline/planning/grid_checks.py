@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from pipeline.models.head_names import head_kind
-from pipeline.models.lookup_names import plans
+from pipeline.models.lookup_names import observes, plans
 from pipeline.data.sample import FOLLOWUP_TURNS, previous_turn
 from pipeline.drafting.methods import METHODS, needs_captions
 from pipeline.names import did_you_mean
@@ -106,6 +106,10 @@ def _combinations(spec: GridSpec) -> Iterator[str]:
     if spec.mode == "replay" and heads:
         yield (f"mode 'replay' cannot score head drafts ({', '.join(heads)}): a head drafts from its own "
                "guesses past a block's first token, which a teacher-forced pass never makes; use 'auto'")
+    observing = [pair.draft for pair in spec.pairs if observes(pair.draft)]
+    if spec.mode == "replay" and observing:
+        yield (f"mode 'replay' cannot score {', '.join(observing)}: its lookup learns from what the target "
+               "verified in each block, which a teacher-forced pass never makes; use 'auto'")
     lookups = [pair.draft for pair in spec.pairs if plans(pair.draft)]
     trees = sorted({v.label for v in spec.verify if not v.is_chain and v.settled(1, 1)[0].kind != "chain"})
     if spec.mode == "replay" and lookups and trees:

@@ -137,22 +137,34 @@ def test_a_request_without_a_match_drafts_nothing_and_still_decodes(tiny_dirs):
         assert set(record.accepted_per_block) == {0} and len(record.accepted_per_block) == len(ar.output_ids)
 
 
+SAMPLED = [("pld", "M", "chain", 1), ("pld", "M", "chain", 4), ("pld", "M", {"kind": "dynamic", "nodes": 4, "top_k": 2}, 4),
+           ("lookahead", "M", "chain", 1), ("lookahead", "M", {"kind": "shape", "shape": [2, 2]}, 4),
+           ("word-draft+pld", "ML", "chain", 4)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("verify,batch", [("chain", 1), ("chain", 4), ({"kind": "dynamic", "nodes": 4, "top_k": 2}, 4)])
-def test_sampling_with_a_lookup_keeps_the_targets_distribution(verify, batch):
+@pytest.mark.parametrize("drafter,methods,verify,batch", SAMPLED)
+def test_sampling_with_a_lookup_keeps_the_targets_distribution(drafter, methods, verify, batch):
     """A prompt whose suffix occurs earlier: pld proposes one token (then the image cuts its plan),
-    accepted with p(c) or resampled from p without c, then drafts nothing."""
+    accepted with p(c) or resampled from p without c, then drafts nothing; lookahead's trie ranks
+    what followed "a b"; a random draft's M mixed with pld by static weights proposes pld's c."""
     from pipeline.models.hf import HFLlava
     from pipeline.models.lookup_draft import LookupDraft
+    from pipeline.models.mixed_draft import MixedDraft
     from pipeline.models.tiny import build_llava, llava_processor
     from tests.test_sampling import RUNS, TOLERANCE, exact_two_token_distribution, total_variation, word_tokenizer
 
     tokenizer = word_tokenizer()
     target = HFLlava(build_llava(tokenizer, seed=0), llava_processor(tokenizer), "word-target")
-    lookup = LookupDraft(target, "pld", "pld", lookup_spec("pld")[1])
+    kind = drafter.rpartition("+")[2]
+    lookup = LookupDraft(target, kind, kind, lookup_spec(kind)[1])
+    if "+" in drafter:
+        model = HFLlava(build_llava(tokenizer, seed=7), llava_processor(tokenizer), "word-draft")
+        lookup = MixedDraft(model, lookup, drafter)
     sample = Sample("unit", "test", 0, "first", "a b c <image> a b", (solid((200, 30, 30)),))
     exact = exact_two_token_distribution(target, sample=sample)
-    config = DecodeConfig("M", gamma=2, temperature=1.0, max_new_tokens=2, verify=make_verify(verify))
+    config = DecodeConfig(methods, gamma=2, temperature=1.0, max_new_tokens=2, verify=make_verify(verify))
+    config = replace(config, gamma=config.verify.settled(len(methods), 2)[1])
     counts: dict[tuple[int, ...], int] = {}
     for start in range(0, RUNS, batch):
         requests = [replace(sample, row=start + i) for i in range(batch)] if batch > 1 else [sample]

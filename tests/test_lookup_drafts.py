@@ -69,21 +69,30 @@ def test_greedy_sd_with_a_lookup_is_the_targets_own_greedy_output(pair, engine):
     """Every verify kind, gamma 1/3/5 on chains, batch 1 and 3; lookups propose, and blocks
     accept none and some."""
     target, lookup = pair
+    cases = [("M", None, verify, gamma) for verify in VERIFY
+             for gamma in ((1, 3, 5) if make_verify(verify).is_chain else (3,))]
+    accepted = greedy_blocks(target, lookup, cases, engine)
+    assert 0 in accepted and max(accepted) >= 2
+
+
+def greedy_blocks(target, draft, cases, engine: str) -> list[int]:
+    """Every case (methods, policy or None, verify, gamma) decodes the quoting prompts alone and as
+    one batch to the target's own greedy output, with the same blocks; their accepted counts."""
     batch = quoting(target, prompts(3))
     reference = [r.output_ids for r in autoregressive_decode(target, batch, max_new_tokens=MAX_NEW, engine=engine)]
     accepted = []
-    for verify in VERIFY:
+    for methods, policy, verify, gamma in cases:
         spec = make_verify(verify)
-        for gamma in ((1, 3, 5) if spec.is_chain else (3,)):
-            config = DecodeConfig("M", gamma=gamma, max_new_tokens=MAX_NEW, verify=spec)
-            config = replace(config, gamma=spec.settled(1, gamma)[1], verify=spec.settled(1, gamma)[0])
-            alone = [speculative_decode(target, lookup, [s], config, engine=engine)[0] for s in batch]
-            together = speculative_decode(target, lookup, batch, config, engine=engine)
-            for one, many, ar in zip(alone, together, reference):
-                assert one.output_ids == ar == many.output_ids, (verify, gamma)
-                assert one.accepted_per_block == many.accepted_per_block, (verify, gamma)
-                accepted += one.accepted_per_block
-    assert 0 in accepted and max(accepted) >= 2
+        config = DecodeConfig(methods, gamma=gamma, max_new_tokens=MAX_NEW, verify=spec)
+        config = replace(config, policy=policy or config.policy, verify=spec.settled(len(methods), gamma)[0],
+                         gamma=spec.settled(len(methods), gamma)[1])
+        alone = [speculative_decode(target, draft, [s], config, engine=engine)[0] for s in batch]
+        together = speculative_decode(target, draft, batch, config, engine=engine)
+        for one, many, ar in zip(alone, together, reference):
+            assert one.output_ids == ar == many.output_ids, (methods, verify, gamma)
+            assert one.accepted_per_block == many.accepted_per_block, (methods, verify, gamma)
+            accepted += one.accepted_per_block
+    return accepted
 
 
 def test_replay_scores_a_lookups_chain_as_live_decodes_it(replayed_pair):
@@ -234,21 +243,8 @@ def policies():
 def test_an_ensemble_across_drafters_is_the_targets_own_greedy_output(mixed, engine):
     """The draft's M (and T) with the lookup, every policy, every verify kind, batch 1 and 3."""
     target, draft = mixed
-    batch = quoting(target, prompts(3))
-    reference = [r.output_ids for r in autoregressive_decode(target, batch, max_new_tokens=MAX_NEW, engine=engine)]
-    accepted = []
-    for methods, policy, verify in [("ML", p, "chain") for p in policies()] + [
-            ("MTL", policies()[2], v) for v in MIXED_VERIFY[1:]]:
-        spec = make_verify(verify)
-        config = DecodeConfig(methods, policy=policy, gamma=3, max_new_tokens=MAX_NEW, verify=spec)
-        config = replace(config, verify=spec.settled(len(methods), 3)[0], gamma=spec.settled(len(methods), 3)[1])
-        alone = [speculative_decode(target, draft, [s], config, engine=engine)[0] for s in batch]
-        together = speculative_decode(target, draft, batch, config, engine=engine)
-        for one, many, ar in zip(alone, together, reference):
-            assert one.output_ids == ar == many.output_ids, (methods, verify)
-            assert one.accepted_per_block == many.accepted_per_block, (methods, verify)
-            accepted += one.accepted_per_block
-    assert max(accepted) >= 2
+    cases = [("ML", p, "chain", 3) for p in policies()] + [("MTL", policies()[2], v, 3) for v in MIXED_VERIFY[1:]]
+    assert max(greedy_blocks(target, draft, cases, engine)) >= 2
 
 
 def test_replay_scores_an_ensemble_across_drafters_as_live_decodes_it(mixed):

@@ -31,6 +31,7 @@ from pipeline.decoding.timing import PhaseTimer
 from pipeline.drafting.captioner import Captioner
 from pipeline.drafting.methods import method_embeddings, needs_captions
 from pipeline.models.base import LVLM, ModelInputError, StepLog
+from pipeline.models.lookup_names import LOOKUP_LETTER
 
 ENGINES = ("static", "eager")
 CPU_ENGINE = "static"  # measured on the 2-core CPU: see docs/engine.md
@@ -208,8 +209,8 @@ def mixed_rows(model: LVLM, prompts: list[torch.Tensor], *, methods: str | None 
     """An ensemble across drafters (`pipeline.models.mixed_draft`): the rows of methods L are the
     lookup's, the others the draft model's own kind (`pipeline.decoding.mixed_rows`). Without
     `methods` (calibration's rows), every row is the model's."""
-    lookup = [i for i in range(len(prompts)) if methods is not None and methods[i % per_request] == "L"]
-    rest = [i for i in range(len(prompts)) if i not in set(lookup)]
+    looks = [methods is not None and methods[i % per_request] == LOOKUP_LETTER for i in range(len(prompts))]
+    lookup, rest = [i for i, row in enumerate(looks) if row], [i for i, row in enumerate(looks) if not row]
     pick = lambda values, index: None if values is None else [values[i] for i in index]
     looked = len(lookup) * per_request // len(prompts)
     if rest:

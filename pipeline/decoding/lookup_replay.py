@@ -26,8 +26,8 @@ class LookupTrace:
     context: list[int]
     new_lookup: Callable[[], Lookup]
 
-    def rule(self, gamma: int, y: list[int]) -> LookupRule:
-        return LookupRule(gamma, self, y)
+    def rule(self, gamma: int) -> LookupRule:
+        return LookupRule(gamma, self)
 
     def indexed(self) -> Indexed:
         return Indexed(self)
@@ -45,12 +45,7 @@ class Indexed:
         """The lookup's continuation after the prompt, y[:t] and `suffix`, cut before any image."""
         self.lookup.extend(y[self.upto : t])
         self.upto = max(self.upto, t)
-        plan = []
-        for token in self.lookup.propose(list(suffix)):
-            if token < 0:
-                break
-            plan.append(token)
-        return plan
+        return self.lookup.plan(list(suffix))
 
 
 class LookupColumn:
@@ -83,7 +78,7 @@ class LookupRule:
 
     arm = None
 
-    def __init__(self, gamma: int, trace: LookupTrace, y: list[int]) -> None:
+    def __init__(self, gamma: int, trace: LookupTrace) -> None:
         self.gamma, self._index = gamma, trace.indexed()
 
     def accepted(self, q: torch.Tensor, y: list[int], t: int, gamma: int, mixing: torch.Tensor) -> int:

@@ -144,12 +144,7 @@ class LookupRows:
         before any image (a ranking lookup: its weights there)."""
         if self.model.ranks:
             return Follow(suffix, (), 0, self._lookups[row].counts(list(suffix)))
-        plan = []
-        for token in self._lookups[row].propose(list(suffix)):
-            if token < 0:
-                break
-            plan.append(token)
-        return Follow(suffix, tuple(plan), 0)
+        return Follow(suffix, tuple(self._lookups[row].plan(list(suffix))), 0)
 
     def _follow(self, row: int, state: Follow, token: int) -> Follow:
         """`state` after `token`: on along the plan, or a fresh lookup where the token leaves it."""

@@ -117,7 +117,7 @@ def replay(traces: Traces, config: DecodeConfig) -> SampleRecord:
     # across drafters the lookup's distributions are made per block (`LookupColumn`)
     member = methods.index(LOOKUP_LETTER) if LOOKUP_LETTER in methods and traces.lookup else None
     alone = traces.lookup is not None and member is None
-    rule = traces.lookup.rule(config.gamma, y) if alone else proposer_class(config.verify).replay_rule(config)
+    rule = traces.lookup.rule(config.gamma) if alone else proposer_class(config.verify).replay_rule(config)
     column = LookupColumn(traces.lookup) if member is not None else None
     record = SampleRecord(sample_id=traces.sample_id, mode="replay", engine=traces.engine,
                           prompt_tokens=traces.baseline.prompt_tokens if traces.baseline else None)

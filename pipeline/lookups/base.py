@@ -70,3 +70,13 @@ class Lookup(ABC):
         """The continuation (at most `max_tokens` ids, [] when nothing matches) the lookup proposes
         after context + `suffix`, where `suffix` are tokens not committed yet (a block's pending
         tokens). The index is left as it was."""
+
+    def plan(self, suffix: Sequence[int] = ()) -> list[int]:
+        """`propose`'s continuation cut before its first negative id: a prompt's image stands in
+        the context as one negative id, which a draft never proposes."""
+        plan: list[int] = []
+        for token in self.propose(suffix):
+            if token < 0:
+                break
+            plan.append(token)
+        return plan

@@ -148,15 +148,18 @@ def test_a_request_without_a_match_drafts_nothing_and_still_decodes(tiny_dirs):
 
 SAMPLED = [("pld", "M", "chain", 1), ("pld", "M", "chain", 4), ("pld", "M", {"kind": "dynamic", "nodes": 4, "top_k": 2}, 4),
            ("lookahead", "M", "chain", 1), ("lookahead", "M", {"kind": "shape", "shape": [2, 2]}, 4),
+           ("lookahead", "M", {"kind": "template", "paths": [[0], [1], [0, 0]]}, 4),
+           ("ngram(prompt_lookup_min=1,prompt_lookup_max=2)", "M", "chain", 4), ("sam(len_threshold=2)", "M", "chain", 4),
            ("word-draft+pld", "ML", "chain", 4)]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("drafter,methods,verify,batch", SAMPLED)
 def test_sampling_with_a_lookup_keeps_the_targets_distribution(drafter, methods, verify, batch):
-    """A prompt whose suffix occurs earlier: pld proposes one token (then the image cuts its plan),
-    accepted with p(c) or resampled from p without c, then drafts nothing; lookahead's trie ranks
-    what followed "a b"; a random draft's M mixed with pld by static weights proposes pld's c."""
+    """A prompt whose suffix occurs earlier: pld, ngram and sam propose one token (then the image
+    cuts their plan), accepted with p(c) or resampled from p without c, then draft nothing;
+    lookahead's trie ranks what followed "a b"; a random draft's M mixed with pld by static
+    weights proposes pld's c."""
     from pipeline.models.hf import HFLlava
     from pipeline.models.lookup_draft import LookupDraft
     from pipeline.models.mixed_draft import MixedDraft
@@ -165,8 +168,8 @@ def test_sampling_with_a_lookup_keeps_the_targets_distribution(drafter, methods,
 
     tokenizer = word_tokenizer()
     target = HFLlava(build_llava(tokenizer, seed=0), llava_processor(tokenizer), "word-target")
-    kind = drafter.rpartition("+")[2]
-    lookup = LookupDraft(target, kind, kind, lookup_spec(kind)[1])
+    name = drafter.rpartition("+")[2]
+    lookup = LookupDraft(target, name, *lookup_spec(name))
     if "+" in drafter:
         model = HFLlava(build_llava(tokenizer, seed=7), llava_processor(tokenizer), "word-draft")
         lookup = MixedDraft(model, lookup, drafter)
@@ -213,7 +216,8 @@ def test_a_grid_names_lookups_by_kind_or_with_hyperparameters(tmp_path):
                        "methods": ["M"], "verify": ["chain", "bandit"], "max_new_tokens": 8})
     assert sorted((c.decode.verify.kind, c.replayable) for c in spec.configs()) == [("bandit", True), ("chain", True)]
     for bad, words in ((("pld(max_matching_ngram_size=0)"), "max_matching_ngram_size"),
-                       ({"lookup": "pld", "window": 3}, "window"), ({"lookup": "pdl"}, "did you mean")):
+                       ({"lookup": "pld", "window": 3}, "window"), ({"lookup": "pdl"}, "did you mean"),
+                       ("recycling(shared=2)", "shared must be 0")):
         with pytest.raises(GridError, match=words):
             grid(bad)
     with pytest.raises(GridError, match="never a target"):
@@ -272,6 +276,36 @@ def test_replay_scores_an_ensemble_across_drafters_as_live_decodes_it(mixed):
     assert min(learned) < 0.5 < max(learned), "a policy moved the lookup's weight both ways"
 
 
+@pytest.mark.parametrize("engine", ["eager", "static"])
+def test_a_head_and_a_lookup_ensemble_is_the_targets_own_greedy_output(tiny_dirs, engine, monkeypatch):
+    """EAGLE's head beside prompt lookup: its M with L, every policy, chain and trees, batch 1 and
+    3. The head reads each block's accepted tokens again with the target's states, and the
+    lookup's rows with it: its context gets every kept token once, in order."""
+    from pipeline.lookups.prompt_lookup import PromptLookup
+
+    name = f"eagle:{tiny_dirs['eagle_head']}+pld"
+    target, drafts = load_target_and_drafts(tiny_dirs["bigram_target"], {name: name})
+    contexts: dict[int, list[list[int]]] = {}  # each lookup's extends: its prompt, then what each block kept
+    extend = PromptLookup.extend
+    monkeypatch.setattr(PromptLookup, "extend",
+                        lambda self, tokens: (contexts.setdefault(id(self), []).append(list(tokens)),
+                                              extend(self, tokens)))
+    cases = [("ML", p, "chain", 3) for p in policies()] + [("ML", policies()[1], v, 3) for v in MIXED_VERIFY[1:3]]
+    assert max(greedy_blocks(target, drafts[name], cases, engine)) >= 2
+    batch = quoting(target, prompts(1))
+    contexts.clear()
+    record = speculative_decode(target, drafts[name], batch, DecodeConfig("ML", gamma=3, max_new_tokens=MAX_NEW),
+                                engine=engine)[0]
+    ((_, *blocks),) = contexts.values()
+    kept = [token for block in blocks for token in block]  # the prompt's last token, then the output
+    prompt = tokenize(drafts[name], batch[0]).ids
+    # all but the last two blocks' (a block's accepted tokens are read, and kept, in the next one)
+    assert kept == [prompt[-1], *record.output_ids][: len(kept)] and len(kept) >= len(record.output_ids) + 1 - 2 * 4
+    assert max(record.accepted_per_block) >= 2
+    calibration = calibrate(target, drafts[name], repeats=2, rounds=1)
+    assert 0 < calibration.ratio_draft_target
+
+
 def test_a_grid_mixes_a_draft_with_a_lookup():
     grid = lambda draft, methods=("AR", "M", "ML", "MTL", "L"): parse_grid(
         {"datasets": ["embedded_vqa"], "pairs": [{"target": "embedded:target", "draft": draft}],
@@ -282,7 +316,10 @@ def test_a_grid_mixes_a_draft_with_a_lookup():
     assert sorted(c.decode.methods for c in spec.configs()) == ["AR", "ML", "MTL"]
     assert all(c.replayable for c in spec.configs())
     assert sorted(c.decode.methods for c in grid("embedded:small_draft").configs()) == ["AR", "M"]
-    for bad, words in (("embedded:head+pld", "draft model with rows of its own"),
+    # beside a head: its M with L, live (a head drafts from its own guesses, which replay never makes)
+    assert [(c.decode.methods, c.replayable) for c in grid("embedded:head+pld").configs()
+            if c.decode.methods != "AR"] == [("ML", False)]
+    for bad, words in (("pld+pld", "a draft model or a head, not 'pld'"),
                        (["embedded:small_draft", "embedded:draft"], "not a draft-free lookup")):
         with pytest.raises(GridError, match=words):
             grid(bad)
@@ -303,7 +340,7 @@ def test_token_recycling_learns_the_targets_own_candidates():
     batch = [Sample("unit", "test", i, "first", text, (solid((200, 30, 30)),))
              for i, text in enumerate(["a <image> b c", "c d <image> e", "<image> f a b c d"])]
     reference = autoregressive_decode(target, batch, max_new_tokens=MAX_NEW)
-    for verify in ("chain", {"kind": "shape", "shape": [2, 2, 1]}):
+    for verify in ("chain", {"kind": "template"}):  # its published tree, "2.2.2"
         config = DecodeConfig("M", gamma=3, max_new_tokens=MAX_NEW, verify=make_verify(verify))
         for record, ar in zip(speculative_decode(target, lookup, batch, config), reference):
             assert record.output_ids == ar.output_ids
@@ -315,6 +352,24 @@ def test_token_recycling_learns_the_targets_own_candidates():
     rows.observe_target(torch.tensor([[7, 9]]), torch.arange(16).view(1, 2, 8) % len(tokenizer))
     assert int(rows.feed([9], valid=[1])[0, -1].argmax()) == 8 % len(tokenizer)  # 9's row, best first
     assert not grid_replays("recycling")
+
+
+def test_a_shared_recycling_matrix_carries_what_one_request_learned_to_the_next(tiny_dirs):
+    """The reference's evaluation (`shared=1`): one matrix across requests. The bigram target
+    answers the three prompts alike, so each request after the first finds the rows the earlier
+    ones verified, where a matrix per request starts empty every time; the output is the
+    target's own either way."""
+    target, own = lookup_pair(tiny_dirs, "recycling")
+    _, shared = lookup_pair(tiny_dirs, "recycling(shared=1)")
+    batch = prompts(3)
+    config = DecodeConfig("M", gamma=6, max_new_tokens=MAX_NEW, verify=make_verify({"kind": "template"}))
+    accepted = []
+    for sample, ar in zip(batch, autoregressive_decode(target, batch, max_new_tokens=MAX_NEW)):
+        alone, carried = (speculative_decode(target, draft, [sample], config)[0] for draft in (own, shared))
+        assert alone.output_ids == carried.output_ids == ar.output_ids
+        accepted.append((sum(alone.accepted_per_block), sum(carried.accepted_per_block)))
+    assert accepted[0][0] == accepted[0][1]  # the first request finds the shared matrix empty
+    assert all(carried > 2 * alone for alone, carried in accepted[1:]), accepted
 
 
 def grid_replays(draft: str) -> bool:

@@ -156,16 +156,20 @@ def test_greedy_trees_are_lossless_in_fp16(tiny_dirs):
 
 
 SHAPES = {1: [3], 3: [3, 2, 1], 5: [2, 2, 2, 1, 1]}  # a shape tree's depth is its gamma
+# a template that is no shape: the top child branches deeper than the others
+TEMPLATE = {"kind": "template", "paths": [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0], [0, 0, 0, 0]]}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("verify", ["shape", "bandit"])
-def test_greedy_shape_and_bandit_trees_equal_the_targets_own_greedy_output(family_case, verify):
-    """Every family x {M, MT, MT*, MTCP*} x shapes of depth 1/3/5 (or the bandit's pool) x engine."""
+@pytest.mark.parametrize("verify", ["shape", "bandit", "template"])
+def test_greedy_shape_bandit_and_template_trees_equal_the_targets_own_greedy_output(family_case, verify):
+    """Every family x {M, MT, MT*, MTCP*} x shapes of depth 1/3/5 (or the bandit's pool, or a
+    template) x engine."""
     family, target, draft, sample, reference = family_case
     for name, config in configs(FAMILIES[family].pooling).items():
         for gamma in (1, 3, 5) if verify == "shape" else (None,):
-            entry = {"kind": "shape", "shape": SHAPES[gamma]} if verify == "shape" else {"kind": "bandit", "lambda": 0.5}
+            entry = {"kind": "shape", "shape": SHAPES[gamma]} if verify == "shape" else \
+                {"bandit": {"kind": "bandit", "lambda": 0.5}, "template": TEMPLATE}[verify]
             for engine in ("static", "eager"):
                 run = replace(config, max_new_tokens=MAX_NEW, verify=make_verify(entry))
                 record = speculative_decode(target, draft, [sample], run, FixedCaptioner(), engine=engine)[0]
@@ -176,9 +180,9 @@ def test_greedy_shape_and_bandit_trees_equal_the_targets_own_greedy_output(famil
 
 
 @pytest.mark.slow
-def test_shape_and_bandit_trees_replay_exactly(tiny_dirs):
+def test_shape_bandit_and_template_trees_replay_exactly(tiny_dirs):
     """fp64 KV rows: greedy replay from the ranks of the target's tokens gives live decoding's
-    accepted counts and the bandit's choices, block by block."""
+    accepted counts and the bandit's choices, block by block; Token Recycling's template too."""
     from pipeline.decoding.traces import collect_traces
     from pipeline.decoding.replay import replay
 
@@ -190,6 +194,7 @@ def test_shape_and_bandit_trees_replay_exactly(tiny_dirs):
     traces = collect_traces(target, draft, sample, "MTCP", FixedCaptioner(), max_new_tokens=MAX_NEW, engine="eager")
     entries = [{"kind": "shape", "shape": shape} for shape in SHAPES.values()]
     entries += [{"kind": "bandit"}, {"kind": "bandit", "shapes": [[2, 1], [1, 1, 1, 1], [4]], "c": 0.3, "costs": [2, 3, 1]}]
+    entries += [TEMPLATE, {"kind": "template"}]
     for name, config in configs(True).items():
         for entry in entries:
             run = replace(config, max_new_tokens=MAX_NEW, verify=make_verify(entry))
@@ -197,6 +202,34 @@ def test_shape_and_bandit_trees_replay_exactly(tiny_dirs):
             replayed = replay(traces, run)
             assert (replayed.accepted_per_block, replayed.shape_per_block) == (live.accepted_per_block, live.shape_per_block)
             assert replayed.output_ids == live.output_ids, (name, entry)
+
+
+def test_a_template_tree_is_token_recyclings_by_default_or_the_paths_a_grid_writes():
+    from pipeline.decoding.draft_template import TemplateTreeProposer
+    from pipeline.decoding.template_kind import template_levels
+    from pipeline.planning.grid import GridError
+    from pipeline.planning.grid_file import parse_grid
+    from pipeline.planning.verify_entries import verify_of_row
+
+    published = make_verify({"kind": "template"})
+    # the reference's "2.2.2": 80 nodes on 6 levels (its README), its gamma the depth
+    assert [len(level) for level in template_levels(published.nodes)] == [8, 21, 25, 15, 8, 3]
+    assert (published.label, published.settled(1, 5)[1], published.tree_nodes(0, 1)) == \
+        ("template(recycling-2.2.2)", 6, 80)
+    own = make_verify({"kind": "template", "paths": [[1], [0], [0, 0]]})
+    assert own.nodes == ((1,), (0,), (0, 0)) and own.label.startswith("template(3n,")
+    assert verify_of_row(own.columns()) == own and verify_of_row(published.columns()) == published
+    # greedy replay follows y's ranks down the template: (1,) is a leaf, (0,) has its rank 0 below
+    rule = TemplateTreeProposer.replay_rule(DecodeConfig("M", verify=own))
+    q = torch.tensor([[[0.5, 0.3, 0.2]], [[0.2, 0.7, 0.1]]])  # ranks: 0, 1, 2; then 1, 0, 2
+    accepted = {tuple(y): rule.accepted(q, y, 0, 2, torch.ones(1)) for y in ([1, 1], [0, 1], [0, 0], [2, 1])}
+    assert accepted == {(1, 1): 1, (0, 1): 2, (0, 0): 1, (2, 1): 0}
+    raw = {"name": "g", "datasets": ["embedded_vqa"], "methods": ["AR", "M"],
+           "pairs": [{"target": "tiny:target", "draft": "tiny:draft"}]}
+    for paths, words in (("recycling", "unknown tree template 'recycling'"), ([[0, 1]], "need their parents"),
+                         ([[0], [0]], "lists a node twice"), ([[64]], "ranks from 0 to 63")):
+        with pytest.raises(GridError, match=words):
+            parse_grid(raw | {"verify": [{"kind": "template", "paths": paths}]})
 
 
 def test_the_bandit_plays_each_shape_then_the_best_bound():

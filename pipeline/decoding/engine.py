@@ -205,10 +205,10 @@ def lookup_rows(model: LVLM, prompts: list[torch.Tensor], **engine: object) -> R
 
 def mixed_rows(model: LVLM, prompts: list[torch.Tensor], *, methods: str | None = None, per_request: int = 1,
                positions: list | None = None, extras: list | None = None, step_log: StepLog | None = None,
-               **engine: object) -> Rows:
+               target_states: list[torch.Tensor] | None = None, **engine: object) -> Rows:
     """An ensemble across drafters (`pipeline.models.mixed_draft`): the rows of methods L are the
-    lookup's, the others the draft model's own kind (`pipeline.decoding.mixed_rows`). Without
-    `methods` (calibration's rows), every row is the model's."""
+    lookup's, the others the draft model's (or head's) own kind (`pipeline.decoding.mixed_rows`).
+    Without `methods` (calibration's rows), every row is the model's."""
     looks = [methods is not None and methods[i % per_request] == LOOKUP_LETTER for i in range(len(prompts))]
     lookup, rest = [i for i, row in enumerate(looks) if row], [i for i, row in enumerate(looks) if not row]
     pick = lambda values, index: None if values is None else [values[i] for i in index]
@@ -216,7 +216,7 @@ def mixed_rows(model: LVLM, prompts: list[torch.Tensor], *, methods: str | None 
     if rest:
         own = new_rows(model.model_draft, pick(prompts, rest), per_request=per_request - looked,
                        positions=pick(positions, rest), extras=pick(extras, rest), step_log=step_log,
-                       **engine)
+                       target_states=pick(target_states, rest), **engine)
         if not lookup:
             return own
         step_log = own.step_log

@@ -65,8 +65,10 @@ def _prefilled_context(model: LVLM, tokens: int, engine: str) -> Rows:
 
 
 def _new_rows(model: LVLM, prompts: list[torch.Tensor], engine: str, **options) -> Rows:
-    """The model's rows over `prompts` (a head's read its target's states there, from an untimed prefill)."""
-    states = head_prompt_states(model, prompts, engine) if model.drafter == "head" else None
+    """The model's rows over `prompts` (a head's, alone or beside a lookup, read its target's states
+    there, from an untimed prefill)."""
+    reads = getattr(model, "model_draft", model).drafter == "head"
+    states = head_prompt_states(model, prompts, engine) if reads else None
     return new_rows(model, prompts, engine=engine, target_states=states, **options)
 
 

@@ -35,9 +35,11 @@ def lookup_defaults(kind: str) -> dict[str, int]:
     return lookup_class(kind).check_params({})
 
 
-def new_lookup(kind: str, params: dict[str, Any]) -> Lookup:
-    """An empty `kind` lookup with `params` over its defaults (ValueError if either is bad)."""
-    return lookup_class(kind)(**params)
+def new_lookup(kind: str, params: dict[str, Any], memory: Any = None) -> Lookup:
+    """An empty `kind` lookup with `params` over its defaults (ValueError if either is bad), over
+    the `memory` a drafter's requests share (`Lookup.new_memory`; None: its own)."""
+    cls = lookup_class(kind)
+    return cls(**params) if memory is None else cls(memory=memory, **params)
 
 
 __all__ = [

@@ -46,6 +46,12 @@ class Lookup(ABC):
         is given, or whose hyperparameters constrain one another, overrides it."""
         return {name: given.get(name, default) for name, (default, _) in cls.PARAMS.items()}
 
+    @classmethod
+    def new_memory(cls, params: dict[str, int]) -> Any:
+        """State its instances share across the requests of one drafter (None: none; each request's
+        index is its own)."""
+        return None
+
     @property
     @abstractmethod
     def max_tokens(self) -> int:

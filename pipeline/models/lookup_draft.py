@@ -26,6 +26,7 @@ class LookupDraft(TargetsPrompt, LVLM):
         output = target.model.get_output_embeddings() if hasattr(target, "model") else None
         # the width of the target's logits: a proposal's distribution is over the same tokens
         self.vocab_width = output.weight.shape[0] if output is not None else len(target.tokenizer)
+        self.memory = LOOKUP_KINDS[kind].new_memory(self.params)  # what its requests share, if anything
 
     @property
     def supports_static_cache(self) -> bool:
@@ -42,8 +43,8 @@ class LookupDraft(TargetsPrompt, LVLM):
         return self.params["output_topk"] if LOOKUP_KINDS[self.kind].observes else 0
 
     def new_lookup(self) -> Lookup:
-        """An empty index for one row."""
-        return new_lookup(self.kind, self.params)
+        """An empty index for one row (over the memory its requests share, if any)."""
+        return new_lookup(self.kind, self.params, self.memory)
 
     def image_features(self, images: Sequence[Image.Image], pooled: bool = False) -> list[torch.Tensor]:
         """Each image as one negative id, distinct within a prompt: no n-gram matches across it."""

@@ -86,13 +86,15 @@ def drafts_with(draft: str, methods: str, chain: bool = True) -> bool:
     point mass gives a tree's node one child with mass: the rest would be tokens of probability
     0), a ranking one on every kind; an
     ensemble across drafters the sets that mix L with the model's methods (the model's own sets
-    are its own pair's, L alone the lookup's); any other draft the sets without L."""
+    are its own pair's, L alone the lookup's; beside a head, ML); any other draft the sets without L."""
     if lookup_spec(draft) is not None:
         return methods in READER_METHODS and (chain or not plans(draft))
+    if (parts := mixed_parts(draft)) is not None:
+        own = methods.replace(LOOKUP_LETTER, "")
+        return LOOKUP_LETTER in methods and bool(own) and (own in READER_METHODS
+                                                           or not reads_target(parts[0]))
     if reads_target(draft):
         return methods in READER_METHODS
-    if mixed_parts(draft) is not None:
-        return LOOKUP_LETTER in methods and len(methods) > 1
     return LOOKUP_LETTER not in methods
 
 
@@ -102,7 +104,7 @@ def replays(draft: str, chain: bool) -> bool:
     plan is a function of the prompt and the output so far), every other draft's (an ensemble
     across drafters': its lookup's plans are replayed along the output, block by block), unless
     its lookup learns from the target (`observes`)."""
-    return head_kind(draft) is None and (chain or not plans(draft)) and not observes(draft)
+    return head_kind(model_of(draft)) is None and (chain or not plans(draft)) and not observes(draft)
 
 
 def observes(draft: str) -> bool:
@@ -124,5 +126,6 @@ def plans(draft: str) -> bool:
 def reads_target(name: str) -> bool:
     """Whether a draft is built from its target rather than loaded as a model of its own (a head
     reads the target's states, a lookup its tokens): it speaks the target's tokenizer and
-    prompts, drafts with M alone and loads after the target."""
-    return head_kind(name) is not None or lookup_spec(name) is not None
+    prompts, drafts with M alone (an ensemble of a head and a lookup: M and L) and loads after
+    the target."""
+    return head_kind(model_of(name)) is not None or lookup_spec(name) is not None

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from pipeline.models.head_names import HEAD_KINDS
-from pipeline.models.lookup_names import MIX, LookupNameError, lookup_entry_name, mixed_parts, reads_target
+from pipeline.models.lookup_names import MIX, LookupNameError, lookup_entry_name, lookup_spec, mixed_parts
 from pipeline.names import did_you_mean
 from pipeline.planning.grid import GridError
 
@@ -31,8 +31,8 @@ def draft_entry(entry: Any, where: str, check_model: Callable[[Any, str], str]) 
 
 def mixed_name(model: str, lookup: str, where: str) -> str:
     """`<draft>+<lookup>`, once the draft is a model of its own and the lookup one."""
-    if reads_target(model) or mixed_parts(model) is not None:
-        raise GridError(f"{where}: beside a lookup goes a draft model with rows of its own, not {model!r}")
+    if lookup_spec(model) is not None or mixed_parts(model) is not None:
+        raise GridError(f"{where}: beside a lookup goes a draft model or a head, not {model!r}")
     if mixed_parts(f"{model}{MIX}{lookup}") is None:
         raise GridError(f"{where}: {lookup!r} is not a draft-free lookup (pld, ngram, sam) to mix with "
                         f"{model!r}")

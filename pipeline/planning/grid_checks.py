@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from pipeline.models.head_names import head_kind
-from pipeline.models.lookup_names import observes, plans
+from pipeline.models.lookup_names import model_of, observes, plans
 from pipeline.data.sample import FOLLOWUP_TURNS, previous_turn
 from pipeline.drafting.methods import METHODS, needs_captions
 from pipeline.names import did_you_mean
@@ -102,7 +102,7 @@ def _combinations(spec: GridSpec) -> Iterator[str]:
             if methods not in spec.methods or methods == AR:
                 yield (f"verify[{i}].methods: {methods!r} is not a method set of this grid's methods "
                        f"{[m for m in spec.methods if m != AR]}{did_you_mean(methods, spec.methods)}")
-    heads = [pair.draft for pair in spec.pairs if head_kind(pair.draft) is not None]
+    heads = [pair.draft for pair in spec.pairs if head_kind(model_of(pair.draft)) is not None]
     if spec.mode == "replay" and heads:
         yield (f"mode 'replay' cannot score head drafts ({', '.join(heads)}): a head drafts from its own "
                "guesses past a block's first token, which a teacher-forced pass never makes; use 'auto'")

@@ -128,6 +128,7 @@ def check_head_here(target: str, draft: str, where: str) -> None:
     """A head drafts only for the target it reads: a tiny head for the tiny model it was built
     for; another, where both configs are readable here (local directories, cached hub ids),
     one of the same hidden size and vocabulary (`check_head`). Before any weight loads."""
+    draft = model_of(draft)  # beside a lookup, the head
     kind = head_kind(draft)
     if kind is None:
         return

@@ -72,8 +72,8 @@ def check_models(spec: GridSpec) -> None:
     lacked are fetched, and each pair with one of them is compared (the others were when the
     grid was read). Ids are checked side by side, so a grid of many pairs waits one timeout at
     most; every failure is reported."""
-    files = lambda name: (head_path(name) if head_kind(name) and not name.startswith(TINY_PREFIX)
-                          else model_of(name))
+    files = lambda name: (head_path(model_of(name)) if head_kind(model_of(name))
+                          and not name.startswith(TINY_PREFIX) else model_of(name))
     named = {files(getattr(pair, role)): f"pairs[{i}].{role}"
              for i, pair in enumerate(spec.pairs) for role in ("target", "draft")}
     problems = Problems()

@@ -8,12 +8,13 @@ from dataclasses import fields
 from typing import Any
 
 from pipeline.decoding.eagle2_kind import Eagle2Tree
+from pipeline.decoding.template_kind import TemplateTree
 from pipeline.decoding.verify_kinds import (
     VERIFY_KINDS, BanditTree, CandidateTree, Chain, DynamicTree, ShapeTree, VerifySpec,
 )
 from pipeline.registry import parse_entry
 
-__all__ = ["make_verify", "verify_of_row", "ShapeTree", "BanditTree", "Eagle2Tree"]
+__all__ = ["make_verify", "verify_of_row", "ShapeTree", "BanditTree", "Eagle2Tree", "TemplateTree"]
 
 
 def make_verify(entry: Any) -> VerifySpec:

@@ -40,8 +40,9 @@ REFERENCES = {"M only": 1.0, "static MT": 0.5, "T only": 0.0}
 
 
 # a tree's marker beside its chain's colour: MT*'s candidate, dynamic and bandit trees are MT*'s colour
-KIND_MARKERS = {"chain": "o", "candidates": "s", "dynamic": "^", "bandit": "D", "shape": "v"}
-SPARE_MARKERS = ("P", "X", "*", "h", "<", ">", "p", "d")
+KIND_MARKERS = {"chain": "o", "candidates": "s", "dynamic": "^", "bandit": "D", "shape": "v", "template": "h",
+                "eagle2": "p"}
+SPARE_MARKERS = ("P", "X", "*", "<", ">", "d")
 
 
 def method_colour(label: str) -> str:

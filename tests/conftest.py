@@ -12,6 +12,9 @@ from PIL import Image
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# the suite runs two workers on two cores: a subprocess (a job, a bench script) computing with two
+# threads on a core the other worker holds crawls (the GPU check's CPU run: 2x slower)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)

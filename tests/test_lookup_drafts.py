@@ -150,6 +150,7 @@ SAMPLED = [("pld", "M", "chain", 1), ("pld", "M", "chain", 4), ("pld", "M", {"ki
            ("lookahead", "M", "chain", 1), ("lookahead", "M", {"kind": "shape", "shape": [2, 2]}, 4),
            ("lookahead", "M", {"kind": "template", "paths": [[0], [1], [0, 0]]}, 4),
            ("ngram(prompt_lookup_min=1,prompt_lookup_max=2)", "M", "chain", 4), ("sam(len_threshold=2)", "M", "chain", 4),
+           ("recycling(shared=1)", "M", "chain", 1), ("recycling(shared=1)", "M", {"kind": "shape", "shape": [2, 2]}, 4),
            ("word-draft+pld", "ML", "chain", 4)]
 
 
@@ -158,8 +159,9 @@ SAMPLED = [("pld", "M", "chain", 1), ("pld", "M", "chain", 4), ("pld", "M", {"ki
 def test_sampling_with_a_lookup_keeps_the_targets_distribution(drafter, methods, verify, batch):
     """A prompt whose suffix occurs earlier: pld, ngram and sam propose one token (then the image
     cuts their plan), accepted with p(c) or resampled from p without c, then draft nothing;
-    lookahead's trie ranks what followed "a b"; a random draft's M mixed with pld by static
-    weights proposes pld's c."""
+    lookahead's trie ranks what followed "a b"; a shared recycling matrix ranks, from the second
+    request on, what the target ranked after "b" and after the tokens it drew before; a random
+    draft's M mixed with pld by static weights proposes pld's c."""
     from pipeline.models.hf import HFLlava
     from pipeline.models.lookup_draft import LookupDraft
     from pipeline.models.mixed_draft import MixedDraft
@@ -178,11 +180,14 @@ def test_sampling_with_a_lookup_keeps_the_targets_distribution(drafter, methods,
     config = DecodeConfig(methods, gamma=2, temperature=1.0, max_new_tokens=2, verify=make_verify(verify))
     config = replace(config, gamma=config.verify.settled(len(methods), 2)[1])
     counts: dict[tuple[int, ...], int] = {}
+    accepted = 0
     for start in range(0, RUNS, batch):
         requests = [replace(sample, row=start + i) for i in range(batch)] if batch > 1 else [sample]
         for record in speculative_decode(target, lookup, requests, replace(config, seed=start if batch == 1 else 0)):
             counts[tuple(record.output_ids)] = counts.get(tuple(record.output_ids), 0) + 1
+            accepted += sum(record.accepted_per_block)
     assert total_variation({k: v / RUNS for k, v in counts.items()}, exact) < TOLERANCE
+    assert accepted > 0, "the drafter's proposals were tested, and some kept"
     c = tokenizer.convert_tokens_to_ids("c")
     assert 0.5 < sum(v for k, v in counts.items() if k[0] != c) / RUNS, "the target mostly rejects c"
 

@@ -254,4 +254,4 @@ def test_recycling_ranks_the_targets_last_top_tokens_after_the_last_token():
     assert lookup.propose() == [2, 7, 2]  # the greedy chain through the matrix, max_tokens long
     lookup.observe(7, [4])
     assert lookup.counts() == {4: 1}  # a row is overwritten by the target's latest
-    assert lookup_defaults("recycling") == {"output_topk": 8}
+    assert lookup_defaults("recycling") == {"output_topk": 8, "shared": 0}

@@ -90,3 +90,16 @@ def test_tau0_is_tau_minus_one_on_every_row():
             assert made["tau0"] is None
         else:
             assert made["tau0"] == made["tau"] - 1 and made["tau"] == 1 + sum(accepted) / len(accepted)
+
+
+def test_the_per_position_legend_names_every_panels_methods():
+    """One pair's panel may lack a method another's has: the legend holds both."""
+    from pipeline.reports.acceptance_plots import per_position_figure
+
+    rows = [("t", draft, "fp32", "first", label, position, 0.5)
+            for draft, labels in (("small", ["M", "MT"]), ("small+pld", ["ML", "ML*"])) for label in labels
+            for position in (1, 2)]
+    table = pd.DataFrame(rows, columns=["target", "draft", "dtype", "turn", "method_label", "position",
+                                        "acceptance"])
+    fig, _ = per_position_figure(table)
+    assert [text.get_text() for text in fig.legends[0].get_texts()] == ["M", "MT", "ML", "ML*"]

@@ -47,7 +47,7 @@ def per_position_figure(table: pd.DataFrame, width: str = "two-column") -> tuple
     for ax in axes[:, 0]:
         ax.set_ylabel("P(accept | reached)", fontsize=7)
     fig.suptitle(f"Acceptance by draft position{suptitle_target(pairs)}", fontsize=8)
-    legend(fig, axes.flat[0], width)
+    legend(fig, axes.flat, width)
     caption = ("Conditional acceptance at each draft position of a chain (blocks that accepted it among "
                "those that reached it), pooled over blocks; a row's last block counts only up to what it "
                "accepted (EOS or the budget may have cut it); token trees' positions are in "

@@ -94,7 +94,7 @@ def acceptance_where_figure(table: pd.DataFrame, column: str, xlabel: str,
         ax.set_title(panel_label(pair, pairs), fontsize=6)
     axes.flat[0].set_ylabel("tau", fontsize=7)
     fig.suptitle(f"tau by {xlabel}{suptitle_target(pairs)}", fontsize=8)
-    legend(fig, axes.flat[0], width)
+    legend(fig, axes.flat, width)
     caption = (f"Block efficiency tau (accepted proposals + 1 per block, pooled over blocks and turns) by "
                f"{xlabel}, a line per configuration verified as a chain (trees and the acceptance rate are "
                f"in the CSV); few requests per point make a point noisy (`requests` in the CSV). "

@@ -43,7 +43,7 @@ def batch_figure(table: pd.DataFrame, width: str = "two-column") -> tuple[Figure
             ax.tick_params(labelsize=6)
         axes[row, 0].set_ylabel("speedup over AR at the same batch", fontsize=6)
     fig.suptitle(f"Where speculative decoding stops paying{suptitle_target(pairs)}", fontsize=8)
-    legend(fig, axes.flat[0], width)
+    legend(fig, axes.flat, width)
     caption = ("Measured speedup of SD over AR decoding the same requests in batches of the same size, "
                "at the same temperature (walltime of every batch summed), against the batch size; below the "
                "grey line SD costs more than it saves. Dashed, hollow marks: the speedup the calibration "

@@ -150,11 +150,16 @@ def panels(rows: int, columns: int, width: str, panel_height: float) -> tuple[Fi
     return fig, fig.subplots(rows, columns, squeeze=False, sharey=True)
 
 
-def legend(fig: Figure, ax, width: str) -> None:
-    """One legend for all panels, under them, in as many columns as fit the figure's width
-    (measured, not guessed: tree labels such as `MTCP* (candidates)` are long); then lay out
-    (after the title is set, so the layout leaves room for it)."""
-    handles, names = ax.get_legend_handles_labels()
+def legend(fig: Figure, axes, width: str) -> None:
+    """One legend for all panels (every series any of `axes` draws, once, in the order they first
+    appear: one pair's panel may lack a method another's has), under them, in as many columns as
+    fit the figure's width (measured, not guessed: tree labels such as `MTCP* (candidates)` are
+    long); then lay out (after the title is set, so the layout leaves room for it)."""
+    seen: dict[str, object] = {}
+    for ax in axes:
+        for handle, name in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(name, handle)
+    handles, names = list(seen.values()), list(seen)
     renderer = fig.canvas.get_renderer()
     for columns in range(min(len(names), 9), 0, -1):
         made = fig.legend(handles, names, loc="lower center", ncol=columns, fontsize=6, frameon=False)

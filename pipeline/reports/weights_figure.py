@@ -71,7 +71,7 @@ def weight_ratio_figure(rows: pd.DataFrame, width: str = "two-column") -> tuple[
     first = chosen.iloc[0]
     fig.suptitle(f"{first['method_label']} ({first['policy']}): share of M in the ensemble weights"
                  f"{suptitle_target(pairs)}", fontsize=8)
-    legend(fig, next(ax for ax in axes.flat if ax.get_visible()), width)
+    legend(fig, [ax for ax in axes.flat if ax.get_visible()], width)
     caption = (f"w(M)/(w(M)+w(T)) of {first['method_label']} ({first['policy']}) per block, one first-turn "
                "sample per scenario category (the one with the most blocks) and pair "
                f"({'; '.join(pair_label(*p) for p in pairs)}); gamma {grid_gammas(chosen)}; "

@@ -142,6 +142,21 @@ def test_a_prompt_longer_than_the_context_is_an_input_error(tiny_pair):
     assert error_category(refused.value) == "input"
 
 
+def test_a_huge_prompt_line_is_refused_before_it_is_tokenized(tiny_pair, monkeypatch):
+    """10 MB of text (an MMSpec source row), which the tokenizer would chew on for a minute: its
+    length alone says it cannot fit, so no tokenizer ever sees it."""
+    from pipeline.execution.failures import error_category
+
+    target, draft = tiny_pair
+    huge = Sample("unit", "test", 0, "first", "USER: <image>\n" + "word " * 2_000_000 + "ASSISTANT:",
+                  (solid((1, 2, 3)),))
+    for model in (target, draft):
+        monkeypatch.setattr(model, "tokenize_prompt", lambda text: pytest.fail("the huge prompt was tokenized"))
+    with pytest.raises(ModelInputError, match="10,000,024 characters need more than") as refused:
+        speculative_decode(target, draft, [huge], DecodeConfig(methods="M", max_new_tokens=8))
+    assert error_category(refused.value) == "input" and "context holds 4096" in str(refused.value)
+
+
 @pytest.mark.parametrize("verify", ["chain", "candidates", {"kind": "shape", "shape": [2, 2, 1, 1, 1, 1, 1, 1]}])
 def test_the_draft_never_runs_more_steps_than_the_tokens_left(tiny_pair, monkeypatch, verify):
     """gamma 8 and 5 new tokens: a block drafts at most the tokens the sample may still produce

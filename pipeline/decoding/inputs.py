@@ -39,8 +39,8 @@ def check_text_fits(model: LVLM, sample: Sample) -> None:
         return
     longest = _longest_token(tokenizer)
     if len(sample.prompt) > limit * longest:
-        raise ModelInputError(f"sample {sample.sample_id}: its prompt's {len(sample.prompt):,} characters need "
-                              f"more than {len(sample.prompt) // longest:,} tokens (its tokenizer's longest "
+        raise ModelInputError(f"sample {sample.sample_id}: its prompt's {len(sample.prompt):,} characters "
+                              f"need more than {len(sample.prompt) // longest:,} tokens (its tokenizer's longest "
                               f"token has {longest} characters); {model.name}'s context holds {limit}")
 
 

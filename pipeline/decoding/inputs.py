@@ -41,7 +41,8 @@ def check_text_fits(model: LVLM, sample: Sample) -> None:
     if len(sample.prompt) > limit * longest:
         raise ModelInputError(f"sample {sample.sample_id}: its prompt's {len(sample.prompt):,} characters "
                               f"need more than {len(sample.prompt) // longest:,} tokens (its tokenizer's "
-                              f"longest token has {longest} characters); {model.name}'s context holds {limit}")
+                              f"longest token has {longest} characters); {model.name}'s context holds "
+                              f"{limit}")
 
 
 def _longest_token(tokenizer) -> int:

@@ -8,13 +8,12 @@ import torch
 from pipeline.decoding.config import DecodeConfig
 from pipeline.decoding.draft import StaticRule
 from pipeline.decoding.draft_trees import Level, RankedTreeProposer
-from pipeline.decoding.template_kind import Path, template_levels
+from pipeline.decoding.template_kind import Path
 from pipeline.drafting.scoring import mix
 
 
-def _parents_and_ranks(paths: tuple[Path, ...]) -> list[tuple[list[int], list[int]]]:
+def _parents_and_ranks(levels: list[list[Path]]) -> list[tuple[list[int], list[int]]]:
     """Per level: each node's parent (its place in the level above; 0, the root, on the first) and rank."""
-    levels = template_levels(paths)
     places = [{path: i for i, path in enumerate(level)} for level in levels]
     return [([places[d - 1][p[:-1]] if d else 0 for p in level], [p[-1] for p in level])
             for d, level in enumerate(levels)]
@@ -25,7 +24,7 @@ class TemplateTreeProposer(RankedTreeProposer):
 
     def __init__(self, config: DecodeConfig) -> None:
         super().__init__(config)
-        self.levels = _parents_and_ranks(config.verify.nodes)
+        self.levels = _parents_and_ranks(config.verify.levels)
 
     def gammas(self, requests: int) -> list[int]:
         return [len(self.levels)] * requests
@@ -34,8 +33,9 @@ class TemplateTreeProposer(RankedTreeProposer):
         return max(budgets)
 
     def children(self, k: int, mixture: torch.Tensor, scores: torch.Tensor, gammas: list[int]) -> Level:
-        parents, ranks = (torch.tensor(values, device=mixture.device) for values in self.levels[k])
-        top = mixture.topk(int(ranks.max()) + 1).indices  # [B, W_k, R]
+        parents, ranks = self.levels[k]
+        top = mixture.topk(max(ranks) + 1).indices  # [B, W_k, R]; the ranks on the host: no device sync
+        parents, ranks = (torch.tensor(values, device=mixture.device) for values in (parents, ranks))
         tokens = top[:, parents, ranks]
         requests = mixture.shape[0]
         return Level(tokens, parents.expand(requests, -1), torch.ones_like(tokens, dtype=torch.bool), None)
@@ -49,8 +49,8 @@ class TemplateTreeProposer(RankedTreeProposer):
         children: dict[Path, list[int]] = {}
         for path in config.verify.nodes:
             children.setdefault(path[:-1], []).append(path[-1])
-        depth = len(template_levels(config.verify.nodes))
-        return StaticRule(depth, lambda q, y, t, gamma, mixing: template_accepted(q, y, t, children, mixing))
+        return StaticRule(len(config.verify.levels),
+                          lambda q, y, t, gamma, mixing: template_accepted(q, y, t, children, mixing))
 
 
 def template_accepted(q: torch.Tensor, y: list[int], t: int, children: dict[Path, list[int]],

@@ -39,8 +39,7 @@ class MixedRows:
             mine = ids if ids.dim() < 2 else ids[at]
             own = None if valid is None else [valid[r] for r in index]
             read = features[at.to(features.device)] if features is not None and rows.rereads_kept else None
-            outs.append(rows.feed(mine, keep=keep, valid=own, features=read) if read is not None
-                        else rows.feed(mine, keep=keep, valid=own))
+            outs.append(rows.feed(mine, keep=keep, valid=own, features=read))
         return self._merged(outs, 0)
 
     def begin_tree(self) -> None:

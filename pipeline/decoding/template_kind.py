@@ -51,10 +51,14 @@ class TemplateTree(VerifySpec, kind="template"):
     paths: str | tuple[Path, ...] = DEFAULT_TEMPLATE
 
     @property
+    def levels(self) -> list[list[Path]]:
+        """The rank paths of each depth (a name resolved)."""
+        return template_levels(TEMPLATES[self.paths] if isinstance(self.paths, str) else self.paths)
+
+    @property
     def nodes(self) -> tuple[Path, ...]:
-        """The rank paths, level by level (a name resolved)."""
-        paths = TEMPLATES[self.paths] if isinstance(self.paths, str) else self.paths
-        return tuple(p for level in template_levels(paths) for p in level)
+        """The rank paths, level by level."""
+        return tuple(p for level in self.levels for p in level)
 
     @property
     def label(self) -> str:
@@ -82,16 +86,16 @@ class TemplateTree(VerifySpec, kind="template"):
             raise ValueError(f"a tree template's nodes need their parents: {orphans[:3]} have none")
 
     def settled(self, methods: int, gamma: int) -> tuple[VerifySpec, int]:
-        return self, len(template_levels(self.nodes))
+        return self, len(self.levels)
 
     def tree_nodes(self, gamma: int, methods: int) -> int:
         return len(self.nodes)
 
     def draft_rows(self, methods: int) -> int:
-        return methods * max([1] + [len(level) for level in template_levels(self.nodes)[:-1]])
+        return methods * max([1] + [len(level) for level in self.levels[:-1]])
 
     def draft_capacity(self, gamma: int) -> int:
-        return 1 + sum(len(level) for level in template_levels(self.nodes)[:-1])
+        return 1 + sum(len(level) for level in self.levels[:-1])
 
     def columns(self) -> dict[str, Any]:
         return super().columns() | {"verify_nodes": len(self.nodes)}

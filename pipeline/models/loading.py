@@ -158,9 +158,7 @@ def load_target_and_drafts(
         check_same_tokenizer(loaded, model)
     models = {}
     for name, path in drafts.items():  # a head or lookup reads the target: after it, with its tokenizer
-        if lookup_spec(path) is None and mixed_parts(path) is None and head_kind(path) is not None:
-            models[name] = load_head_of(path, loaded)
-        elif lookup_spec(path) is not None or mixed_parts(path) is not None:
+        if lookup_spec(path) is not None or mixed_parts(path) is not None:
             from pipeline.models.lookup_draft import LookupDraft
             from pipeline.models.mixed_draft import MixedDraft
 
@@ -170,6 +168,8 @@ def load_target_and_drafts(
                 model = model_of(path)  # a head beside a lookup reads the target, as alone
                 own_model = load_head_of(model, loaded) if head_kind(model) else by_path[model]
                 models[name] = MixedDraft(own_model, models[name], path)
+        elif head_kind(path) is not None:
+            models[name] = load_head_of(path, loaded)
         else:
             models[name] = by_path[path]
     return loaded, models
